@@ -1,0 +1,44 @@
+/* config.h: the allocator's settings, parsed from a PYTORCH_CUDA_ALLOC_CONF
+ * style string ("key:value,key:value").
+ *
+ * PyTorch's keys keep PyTorch's names, syntax and meaning (see
+ * c10/cuda/CUDAAllocatorConfig.cpp); xseg's own keys start with "xseg_".
+ */
+#ifndef XS_ALLOC_CONFIG_H
+#define XS_ALLOC_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "xseg.h"
+
+/* PyTorch's rounding intervals: one per power of two from 1 MiB up
+   (kRoundUpPowerOfTwoIntervals = 16, the last one open-ended). */
+enum { XS_ROUNDUP_INTERVALS = 16 };
+
+typedef struct xs_config {
+  bool   expandable_segments;           /* default true */
+  size_t max_split_size;                /* bytes; SIZE_MAX = no limit */
+  size_t max_non_split_rounding;        /* bytes; default 20 MiB */
+  /* divisions per interval, 0 = plain 512-byte rounding; interval i covers
+     sizes in (2^(19+i), 2^(20+i)] bytes, the last one everything larger */
+  unsigned roundup_power2_divisions[XS_ROUNDUP_INTERVALS];
+  double garbage_collection_threshold;  /* 0 = off, else in (0, 1) */
+  double memory_fraction;               /* xseg_memory_fraction, (0, 1] */
+  char   driver[256];                   /* xseg_driver; "" = libcuda.so.1 */
+  size_t small_granule;                 /* xseg_small_granule_mb (bytes) */
+  size_t large_granule;                 /* xseg_large_granule_mb (bytes) */
+  size_t reserve_size;                  /* xseg_reserve_mb; 0 = 9/8 of the
+                                           device's memory */
+} xs_config;
+
+/* Defaults for every field. */
+void xs_config_defaults(xs_config *c);
+
+/* Parses `conf` over the defaults. NULL or "" means the environment variable
+   XSEG_ALLOC_CONF (then nothing). An unknown key or a bad value gives
+   XSEG_ERR_INVALID_ARGUMENT and a message naming the key and the value;
+   *c is then unspecified. */
+xseg_status xs_config_parse(const char *conf, xs_config *c);
+
+#endif /* XS_ALLOC_CONFIG_H */

@@ -1,0 +1,161 @@
+/* xseg_test.h: a C test harness that reports through GoogleTest.
+ *
+ * Test bodies are C:
+ *
+ *   XSEG_TEST(segments, split_keeps_tiling) {
+ *     XSEG_ASSERT_TRUE(x != NULL);
+ *     XSEG_EXPECT_EQ(a, b);
+ *   }
+ *
+ * Each XSEG_TEST registers itself before main(); harness.cc hands every one to
+ * testing::RegisterTest, so ctest, --gtest_filter and gtest_discover_tests
+ * work as usual. EXPECT_* records a failure and goes on; ASSERT_* records it
+ * and returns from the enclosing function (so use ASSERT_* only in functions
+ * returning void).
+ *
+ * The fixture around every test resets the emulator (counters, injected
+ * faults, capacities) and fails the test when it ends with more live handles,
+ * mappings, reservations, streams or events than it started with. On a real
+ * driver (-DXSEG_TEST_DRIVER=system) the xsim_* symbols are absent: they are
+ * declared weak here, tests that need them start with XT_REQUIRE_SIM(), and
+ * the leak check is skipped.
+ */
+#ifndef XSEG_TEST_H
+#define XSEG_TEST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <cuda.h>
+#include "xsim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#pragma weak xsim_get_live
+#pragma weak xsim_set_device_memory
+#pragma weak xsim_fail_call
+#pragma weak xsim_fail_calls
+#pragma weak xsim_fail_random
+#pragma weak xsim_set_latency
+#pragma weak xsim_call_count
+#pragma weak xsim_reset_counters
+#pragma weak xsim_reset
+#pragma weak xsim_report_live
+
+typedef void (*xt_body_fn)(void);
+void xt_register(const char *suite, const char *name, xt_body_fn body,
+                 const char *file, int line);
+
+/* Failure reporting (harness.cc). Return false so macros can chain. */
+bool xt_fail(const char *file, int line, bool fatal, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+bool xt_check_int(const char *file, int line, bool fatal, const char *op,
+                  long long a, long long b, const char *sa, const char *sb);
+bool xt_check_cu(const char *file, int line, bool fatal, CUresult got,
+                 CUresult want, const char *expr);
+bool xt_check_status(const char *file, int line, bool fatal, int got,
+                     int want, const char *expr);
+bool xt_check_str(const char *file, int line, bool fatal, const char *a,
+                  const char *b, const char *sa, const char *sb);
+/* Marks the running test skipped; the body must return after it. */
+void xt_skip(const char *file, int line, const char *why);
+
+/* True when the emulator is the driver (its control API is present). */
+static inline bool xt_have_sim(void) { return xsim_get_live != NULL; }
+
+/* The fixture's leak check, exposed so that a test can prove it catches a
+   leak: compares `now` against `before`, writes what leaked to msg and
+   returns false when something did. */
+bool xt_live_unchanged(const xsim_live *before, const xsim_live *now,
+                       char *msg, size_t msg_size);
+
+/* A context on device `dev` made current on the calling thread (the primary
+   context, retained once per process and never released: the driver keeps it
+   for the process's lifetime anyway). */
+CUcontext xt_context(int dev);
+
+#define XT_CONCAT_(a, b) a##b
+#define XT_CONCAT(a, b) XT_CONCAT_(a, b)
+
+#define XSEG_TEST(suite, name)                                              \
+  static void xt_body_##suite##_##name(void);                               \
+  __attribute__((constructor)) static void xt_reg_##suite##_##name(void) {  \
+    xt_register(#suite, #name, xt_body_##suite##_##name, __FILE__,          \
+                __LINE__);                                                  \
+  }                                                                         \
+  static void xt_body_##suite##_##name(void)
+
+#define XT_CHECK_(fatal, ok)                                                \
+  do {                                                                      \
+    if (!(ok) && (fatal)) return;                                           \
+  } while (0)
+
+#define XSEG_EXPECT_TRUE(c)                                                 \
+  ((c) ? true : xt_fail(__FILE__, __LINE__, false, "expected true: %s", #c))
+#define XSEG_ASSERT_TRUE(c)                                                 \
+  XT_CHECK_(true, (c) ? true                                                \
+                      : xt_fail(__FILE__, __LINE__, true,                   \
+                                "expected true: %s", #c))
+#define XSEG_EXPECT_FALSE(c) XSEG_EXPECT_TRUE(!(c))
+#define XSEG_ASSERT_FALSE(c) XSEG_ASSERT_TRUE(!(c))
+
+#define XT_INT_(fatal, op, a, b)                                            \
+  xt_check_int(__FILE__, __LINE__, fatal, op, (long long)(a),               \
+               (long long)(b), #a, #b)
+#define XSEG_EXPECT_EQ(a, b) XT_INT_(false, "==", a, b)
+#define XSEG_EXPECT_NE(a, b) XT_INT_(false, "!=", a, b)
+#define XSEG_EXPECT_LT(a, b) XT_INT_(false, "<", a, b)
+#define XSEG_EXPECT_LE(a, b) XT_INT_(false, "<=", a, b)
+#define XSEG_EXPECT_GT(a, b) XT_INT_(false, ">", a, b)
+#define XSEG_EXPECT_GE(a, b) XT_INT_(false, ">=", a, b)
+#define XSEG_ASSERT_EQ(a, b) XT_CHECK_(true, XT_INT_(true, "==", a, b))
+#define XSEG_ASSERT_NE(a, b) XT_CHECK_(true, XT_INT_(true, "!=", a, b))
+#define XSEG_ASSERT_LT(a, b) XT_CHECK_(true, XT_INT_(true, "<", a, b))
+#define XSEG_ASSERT_LE(a, b) XT_CHECK_(true, XT_INT_(true, "<=", a, b))
+#define XSEG_ASSERT_GT(a, b) XT_CHECK_(true, XT_INT_(true, ">", a, b))
+#define XSEG_ASSERT_GE(a, b) XT_CHECK_(true, XT_INT_(true, ">=", a, b))
+
+#define XSEG_EXPECT_STREQ(a, b)                                             \
+  xt_check_str(__FILE__, __LINE__, false, a, b, #a, #b)
+#define XSEG_ASSERT_STREQ(a, b)                                             \
+  XT_CHECK_(true, xt_check_str(__FILE__, __LINE__, true, a, b, #a, #b))
+
+/* Driver calls: CUDA_SUCCESS, or a given CUresult. */
+#define XSEG_EXPECT_CU(call)                                                \
+  xt_check_cu(__FILE__, __LINE__, false, (call), CUDA_SUCCESS, #call)
+#define XSEG_ASSERT_CU(call)                                                \
+  XT_CHECK_(true, xt_check_cu(__FILE__, __LINE__, true, (call),             \
+                              CUDA_SUCCESS, #call))
+#define XSEG_EXPECT_CU_ERR(call, err)                                       \
+  xt_check_cu(__FILE__, __LINE__, false, (call), (err), #call)
+#define XSEG_ASSERT_CU_ERR(call, err)                                       \
+  XT_CHECK_(true, xt_check_cu(__FILE__, __LINE__, true, (call), (err), #call))
+
+/* xseg calls: XSEG_OK, or a given xseg_status (the message is printed). */
+#define XSEG_EXPECT_OK(call)                                                \
+  xt_check_status(__FILE__, __LINE__, false, (int)(call), 0, #call)
+#define XSEG_ASSERT_OK(call)                                                \
+  XT_CHECK_(true, xt_check_status(__FILE__, __LINE__, true, (int)(call), 0, \
+                                  #call))
+#define XSEG_EXPECT_STATUS(call, st)                                        \
+  xt_check_status(__FILE__, __LINE__, false, (int)(call), (int)(st), #call)
+#define XSEG_ASSERT_STATUS(call, st)                                        \
+  XT_CHECK_(true, xt_check_status(__FILE__, __LINE__, true, (int)(call),    \
+                                  (int)(st), #call))
+
+#define XSEG_FAIL(...) xt_fail(__FILE__, __LINE__, false, __VA_ARGS__)
+
+/* Skips the test on a real driver, where xsim_* does not exist. */
+#define XT_REQUIRE_SIM()                                                    \
+  do {                                                                      \
+    if (!xt_have_sim()) {                                                   \
+      xt_skip(__FILE__, __LINE__, "needs the emulator's control API");      \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* XSEG_TEST_H */

@@ -1,0 +1,12 @@
+/* error.h: the one place where failures become messages. */
+#ifndef XS_VMM_ERROR_H
+#define XS_VMM_ERROR_H
+
+#include "xseg.h"
+
+/* Sets the calling thread's last-error message and returns s. */
+xseg_status xs_error(xseg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void xs_error_clear(void);
+
+#endif

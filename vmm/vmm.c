@@ -1,0 +1,216 @@
+/* vmm.c: reserve, create, map, grant access, unmap and release, each one
+ * driver call with its failure turned into a message naming the call, the
+ * address and the size; and the two run helpers the segments grow and shrink
+ * with, which never leave a half-mapped run behind.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vmm/error.h"
+#include "vmm/vmm.h"
+
+#define XS_CHECK(v, call, ...)                                               \
+  do {                                                                       \
+    CUresult r_ = (call);                                                    \
+    if (r_ != CUDA_SUCCESS) return xs_driver_error((v)->drv, r_, __VA_ARGS__); \
+  } while (0)
+
+static CUmemAllocationProp vmm_prop(const xs_vmm *v, bool exportable) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = v->device;
+  prop.requestedHandleTypes = exportable
+                                  ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                                  : CU_MEM_HANDLE_TYPE_NONE;
+  return prop;
+}
+
+static xseg_status vmm_query_device(xs_vmm *v, CUdevice dev) {
+  int vmm_supported = 0;
+  XS_CHECK(v, XS_DRV(v->drv, cuDeviceGetAttribute, &vmm_supported,
+                     CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                     dev),
+           "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "
+           "device %d)", v->device);
+  if (!vmm_supported)
+    return xs_error(XSEG_ERR_UNSUPPORTED,
+                    "device %d does not support virtual memory management",
+                    v->device);
+  XS_CHECK(v, XS_DRV(v->drv, cuDeviceTotalMem, &v->total_memory, dev),
+           "cuDeviceTotalMem(device %d)", v->device);
+  CUmemAllocationProp prop = vmm_prop(v, false);
+  XS_CHECK(v, XS_DRV(v->drv, cuMemGetAllocationGranularity, &v->granularity,
+                     &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           "cuMemGetAllocationGranularity(device %d)", v->device);
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device) {
+  memset(v, 0, sizeof *v);
+  v->device = device;
+  xseg_status st = xs_driver_load(driver_path, &v->drv);
+  if (st != XSEG_OK) return st;
+  int count = 0;
+  XS_CHECK(v, XS_DRV(v->drv, cuDeviceGetCount, &count), "cuDeviceGetCount");
+  if (device < 0 || device >= count)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "device %d does not exist (the driver has %d)", device,
+                    count);
+  CUdevice dev;
+  XS_CHECK(v, XS_DRV(v->drv, cuDeviceGet, &dev, device), "cuDeviceGet(%d)",
+           device);
+  st = vmm_query_device(v, dev);
+  if (st != XSEG_OK) return st;
+  XS_CHECK(v, XS_DRV(v->drv, cuDevicePrimaryCtxRetain, &v->ctx, dev),
+           "cuDevicePrimaryCtxRetain(device %d)", device);
+  v->access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  v->access[0].location.id = device;
+  v->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  v->n_access = 1;
+  return XSEG_OK;
+}
+
+void xs_vmm_close(xs_vmm *v) {
+  if (v->ctx == NULL) return;
+  CUdevice dev;
+  if (XS_DRV(v->drv, cuDeviceGet, &dev, v->device) == CUDA_SUCCESS)
+    XS_DRV(v->drv, cuDevicePrimaryCtxRelease, dev);
+  v->ctx = NULL;
+}
+
+xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
+  XS_CHECK(v, XS_DRV(v->drv, cuCtxGetCurrent, saved), "cuCtxGetCurrent");
+  if (*saved == v->ctx) return XSEG_OK;
+  XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, v->ctx),
+           "cuCtxSetCurrent(primary context of device %d)", v->device);
+  return XSEG_OK;
+}
+
+void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
+  if (saved != v->ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
+}
+
+xseg_status xs_vmm_add_peer(xs_vmm *v, int peer) {
+  for (int i = 0; i < v->n_access; i++)
+    if (v->access[i].location.id == peer) return XSEG_OK;
+  if (v->n_access == XS_VMM_MAX_ACCESS)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "device %d: no room for peer %d (at most %d peers)",
+                    v->device, peer, XS_VMM_MAX_ACCESS - 1);
+  CUmemAccessDesc *a = &v->access[v->n_access++];
+  a->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  a->location.id = peer;
+  a->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr) {
+  assert(size % v->granularity == 0 && "reservations are granule multiples");
+  CUdeviceptr p = 0;
+  XS_CHECK(v, XS_DRV(v->drv, cuMemAddressReserve, &p, size, 0, 0, 0),
+           "cuMemAddressReserve(size %zu) on device %d", size, v->device);
+  *addr = (uint64_t)p;
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size),
+           "cuMemAddressFree(0x%llx, size %zu)", (unsigned long long)addr,
+           size);
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
+                                 uint64_t *handle) {
+  assert(size % v->granularity == 0 && "handles are granule multiples");
+  CUmemAllocationProp prop = vmm_prop(v, exportable);
+  CUmemGenericAllocationHandle h;
+  XS_CHECK(v, XS_DRV(v->drv, cuMemCreate, &h, size, &prop, 0),
+           "cuMemCreate(size %zu) on device %d", size, v->device);
+  *handle = (uint64_t)h;
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_handle_release(xs_vmm *v, uint64_t handle) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemRelease, (CUmemGenericAllocationHandle)handle),
+           "cuMemRelease(handle 0x%llx)", (unsigned long long)handle);
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_map(xs_vmm *v, uint64_t addr, size_t size,
+                       uint64_t handle) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemMap, (CUdeviceptr)addr, size, 0,
+                     (CUmemGenericAllocationHandle)handle, 0),
+           "cuMemMap(0x%llx, size %zu)", (unsigned long long)addr, size);
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_unmap(xs_vmm *v, uint64_t addr, size_t size) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size),
+           "cuMemUnmap(0x%llx, size %zu)", (unsigned long long)addr, size);
+  return XSEG_OK;
+}
+
+xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemSetAccess, (CUdeviceptr)addr, size,
+                     v->access, (size_t)v->n_access),
+           "cuMemSetAccess(0x%llx, size %zu, %d devices)",
+           (unsigned long long)addr, size, v->n_access);
+  return XSEG_OK;
+}
+
+/* Undoes the first `mapped` mappings and `created` handles of a run. */
+static void vmm_run_rollback(xs_vmm *v, uint64_t addr, size_t chunk,
+                             size_t created, size_t mapped,
+                             const uint64_t *handles) {
+  assert(mapped <= created);
+  if (mapped > 0) XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
+  for (size_t i = 0; i < created; i++)
+    XS_DRV(v->drv, cuMemRelease, (CUmemGenericAllocationHandle)handles[i]);
+}
+
+xseg_status xs_vmm_map_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
+                           uint64_t *handles_out) {
+  assert(n > 0 && chunk % v->granularity == 0);
+  size_t created = 0, mapped = 0;
+  xseg_status st = XSEG_OK;
+  for (; created < n && st == XSEG_OK; created++) {
+    st = xs_vmm_handle_create(v, chunk, false, &handles_out[created]);
+    if (st != XSEG_OK) break;
+  }
+  for (; mapped < created && st == XSEG_OK; mapped++) {
+    st = xs_vmm_map(v, addr + mapped * chunk, chunk, handles_out[mapped]);
+    if (st != XSEG_OK) break;
+  }
+  if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
+  if (st != XSEG_OK) {
+    /* The error message is the failing call's; the rollback must not
+       overwrite it, so it goes around the message-setting wrappers. */
+    vmm_run_rollback(v, addr, chunk, created, mapped, handles_out);
+  }
+  return st;
+}
+
+xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
+                             const uint64_t *handles) {
+  /* A failed unmap keeps the handles: released while still mapped, they
+     could never be unmapped by handle again. The caller still owns them. */
+  xseg_status st = xs_vmm_unmap(v, addr, n * chunk);
+  if (st != XSEG_OK) return st;
+  xseg_status first = XSEG_OK;
+  for (size_t i = 0; i < n; i++) {
+    st = xs_vmm_handle_release(v, handles[i]);
+    if (first == XSEG_OK) first = st;
+  }
+  return first;
+}
+
+xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,
+                            size_t *total_bytes) {
+  XS_CHECK(v, XS_DRV(v->drv, cuMemGetInfo, free_bytes, total_bytes),
+           "cuMemGetInfo(device %d)", v->device);
+  return XSEG_OK;
+}

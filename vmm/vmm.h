@@ -1,0 +1,83 @@
+/* vmm.h: one device's virtual memory, in the terms the segments need.
+ *
+ * An xs_vmm holds a loaded driver, the device's primary context and the
+ * access list (the owner first, then every peer that xs_vmm_add_peer added).
+ * Addresses and physical handles cross this interface as uint64_t, so the
+ * layers above know no CUDA type.
+ *
+ * Every function below except xs_vmm_open/close expects the device's context
+ * to be current: bracket a batch of calls with xs_vmm_ctx_enter/leave, once
+ * per public operation rather than once per driver call.
+ */
+#ifndef XS_VMM_H
+#define XS_VMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmm/driver.h"
+
+enum { XS_VMM_MAX_ACCESS = 16 };   /* the owner and up to 15 peers */
+
+typedef struct xs_vmm {
+  xs_driver *drv;
+  int device;                      /* ordinal */
+  CUcontext ctx;                   /* primary context, retained */
+  size_t granularity;              /* minimum mapping granularity */
+  size_t total_memory;             /* cuDeviceTotalMem */
+  int n_access;                    /* entries of access[] in use, >= 1 */
+  CUmemAccessDesc access[XS_VMM_MAX_ACCESS];
+} xs_vmm;
+
+/* Loads the driver (see xs_driver_load for `driver_path`), checks that the
+   device supports virtual memory management (else XSEG_ERR_UNSUPPORTED),
+   retains its primary context and reads its granularity and memory size. */
+xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device);
+/* Releases the primary context. Everything mapped must be gone. */
+void xs_vmm_close(xs_vmm *v);
+
+/* Makes v's context current, returning the caller's in *saved. */
+xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
+void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
+
+/* Adds read-write access for `peer` to what xs_vmm_set_access grants from
+   now on (existing mappings are the caller's to update). Idempotent. */
+xseg_status xs_vmm_add_peer(xs_vmm *v, int peer);
+
+/* Reserves `size` bytes (a multiple of the granularity) of address space. */
+xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr);
+xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
+
+/* One physical allocation of `size` bytes (a multiple of the granularity).
+   `exportable` asks for POSIX file descriptor export (IPC). */
+xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
+                                 uint64_t *handle);
+xseg_status xs_vmm_handle_release(xs_vmm *v, uint64_t handle);
+
+/* Maps a whole handle of `size` bytes at addr (no access yet). */
+xseg_status xs_vmm_map(xs_vmm *v, uint64_t addr, size_t size,
+                       uint64_t handle);
+/* Unmaps [addr, addr+size): whole mappings only, possibly several. */
+xseg_status xs_vmm_unmap(xs_vmm *v, uint64_t addr, size_t size);
+/* Read-write access for the owner and every peer, in one call. */
+xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size);
+
+/* Maps `n` fresh handles of `chunk` bytes each at addr, addr+chunk, ... and
+   grants access to the whole run with one cuMemSetAccess. On any failure
+   everything this call created or mapped is undone and the error returned:
+   the range is left unmapped and no handle survives. */
+xseg_status xs_vmm_map_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
+                           uint64_t *handles_out);
+/* Unmaps [addr, addr + n*chunk) with one cuMemUnmap and releases the n
+   handles mapped there. If the unmap fails nothing is released (the caller
+   still owns the handles); a failed release does not stop the others and the
+   first failure is returned. */
+xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
+                             const uint64_t *handles);
+
+/* cuMemGetInfo for the device. */
+xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,
+                            size_t *total_bytes);
+
+#endif /* XS_VMM_H */
