@@ -75,6 +75,16 @@ bool xt_live_unchanged(const xsim_live *before, const xsim_live *now,
    for the process's lifetime anyway). */
 CUcontext xt_context(int dev);
 
+/* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
+   function that blocks the stream until xt_latch_open. Open every latch
+   before the test ends, then synchronise, then free it. */
+typedef struct xt_latch xt_latch;
+xt_latch *xt_latch_new(void);
+CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
+void      xt_latch_open(xt_latch *l);
+int       xt_latch_waiting(xt_latch *l);   /* host functions blocked now */
+void      xt_latch_free(xt_latch *l);
+
 #define XT_CONCAT_(a, b) a##b
 #define XT_CONCAT(a, b) XT_CONCAT_(a, b)
 

@@ -1,0 +1,59 @@
+/* latch.c: hold a stream back until the test lets it go.
+ *
+ * Races are forced, not hoped for: xt_latch_hold() enqueues a host function
+ * that blocks the stream's worker on the latch, so everything queued behind
+ * it stays queued, deterministically, until xt_latch_open().
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#include "xseg_test.h"
+
+struct xt_latch {
+  pthread_mutex_t lock;
+  pthread_cond_t opened_cv;
+  bool opened;
+  int waiting;       /* host functions blocked on it now */
+};
+
+xt_latch *xt_latch_new(void) {
+  xt_latch *l = calloc(1, sizeof *l);
+  if (l == NULL) return NULL;
+  pthread_mutex_init(&l->lock, NULL);
+  pthread_cond_init(&l->opened_cv, NULL);
+  return l;
+}
+
+void xt_latch_open(xt_latch *l) {
+  pthread_mutex_lock(&l->lock);
+  l->opened = true;
+  pthread_cond_broadcast(&l->opened_cv);
+  pthread_mutex_unlock(&l->lock);
+}
+
+int xt_latch_waiting(xt_latch *l) {
+  pthread_mutex_lock(&l->lock);
+  int n = l->waiting;
+  pthread_mutex_unlock(&l->lock);
+  return n;
+}
+
+void xt_latch_free(xt_latch *l) {
+  pthread_cond_destroy(&l->opened_cv);
+  pthread_mutex_destroy(&l->lock);
+  free(l);
+}
+
+static void CUDA_CB latch_wait(void *arg) {
+  xt_latch *l = arg;
+  pthread_mutex_lock(&l->lock);
+  l->waiting++;
+  while (!l->opened) pthread_cond_wait(&l->opened_cv, &l->lock);
+  l->waiting--;
+  pthread_mutex_unlock(&l->lock);
+}
+
+CUresult xt_latch_hold(CUstream stream, xt_latch *l) {
+  return cuLaunchHostFunc(stream, latch_wait, l);
+}
