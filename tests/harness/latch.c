@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "xseg_test.h"
 
@@ -37,6 +38,15 @@ int xt_latch_waiting(xt_latch *l) {
   int n = l->waiting;
   pthread_mutex_unlock(&l->lock);
   return n;
+}
+
+bool xt_latch_wait_for_holders(xt_latch *l, int n) {
+  const struct timespec ms = {0, 1000 * 1000};
+  for (int i = 0; i < 10000; i++) {
+    if (xt_latch_waiting(l) >= n) return true;
+    nanosleep(&ms, NULL);
+  }
+  return false;
 }
 
 void xt_latch_free(xt_latch *l) {

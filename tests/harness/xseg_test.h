@@ -83,6 +83,8 @@ xt_latch *xt_latch_new(void);
 CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
 void      xt_latch_open(xt_latch *l);
 int       xt_latch_waiting(xt_latch *l);   /* host functions blocked now */
+/* Waits (up to 10 s) until n host functions are blocked on the latch. */
+bool      xt_latch_wait_for_holders(xt_latch *l, int n);
 void      xt_latch_free(xt_latch *l);
 
 #define XT_CONCAT_(a, b) a##b

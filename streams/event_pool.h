@@ -1,0 +1,41 @@
+/* event_pool.h: a device's reusable events.
+ *
+ * Cross-stream frees and unmap guards record an event per stream they wait
+ * on. Creating a driver event per free would put cuEventCreate/Destroy on a
+ * hot path and let the event count grow with the free rate, so events are
+ * taken from this pool and returned when they have fired: in a steady state
+ * the pool stops creating events at the largest number that were ever in
+ * flight at once.
+ *
+ * Not thread-safe: the allocator's mutex guards it. Needs the device's
+ * context current (xs_vmm_ctx_enter).
+ */
+#ifndef XS_STREAMS_EVENT_POOL_H
+#define XS_STREAMS_EVENT_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmm/vmm.h"
+
+typedef struct xs_event_pool {
+  xs_vmm  *vmm;
+  CUevent *idle;          /* events not in flight, a stack */
+  size_t   n_idle, cap_idle;
+  uint64_t created;       /* events ever created by this pool */
+  uint64_t in_flight;     /* taken and not yet returned */
+} xs_event_pool;
+
+void xs_event_pool_init(xs_event_pool *p, xs_vmm *vmm);
+/* Destroys every idle event. Events still in flight are the caller's bug:
+   asserted in debug builds, and left to the driver otherwise. */
+void xs_event_pool_destroy(xs_event_pool *p);
+
+/* An idle event, or a new one (CU_EVENT_DISABLE_TIMING: cheaper to record
+   and query, and timing is never needed here). */
+xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out);
+/* Gives back an event whose recorded work has completed (or that was never
+   recorded). Never fails: if the stack cannot grow, the event is destroyed. */
+void xs_event_pool_give(xs_event_pool *p, CUevent ev);
+
+#endif /* XS_STREAMS_EVENT_POOL_H */

@@ -1,0 +1,71 @@
+/* pending.h: frees that wait on work recorded on other streams.
+ *
+ * When a block that xseg_record_stream tagged with streams S1..Sk is freed,
+ * one event is recorded on each Si (at the point each stream has reached at
+ * the free) and an entry (event, block) is appended to Si's queue. The block
+ * may be reused once every one of its k entries has fired; the allocator
+ * keeps that count on the block, this module only reports each entry that
+ * fires.
+ *
+ * Invariant: within one stream's queue, entries are in recording order, and
+ * a stream runs its work in order, so if the head has not fired, nothing
+ * behind it has. Polling therefore stops at the first pending head of each
+ * stream, and one slow stream never holds back another's entries.
+ *
+ * Not thread-safe: the allocator's mutex guards it. Needs the device's
+ * context current.
+ */
+#ifndef XS_STREAMS_PENDING_H
+#define XS_STREAMS_PENDING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "streams/event_pool.h"
+
+typedef struct xs_pending_entry {
+  CUevent event;
+  void *block;
+} xs_pending_entry;
+
+/* One stream's entries, a ring buffer: [head, head+count) modulo cap. */
+typedef struct xs_pending_queue {
+  struct CUstream_st *stream;
+  xs_pending_entry *ring;
+  size_t head, count, cap;
+} xs_pending_queue;
+
+typedef struct xs_pending {
+  xs_event_pool *events;
+  xs_pending_queue *queues;   /* one per stream that ever had an entry */
+  size_t n_queues, cap_queues;
+  uint64_t entries;           /* sum of the queues' counts */
+} xs_pending;
+
+/* Called once per entry whose event has fired, in each stream's order. */
+typedef void (*xs_pending_ready_fn)(void *ctx, void *block);
+
+void xs_pending_init(xs_pending *p, xs_event_pool *events);
+/* Frees the queues; every entry must have fired and been drained. */
+void xs_pending_destroy(xs_pending *p);
+
+/* Records an event on `stream` and queues (event, block) behind it. On
+   failure nothing is queued, the event (if any) is back in the pool and the
+   message names the failing call. */
+xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
+                           void *block);
+
+/* Pops, per stream, every head entry whose event has fired, calling `ready`
+   for each; returns how many fired. Queries the driver only (never waits).
+   A query that fails with an error other than CUDA_ERROR_NOT_READY stops
+   that stream's drain and is returned in *error (XSEG_OK otherwise). */
+size_t xs_pending_poll(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
+                       xseg_status *error);
+
+/* As poll, but waits (cuEventSynchronize, never a stream or device sync) for
+   every entry queued now. For the out-of-memory path and destroy. */
+size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
+                        xseg_status *error);
+
+#endif /* XS_STREAMS_PENDING_H */
