@@ -20,8 +20,11 @@ typedef struct xs_config {
   bool   expandable_segments;           /* default true */
   size_t max_split_size;                /* bytes; SIZE_MAX = no limit */
   size_t max_non_split_rounding;        /* bytes; default 20 MiB */
-  /* divisions per interval, 0 = plain 512-byte rounding; interval i covers
-     sizes in (2^(19+i), 2^(20+i)] bytes, the last one everything larger */
+  /* divisions per interval, 0 or 1 = plain 512-byte rounding; interval i
+     covers sizes in [2^i MiB, 2^(i+1) MiB), interval 0 also everything
+     smaller and interval 15 everything larger (PyTorch's
+     roundup_power2_divisions(size): index = floor(log2(size)) - 20, clamped
+     to [0, 15]) */
   unsigned roundup_power2_divisions[XS_ROUNDUP_INTERVALS];
   double garbage_collection_threshold;  /* 0 = off, else in (0, 1) */
   double memory_fraction;               /* xseg_memory_fraction, (0, 1] */
@@ -40,5 +43,12 @@ void xs_config_defaults(xs_config *c);
    XSEG_ERR_INVALID_ARGUMENT and a message naming the key and the value;
    *c is then unspecified. */
 xseg_status xs_config_parse(const char *conf, xs_config *c);
+
+/* PyTorch's round_size (CUDACachingAllocator.cpp): sizes below 512 bytes
+   become 512; a size above 512 * d, where d > 1 is the divisions of its
+   interval, is rounded up to the next multiple of 2^floor(log2(size)) / d;
+   every other size to a multiple of 512. Returns 0 when the rounded size
+   overflows size_t (the caller reports XSEG_ERR_INVALID_ARGUMENT). */
+size_t xs_config_round_size(const xs_config *c, size_t size);
 
 #endif /* XS_ALLOC_CONFIG_H */
