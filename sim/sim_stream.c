@@ -1,0 +1,718 @@
+/* sim_stream.c: streams, their worker threads, the legacy default stream,
+ * host functions, memset / memcpy and cuCtxSynchronize.
+ *
+ * See sim_stream.h for the model: (stream, seq) counters, dependency lists,
+ * one lock. The legacy stream follows cuda.h's stream synchronization notes
+ * ("CU_STREAM_NON_BLOCKING ... should perform no implicit synchronization
+ * with stream 0"): an operation on the legacy stream waits for all work
+ * submitted before it to every blocking stream of its device, and an
+ * operation on a blocking stream waits for all work submitted before it to
+ * the legacy stream. Streams created with CU_STREAM_NON_BLOCKING do neither.
+ *
+ * Not emulated: CU_STREAM_PER_THREAD (the per-thread default stream) is
+ * refused with CUDA_ERROR_INVALID_HANDLE; the _ptsz/_ptds entry points are
+ * not exported.
+ */
+#include "sim_stream.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t xs_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t xs_progress = PTHREAD_COND_INITIALIZER;
+static struct CUstream_st *xs_registry;            /* non-legacy streams */
+static struct CUstream_st *xs_legacy[XSIM_MAX_DEVICES];
+static uint64_t xs_next_stream_id = 1;
+
+/* Stream priorities are clamped to an H100's range, as cuda.h's
+   cuStreamCreateWithPriority says out-of-range values are. */
+#define XS_PRIORITY_LEAST 0
+#define XS_PRIORITY_GREATEST (-5)
+
+void xs_sim_lock(void) { pthread_mutex_lock(&xs_mutex); }
+void xs_sim_unlock(void) { pthread_mutex_unlock(&xs_mutex); }
+void xs_sim_wait_locked(void) { pthread_cond_wait(&xs_progress, &xs_mutex); }
+void xs_sim_broadcast_locked(void) { pthread_cond_broadcast(&xs_progress); }
+
+/* ---- fork: a child has no worker threads --------------------------------
+   The lock is held across fork so the child gets it in a consistent state;
+   the child forgets its parent's legacy streams (their workers do not exist
+   there) and makes new ones on first use. Streams created by the parent are
+   unusable in the child, as on a real GPU. */
+static void xs_fork_prepare(void) { xs_sim_lock(); }
+static void xs_fork_parent(void) { xs_sim_unlock(); }
+static void xs_fork_child(void) {
+  memset(xs_legacy, 0, sizeof xs_legacy);
+  xs_registry = NULL;
+  xs_sim_unlock();
+}
+static pthread_once_t xs_fork_once = PTHREAD_ONCE_INIT;
+static void xs_fork_install(void) {
+  pthread_atfork(xs_fork_prepare, xs_fork_parent, xs_fork_child);
+}
+
+/* ---- references and the registry --------------------------------------- */
+
+void xs_stream_retain_locked(struct CUstream_st *s) {
+  assert(s->refs > 0 && "retain of a freed stream");
+  s->refs++;
+}
+
+void xs_stream_release_locked(struct CUstream_st *s) {
+  assert(s->refs > 0 && "stream released too often");
+  if (--s->refs > 0) return;
+  assert(s->head == NULL && s->completed == s->submitted && "drained");
+  s->magic = 0;
+  free(s);
+}
+
+static void xs_registry_insert_locked(struct CUstream_st *s) {
+  s->prev = NULL;
+  s->next = xs_registry;
+  if (xs_registry) xs_registry->prev = s;
+  xs_registry = s;
+}
+
+static void xs_registry_remove_locked(struct CUstream_st *s) {
+  if (s->prev) s->prev->next = s->next;
+  else xs_registry = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = NULL;
+}
+
+static bool xs_stream_is_blocking(const struct CUstream_st *s) {
+  return !s->legacy && !(s->flags & CU_STREAM_NON_BLOCKING);
+}
+
+struct CUstream_st *xs_stream_first_locked(void) { return xs_registry; }
+
+bool xs_stream_blocking_capture_locked(int device, bool invalidate) {
+  bool found = false;
+  for (struct CUstream_st *s = xs_registry; s; s = s->next) {
+    if (s->device != device || !s->capture || !xs_stream_is_blocking(s))
+      continue;
+    found = true;
+    if (invalidate) xs_capture_invalidate_locked(s);
+  }
+  return found;
+}
+
+/* ---- running work ------------------------------------------------------ */
+
+static void xs_fill(void *dst, uint32_t value, size_t count, unsigned width) {
+  if (width == 1) {
+    memset(dst, (int)value, count);
+    return;
+  }
+  assert(width == 4 && "memset widths are 1 and 4");
+  uint32_t *p = dst;
+  for (size_t i = 0; i < count; i++) p[i] = value;
+}
+
+static void xs_work_run(const xs_work *w) {
+  switch (w->kind) {
+  case XS_WORK_HOST:
+    w->u.host.fn(w->u.host.data);
+    break;
+  case XS_WORK_SET:
+    xs_fill(w->u.set.dst, w->u.set.value, w->u.set.count, w->u.set.width);
+    break;
+  case XS_WORK_COPY:
+    memmove(w->u.copy.dst, w->u.copy.src, w->u.copy.bytes);
+    break;
+  default:
+    break;   /* NOP and RECORD act when retired; waits were made deps */
+  }
+}
+
+void xs_work_retain_locked(const xs_work *w) {
+  if (w->kind == XS_WORK_RECORD) xs_event_retain_locked(w->u.record.event);
+  if (w->kind == XS_WORK_WAIT_EVENT) xs_event_retain_locked(w->u.wait.event);
+}
+
+void xs_work_release_locked(const xs_work *w) {
+  if (w->kind == XS_WORK_RECORD) xs_event_release_locked(w->u.record.event);
+  if (w->kind == XS_WORK_WAIT_EVENT) xs_event_release_locked(w->u.wait.event);
+}
+
+/* ---- dependency lists -------------------------------------------------- */
+
+typedef struct xs_deps {
+  size_t n, cap;
+  xs_dep *v;
+} xs_deps;
+
+bool xs_dep_done_locked(const xs_dep *d) {
+  return d->stream->completed >= d->seq;
+}
+
+/* Adds (s, seq) unless it is already complete; holds a reference on s. */
+static CUresult xs_deps_push_locked(xs_deps *d, struct CUstream_st *s,
+                                    uint64_t seq) {
+  if (s->completed >= seq) return CUDA_SUCCESS;
+  if (d->n == d->cap) {
+    size_t cap = d->cap ? 2 * d->cap : 4;
+    xs_dep *v = realloc(d->v, cap * sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    d->v = v;
+    d->cap = cap;
+  }
+  xs_stream_retain_locked(s);
+  d->v[d->n++] = (xs_dep){s, seq};
+  return CUDA_SUCCESS;
+}
+
+static void xs_deps_clear_locked(xs_deps *d) {
+  for (size_t i = 0; i < d->n; i++) xs_stream_release_locked(d->v[i].stream);
+  free(d->v);
+  *d = (xs_deps){0};
+}
+
+static bool xs_deps_done_locked(const xs_dep *v, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!xs_dep_done_locked(&v[i])) return false;
+  return true;
+}
+
+static void xs_deps_wait_locked(const xs_deps *d) {
+  while (!xs_deps_done_locked(d->v, d->n)) xs_sim_wait_locked();
+}
+
+/* Everything submitted so far to the device's streams: blocking ones only,
+   or all of them (cuCtxSynchronize). */
+static CUresult xs_deps_device_locked(xs_deps *d, int device, bool all) {
+  CUresult r = CUDA_SUCCESS;
+  for (struct CUstream_st *s = xs_registry; s && !r; s = s->next)
+    if (s->device == device && (all || xs_stream_is_blocking(s)))
+      r = xs_deps_push_locked(d, s, s->submitted);
+  return r;
+}
+
+/* The implicit ordering of the legacy stream (see the file comment). */
+static CUresult xs_deps_implicit_locked(xs_deps *d, struct CUstream_st *s) {
+  if (s->legacy) return xs_deps_device_locked(d, s->device, false);
+  struct CUstream_st *legacy = xs_legacy[s->device];
+  if (!xs_stream_is_blocking(s) || !legacy) return CUDA_SUCCESS;
+  return xs_deps_push_locked(d, legacy, legacy->submitted);
+}
+
+/* All work a synchronize or query of s covers: its own, and for the legacy
+   stream the prior work of the blocking streams it implicitly waits for. */
+static CUresult xs_deps_barrier_locked(xs_deps *d, struct CUstream_st *s) {
+  CUresult r = xs_deps_push_locked(d, s, s->submitted);
+  if (!r && s->legacy) r = xs_deps_device_locked(d, s->device, false);
+  return r;
+}
+
+/* ---- the worker -------------------------------------------------------- */
+
+static void xs_op_free_locked(xs_op *op) {
+  for (size_t i = 0; i < op->ndeps; i++)
+    xs_stream_release_locked(op->deps[i].stream);
+  xs_work_release_locked(&op->work);
+  free(op->deps);
+  free(op);
+}
+
+/* The next runnable operation, or NULL once s is destroyed and drained. */
+static xs_op *xs_worker_next_locked(struct CUstream_st *s) {
+  for (;;) {
+    if (s->head && xs_deps_done_locked(s->head->deps, s->head->ndeps))
+      return s->head;
+    if (!s->head && s->destroyed) return NULL;
+    xs_sim_wait_locked();
+  }
+}
+
+static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
+  assert(s->head == op && op->seq == s->completed + 1 && "in order");
+  s->head = op->next;
+  if (!s->head) s->tail = NULL;
+  s->completed = op->seq;
+  if (op->work.kind == XS_WORK_RECORD)
+    xs_event_stamp_locked(op->work.u.record.event, op->work.u.record.gen);
+  xs_op_free_locked(op);
+  xs_sim_broadcast_locked();
+}
+
+static void *xs_worker_main(void *arg) {
+  struct CUstream_st *s = arg;
+  xs_sim_lock();
+  for (xs_op *op; (op = xs_worker_next_locked(s)) != NULL;) {
+    xs_sim_unlock();
+    xs_work_run(&op->work);
+    xs_sim_lock();
+    xs_worker_retire_locked(s, op);
+  }
+  if (!s->legacy) xs_registry_remove_locked(s);
+  xs_stream_release_locked(s);   /* the worker's reference */
+  xs_sim_unlock();
+  return NULL;
+}
+
+/* A stream with its worker running; refs: one for the worker, one for the
+   creator (the legacy stream's creator is the process). */
+static struct CUstream_st *xs_stream_new(int device, unsigned flags,
+                                         int priority, bool legacy) {
+  struct CUstream_st *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  *s = (struct CUstream_st){.magic = XS_STREAM_MAGIC, .device = device,
+                            .flags = flags, .priority = priority,
+                            .legacy = legacy, .refs = 2};
+  pthread_attr_t attr;
+  pthread_t thread;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int err = pthread_create(&thread, &attr, xs_worker_main, s);
+  pthread_attr_destroy(&attr);
+  if (err) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static struct CUstream_st *xs_legacy_get_locked(int device) {
+  assert(device >= 0 && device < XSIM_MAX_DEVICES);
+  if (!xs_legacy[device]) {
+    pthread_once(&xs_fork_once, xs_fork_install);
+    xs_legacy[device] = xs_stream_new(device, CU_STREAM_DEFAULT, 0, true);
+    if (xs_legacy[device]) xs_legacy[device]->id = xs_next_stream_id++;
+  }
+  return xs_legacy[device];
+}
+
+/* ---- handles ----------------------------------------------------------- */
+
+static bool xs_stream_is_legacy_handle(CUstream h) {
+  return h == NULL || h == CU_STREAM_LEGACY;
+}
+
+/* What must hold before the lock is taken: initialised, and a current
+   context when the handle names the legacy stream. The device is that
+   context's (or -1 for an explicit stream, which carries its own). */
+static CUresult xs_stream_prepare(CUstream h, int *device) {
+  *device = -1;
+  if (xs_stream_is_legacy_handle(h)) return xsim_current_device(device);
+  return xsim_require_init();
+}
+
+static CUresult xs_stream_find_locked(CUstream h, int device,
+                                      struct CUstream_st **out) {
+  if (xs_stream_is_legacy_handle(h)) {
+    *out = xs_legacy_get_locked(device);
+    return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  for (struct CUstream_st *s = xs_registry; s; s = s->next)
+    if (s == h && !s->destroyed) {
+      *out = s;
+      return CUDA_SUCCESS;
+    }
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult xs_stream_acquire(CUstream h, struct CUstream_st **out) {
+  int device;
+  CUresult r = xs_stream_prepare(h, &device);
+  if (r != CUDA_SUCCESS) return r;
+  xs_sim_lock();
+  r = xs_stream_find_locked(h, device, out);
+  if (r != CUDA_SUCCESS) xs_sim_unlock();
+  return r;
+}
+
+/* ---- submission -------------------------------------------------------- */
+
+static void xs_stream_enqueue_locked(struct CUstream_st *s, xs_op *op) {
+  op->seq = ++s->submitted;
+  if (s->tail) s->tail->next = op;
+  else s->head = op;
+  s->tail = op;
+  xs_sim_broadcast_locked();
+}
+
+/* Dependencies of a new operation on s: implicit, extra, and for a replayed
+   external event wait the event's current record. */
+static CUresult xs_op_deps_locked(xs_deps *d, struct CUstream_st *s,
+                                  const xs_work *w, const xs_dep *extra) {
+  CUresult r = xs_deps_implicit_locked(d, s);
+  if (!r && extra) r = xs_deps_push_locked(d, extra->stream, extra->seq);
+  if (!r && w->kind == XS_WORK_WAIT_EVENT && w->u.wait.event->stream)
+    r = xs_deps_push_locked(d, w->u.wait.event->stream, w->u.wait.event->seq);
+  return r;
+}
+
+CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
+                                 const xs_dep *extra, xs_ticket *ticket) {
+  *ticket = (xs_ticket){.captured = s->capture != NULL};
+  if (s->capture) return xs_capture_append_locked(s, w);
+  if (s->legacy && xs_stream_blocking_capture_locked(s->device, true))
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  xs_op *op = calloc(1, sizeof *op);
+  xs_deps d = {0};
+  CUresult r = op ? xs_op_deps_locked(&d, s, w, extra)
+                  : CUDA_ERROR_OUT_OF_MEMORY;
+  if (r != CUDA_SUCCESS) {
+    xs_deps_clear_locked(&d);
+    free(op);
+    return r;
+  }
+  op->work = *w;
+  if (w->kind == XS_WORK_WAIT_EVENT) op->work.kind = XS_WORK_NOP;
+  xs_work_retain_locked(&op->work);
+  op->deps = d.v;
+  op->ndeps = d.n;
+  xs_stream_enqueue_locked(s, op);
+  ticket->seq = op->seq;
+  return CUDA_SUCCESS;
+}
+
+/* Submits w to the stream named by h (an *Async call). */
+static CUresult xs_stream_submit(CUstream h, const xs_work *w) {
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  xs_ticket ticket;
+  r = xs_stream_submit_locked(s, w, NULL, &ticket);
+  xs_sim_unlock();
+  return r;
+}
+
+/* The synchronous forms (cuMemsetD8, cuMemcpyHtoD ...): on the legacy
+   stream, returning after completion; potentially unsafe during capture. */
+static CUresult xs_legacy_run(const xs_work *w) {
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(NULL, &s);
+  if (r != CUDA_SUCCESS) return r;
+  xs_ticket ticket = {0};
+  r = xs_capture_check_unsafe_locked();
+  if (r == CUDA_SUCCESS) r = xs_stream_submit_locked(s, w, NULL, &ticket);
+  if (r == CUDA_SUCCESS) {
+    assert(!ticket.captured && "the legacy stream never captures");
+    while (s->completed < ticket.seq) xs_sim_wait_locked();
+  }
+  xs_sim_unlock();
+  return r;
+}
+
+/* ---- streams: create, destroy, properties ------------------------------ */
+
+static CUresult xs_stream_create(CUstream *out, unsigned flags, int priority) {
+  int device;
+  CUresult r = xsim_current_device(&device);
+  if (r != CUDA_SUCCESS) return r;
+  if (!out || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_once(&xs_fork_once, xs_fork_install);
+  struct CUstream_st *s = xs_stream_new(device, flags, priority, false);
+  if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  xs_sim_lock();
+  s->id = xs_next_stream_id++;
+  xs_registry_insert_locked(s);
+  xs_sim_unlock();
+  *out = s;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h: "Valid values for Flags are CU_STREAM_DEFAULT,
+   CU_STREAM_NON_BLOCKING"; CUDA_ERROR_INVALID_VALUE otherwise. */
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+  XSIM_ENTER("cuStreamCreate");
+  return xs_stream_create(phStream, Flags, 0);
+}
+
+/* cuda.h: a priority outside cuCtxGetStreamPriorityRange "will
+   automatically be clamped to the lowest or the highest number". */
+CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags,
+                                    int priority) {
+  XSIM_ENTER("cuStreamCreateWithPriority");
+  if (priority > XS_PRIORITY_LEAST) priority = XS_PRIORITY_LEAST;
+  if (priority < XS_PRIORITY_GREATEST) priority = XS_PRIORITY_GREATEST;
+  return xs_stream_create(phStream, flags, priority);
+}
+
+/* cuda.h: with work still pending the call "will return immediately and the
+   resources ... will be released automatically once the device has
+   completed all work". The worker drains the queue, then frees. */
+static CUresult xs_stream_destroy(CUstream hStream) {
+  if (xs_stream_is_legacy_handle(hStream)) {
+    CUresult r = xsim_require_init();
+    return r ? r : CUDA_ERROR_INVALID_HANDLE;
+  }
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(hStream, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (s->capture) xs_capture_abandon_locked(s);
+  s->destroyed = true;
+  xs_stream_release_locked(s);   /* the creator's reference */
+  xs_sim_broadcast_locked();
+  xs_sim_unlock();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream) {
+  XSIM_ENTER("cuStreamDestroy");
+  return xs_stream_destroy(hStream);
+}
+
+/* The pre-3.2 entry point, same prototype. */
+#undef cuStreamDestroy
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream);
+CUresult cuStreamDestroy(CUstream hStream) {
+  XSIM_ENTER("cuStreamDestroy");
+  return xs_stream_destroy(hStream);
+}
+
+/* Reads one property of a stream under the lock. */
+typedef enum { XS_PROP_FLAGS, XS_PROP_PRIORITY, XS_PROP_ID } xs_prop;
+
+static CUresult xs_stream_property(CUstream h, xs_prop p, uint64_t *out) {
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(h, &s);
+  if (r != CUDA_SUCCESS) return r;
+  if (p == XS_PROP_FLAGS) *out = s->flags;
+  else if (p == XS_PROP_PRIORITY) *out = (uint64_t)(int64_t)s->priority;
+  else *out = s->id;
+  xs_sim_unlock();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+  XSIM_ENTER("cuStreamGetFlags");
+  if (!flags) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v;
+  CUresult r = xs_stream_property(hStream, XS_PROP_FLAGS, &v);
+  if (r == CUDA_SUCCESS) *flags = (unsigned)v;
+  return r;
+}
+
+CUresult cuStreamGetPriority(CUstream hStream, int *priority) {
+  XSIM_ENTER("cuStreamGetPriority");
+  if (!priority) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v;
+  CUresult r = xs_stream_property(hStream, XS_PROP_PRIORITY, &v);
+  if (r == CUDA_SUCCESS) *priority = (int)(int64_t)v;
+  return r;
+}
+
+CUresult cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
+  XSIM_ENTER("cuStreamGetId");
+  if (!streamId) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v;
+  CUresult r = xs_stream_property(hStream, XS_PROP_ID, &v);
+  if (r == CUDA_SUCCESS) *streamId = v;
+  return r;
+}
+
+/* ---- synchronize and query --------------------------------------------- */
+
+/* What forbids waiting on s during capture: the unsafe-call rule, waiting
+   on a capturing stream (illegal in every mode: its work is not running),
+   and the legacy stream while a blocking stream captures. */
+static CUresult xs_stream_check_wait_locked(struct CUstream_st *s) {
+  CUresult r = xs_capture_check_unsafe_locked();
+  if (r != CUDA_SUCCESS) return r;
+  if (s->capture) {
+    xs_capture_invalidate_locked(s);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  if (s->legacy && xs_stream_blocking_capture_locked(s->device, true))
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h: "Waits until the device has completed all operations in the
+   stream" (work submitted before the call). */
+CUresult cuStreamSynchronize(CUstream hStream) {
+  XSIM_ENTER("cuStreamSynchronize");
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(hStream, &s);
+  if (r != CUDA_SUCCESS) return r;
+  xs_deps d = {0};
+  r = xs_stream_check_wait_locked(s);
+  if (r == CUDA_SUCCESS) r = xs_deps_barrier_locked(&d, s);
+  if (r == CUDA_SUCCESS) xs_deps_wait_locked(&d);
+  xs_deps_clear_locked(&d);
+  xs_sim_unlock();
+  return r;
+}
+
+/* cuda.h: "Returns CUDA_SUCCESS if all operations in the stream ... have
+   completed, or CUDA_ERROR_NOT_READY if not." */
+CUresult cuStreamQuery(CUstream hStream) {
+  XSIM_ENTER("cuStreamQuery");
+  struct CUstream_st *s;
+  CUresult r = xs_stream_acquire(hStream, &s);
+  if (r != CUDA_SUCCESS) return r;
+  xs_deps d = {0};
+  r = xs_stream_check_wait_locked(s);
+  if (r == CUDA_SUCCESS) r = xs_deps_barrier_locked(&d, s);
+  if (r == CUDA_SUCCESS && !xs_deps_done_locked(d.v, d.n))
+    r = CUDA_ERROR_NOT_READY;
+  xs_deps_clear_locked(&d);
+  xs_sim_unlock();
+  return r;
+}
+
+/* cuda.h: "Blocks until the device has completed all preceding requested
+   tasks": every stream of the current context's device, the legacy one and
+   destroyed ones still draining included. */
+CUresult cuCtxSynchronize(void) {
+  XSIM_ENTER("cuCtxSynchronize");
+  int device;
+  CUresult r = xsim_current_device(&device);
+  if (r != CUDA_SUCCESS) return r;
+  xs_sim_lock();
+  xs_deps d = {0};
+  r = xs_capture_check_unsafe_locked();
+  struct CUstream_st *legacy = xs_legacy[device];
+  if (r == CUDA_SUCCESS && legacy)
+    r = xs_deps_push_locked(&d, legacy, legacy->submitted);
+  if (r == CUDA_SUCCESS) r = xs_deps_device_locked(&d, device, true);
+  if (r == CUDA_SUCCESS) xs_deps_wait_locked(&d);
+  xs_deps_clear_locked(&d);
+  xs_sim_unlock();
+  return r;
+}
+
+/* ---- host functions ---------------------------------------------------- */
+
+/* cuda.h: "The function will be called after currently enqueued work and
+   will block work added after it." It runs on the stream's worker. */
+CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
+  XSIM_ENTER("cuLaunchHostFunc");
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  xs_work w = {.kind = XS_WORK_HOST, .u.host = {fn, userData}};
+  return xs_stream_submit(hStream, &w);
+}
+
+/* ---- memset ------------------------------------------------------------ */
+
+/* cuda.h: D32 requires "The dstDevice pointer must be four byte aligned". */
+static CUresult xs_set_work(xs_work *w, CUdeviceptr dst, uint32_t value,
+                            size_t count, unsigned width) {
+  if ((dst == 0 && count > 0) || dst % width != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (count > SIZE_MAX / width) return CUDA_ERROR_INVALID_VALUE;
+  *w = (xs_work){.kind = XS_WORK_SET,
+                 .u.set = {(void *)(uintptr_t)dst, value, count, width}};
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                         CUstream hStream) {
+  XSIM_ENTER("cuMemsetD8Async");
+  xs_work w;
+  CUresult r = xs_set_work(&w, dstDevice, uc, N, 1);
+  return r ? r : xs_stream_submit(hStream, &w);
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                          CUstream hStream) {
+  XSIM_ENTER("cuMemsetD32Async");
+  xs_work w;
+  CUresult r = xs_set_work(&w, dstDevice, ui, N, 4);
+  return r ? r : xs_stream_submit(hStream, &w);
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+  XSIM_ENTER("cuMemsetD8");
+  xs_work w;
+  CUresult r = xs_set_work(&w, dstDevice, uc, N, 1);
+  return r ? r : xs_legacy_run(&w);
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
+  XSIM_ENTER("cuMemsetD32");
+  xs_work w;
+  CUresult r = xs_set_work(&w, dstDevice, ui, N, 4);
+  return r ? r : xs_legacy_run(&w);
+}
+
+/* ---- memcpy ------------------------------------------------------------ */
+
+/* Device pointers are host addresses here, so every direction is one copy;
+   overlapping ranges are copied as memmove does. */
+static CUresult xs_copy_work(xs_work *w, void *dst, const void *src,
+                             size_t bytes) {
+  if (bytes > 0 && (!dst || !src)) return CUDA_ERROR_INVALID_VALUE;
+  *w = (xs_work){.kind = XS_WORK_COPY, .u.copy = {dst, src, bytes}};
+  return CUDA_SUCCESS;
+}
+
+static void *xs_dptr(CUdeviceptr p) { return (void *)(uintptr_t)p; }
+
+static CUresult xs_copy_async(void *dst, const void *src, size_t bytes,
+                              CUstream h) {
+  xs_work w;
+  CUresult r = xs_copy_work(&w, dst, src, bytes);
+  return r ? r : xs_stream_submit(h, &w);
+}
+
+static CUresult xs_copy_sync(void *dst, const void *src, size_t bytes) {
+  xs_work w;
+  CUresult r = xs_copy_work(&w, dst, src, bytes);
+  return r ? r : xs_legacy_run(&w);
+}
+
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                       CUstream hStream) {
+  XSIM_ENTER("cuMemcpyAsync");
+  return xs_copy_async(xs_dptr(dst), xs_dptr(src), ByteCount, hStream);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
+                              size_t ByteCount, CUstream hStream) {
+  XSIM_ENTER("cuMemcpyHtoDAsync");
+  return xs_copy_async(xs_dptr(dstDevice), srcHost, ByteCount, hStream);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice,
+                              size_t ByteCount, CUstream hStream) {
+  XSIM_ENTER("cuMemcpyDtoHAsync");
+  return xs_copy_async(dstHost, xs_dptr(srcDevice), ByteCount, hStream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                              size_t ByteCount, CUstream hStream) {
+  XSIM_ENTER("cuMemcpyDtoDAsync");
+  return xs_copy_async(xs_dptr(dstDevice), xs_dptr(srcDevice), ByteCount,
+                       hStream);
+}
+
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
+  XSIM_ENTER("cuMemcpy");
+  return xs_copy_sync(xs_dptr(dst), xs_dptr(src), ByteCount);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost,
+                         size_t ByteCount) {
+  XSIM_ENTER("cuMemcpyHtoD");
+  return xs_copy_sync(xs_dptr(dstDevice), srcHost, ByteCount);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice,
+                         size_t ByteCount) {
+  XSIM_ENTER("cuMemcpyDtoH");
+  return xs_copy_sync(dstHost, xs_dptr(srcDevice), ByteCount);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                         size_t ByteCount) {
+  XSIM_ENTER("cuMemcpyDtoD");
+  return xs_copy_sync(xs_dptr(dstDevice), xs_dptr(srcDevice), ByteCount);
+}
+
+/* ---- live counts ------------------------------------------------------- */
+
+/* Streams are live from cuStreamCreate to cuStreamDestroy (a destroyed
+   stream still draining is not); the legacy streams are not counted. */
+void xsim_stream_live(xsim_live *out) {
+  xs_sim_lock();
+  uint64_t n = 0;
+  for (struct CUstream_st *s = xs_registry; s; s = s->next) n += !s->destroyed;
+  out->streams = n;
+  out->events = xs_event_live_locked();
+  xs_sim_unlock();
+}

@@ -1,0 +1,188 @@
+/* sim_stream.h: what sim_stream.c, sim_event.c and sim_graph.c share.
+ *
+ * The model. Every stream is an in-order queue of operations run by a worker
+ * thread of its own. A stream counts the operations submitted to it and the
+ * ones completed; an operation is identified by (stream, seq), seq counting
+ * from 1, and is complete once stream->completed >= seq. An operation carries
+ * a list of such (stream, seq) dependencies that its worker waits for before
+ * running it: that is how the legacy stream orders with blocking streams, how
+ * cuStreamWaitEvent works and how graph launches order behind each other. An
+ * event is a recorded (stream, seq).
+ *
+ * One mutex guards all of it (queues, counters, events, captures), and one
+ * condition variable is broadcast whenever an operation is submitted or
+ * completes. Workers run operations (memset, memcpy, host functions) without
+ * the mutex. A handful of streams is the expected load, so one lock and one
+ * broadcast keep the code short at a cost nobody measures.
+ *
+ * Graph capture: a capturing stream appends the work it is given to the
+ * capture's graph instead of queueing it; a graph is a list of work items in
+ * submission order, which is a valid topological order of what was captured,
+ * and a launch submits them in that order to the launch stream.
+ */
+#ifndef XSIM_STREAM_H
+#define XSIM_STREAM_H
+
+#include "sim_internal.h"
+
+#define XS_STREAM_MAGIC 0x5354524dU  /* "STRM" */
+#define XS_EVENT_MAGIC  0x45564e54U  /* "EVNT" */
+#define XS_GRAPH_MAGIC  0x47525048U  /* "GRPH" */
+#define XS_EXEC_MAGIC   0x47455843U  /* "GEXC" */
+
+/* ---- work: what an operation does, independent of where it runs -------- */
+
+typedef enum xs_work_kind {
+  XS_WORK_NOP,          /* orders only (cuStreamWaitEvent, barriers) */
+  XS_WORK_HOST,         /* cuLaunchHostFunc */
+  XS_WORK_SET,          /* cuMemsetD8 / D32: count elements of width bytes */
+  XS_WORK_COPY,         /* cuMemcpy* */
+  XS_WORK_RECORD,       /* cuEventRecord: stamps the event's time */
+  XS_WORK_WAIT_EVENT    /* captured wait on an event outside the capture */
+} xs_work_kind;
+
+typedef struct xs_work {
+  xs_work_kind kind;
+  union {
+    struct { CUhostFn fn; void *data; } host;
+    struct { void *dst; uint32_t value; size_t count; unsigned width; } set;
+    struct { void *dst; const void *src; size_t bytes; } copy;
+    struct { struct CUevent_st *event; uint64_t gen; } record;
+    struct { struct CUevent_st *event; } wait;
+  } u;
+} xs_work;
+
+/* A work item that names an event holds a reference on it. */
+void xs_work_retain_locked(const xs_work *w);
+void xs_work_release_locked(const xs_work *w);
+
+/* ---- streams ----------------------------------------------------------- */
+
+typedef struct xs_dep {
+  struct CUstream_st *stream;  /* holds a reference while in a list */
+  uint64_t seq;
+} xs_dep;
+
+typedef struct xs_op {
+  struct xs_op *next;
+  uint64_t seq;
+  xs_work work;
+  size_t ndeps;
+  xs_dep *deps;
+} xs_op;
+
+typedef struct xs_capture xs_capture;
+
+/* Invariants: completed <= submitted; the queue holds exactly the operations
+   with seq in (completed, submitted], in order; refs > 0 while the stream is
+   registered (the creator's reference until destroy, the worker's until it
+   exits). Legacy streams live for the whole process. */
+struct CUstream_st {
+  uint32_t magic;
+  int device;
+  unsigned flags;              /* CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING */
+  int priority;
+  bool legacy;                 /* the device's NULL stream */
+  bool destroyed;              /* cuStreamDestroy called; drains, then frees */
+  uint64_t id;                 /* cuStreamGetId */
+  uint64_t submitted, completed;
+  uint32_t refs;
+  xs_op *head, *tail;
+  xs_capture *capture;         /* capture this stream takes part in, or NULL */
+  size_t cap_tail;             /* graph length after this stream's last node */
+  bool cap_joined;             /* its tail was waited on by another stream */
+  struct CUstream_st *prev, *next;   /* registry of non-legacy streams */
+};
+
+/* The one lock and its condition variable. */
+void xs_sim_lock(void);
+void xs_sim_unlock(void);
+void xs_sim_wait_locked(void);
+void xs_sim_broadcast_locked(void);
+
+/* Finds the stream named by h and takes the lock (the caller unlocks); the
+   lock is not held on failure. NULL and CU_STREAM_LEGACY name the current
+   context's legacy stream (CUDA_ERROR_INVALID_CONTEXT without one); anything
+   else must be a live stream, or CUDA_ERROR_INVALID_HANDLE. */
+CUresult xs_stream_acquire(CUstream h, struct CUstream_st **out);
+/* The registry of non-legacy streams, destroyed ones still draining
+   included; walk it with ->next. */
+struct CUstream_st *xs_stream_first_locked(void);
+void xs_stream_retain_locked(struct CUstream_st *s);
+void xs_stream_release_locked(struct CUstream_st *s);
+/* True when a blocking stream of the device is capturing: the legacy stream
+   is then unusable (cuda.h, cuStreamIsCapturing). With `invalidate`, those
+   captures are invalidated (the legacy stream was used anyway). */
+bool xs_stream_blocking_capture_locked(int device, bool invalidate);
+/* Ticket of a submission: where the work went. */
+typedef struct xs_ticket {
+  bool captured;               /* appended to a capture, not queued */
+  uint64_t seq;                /* queued: the operation's seq */
+} xs_ticket;
+/* Queues w on s (or appends it to s's capture) after s's prior work, the
+   legacy-stream ordering and `extra` (may be NULL). */
+CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
+                                 const xs_dep *extra, xs_ticket *ticket);
+bool xs_dep_done_locked(const xs_dep *d);
+
+/* ---- events ------------------------------------------------------------ */
+
+/* Invariants: `stream` is NULL until the first record outside a capture and
+   then holds a reference; gen counts records, so a record operation stamps
+   the time only if no later record moved the event. */
+struct CUevent_st {
+  uint32_t magic;
+  unsigned flags;
+  uint32_t refs;               /* the creator's, plus work items naming it */
+  struct CUstream_st *stream;  /* last record: (stream, seq) */
+  uint64_t seq;
+  uint64_t gen;
+  bool stamped;                /* time_ns holds the current record's time */
+  uint64_t time_ns;
+  uint64_t capture_id;         /* last recorded in this capture (0: none) */
+  struct CUstream_st *cap_stream;
+  size_t cap_pos;              /* graph length after the recorded node */
+};
+
+/* Events created and not yet destroyed (xsim_get_live). */
+uint64_t xs_event_live_locked(void);
+void xs_event_retain_locked(struct CUevent_st *e);
+void xs_event_release_locked(struct CUevent_st *e);
+/* Moves e to (s's next operation); used by cuEventRecord and graph launch. */
+CUresult xs_event_record_locked(struct CUevent_st *e, struct CUstream_st *s);
+/* Called by the worker when a record operation completes. */
+void xs_event_stamp_locked(struct CUevent_st *e, uint64_t gen);
+
+/* ---- capture and graphs ------------------------------------------------ */
+
+struct xs_capture {
+  uint64_t id;
+  CUstreamCaptureMode mode;
+  pthread_t owner;             /* the thread that began it */
+  bool invalidated;
+  struct CUstream_st *origin;
+  struct CUgraph_st *graph;    /* being built */
+  xs_capture *next;            /* list of active captures */
+};
+
+struct CUgraph_st {
+  uint32_t magic;
+  size_t count, cap;
+  xs_work *nodes;              /* in submission order; each holds its refs */
+};
+
+/* Appends w to s's capture; CUDA_ERROR_STREAM_CAPTURE_INVALIDATED if an
+   earlier error invalidated it. */
+CUresult xs_capture_append_locked(struct CUstream_st *s, const xs_work *w);
+/* The check for "potentially unsafe" calls (cuda.h,
+   cuThreadExchangeStreamCaptureMode): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+   invalidating the captures that forbid the call, or CUDA_SUCCESS. */
+CUresult xs_capture_check_unsafe_locked(void);
+/* Invalidates the capture of a stream misused by a call that conflicts with
+   capture in every mode. */
+void xs_capture_invalidate_locked(struct CUstream_st *s);
+bool xs_capture_is_active_locked(uint64_t id);
+/* cuStreamDestroy of a stream that takes part in a capture. */
+void xs_capture_abandon_locked(struct CUstream_st *s);
+
+#endif /* XSIM_STREAM_H */
