@@ -1,0 +1,403 @@
+/* Conformance tests of the emulator's streams (sim/sim_stream.c) against
+ * cuda.h, the driver API reference. Cross-stream orderings are forced with a
+ * latch that holds a stream back; a host function records whether the latch
+ * had been released when it ran, so "B ran after A" is checked, not hoped.
+ */
+#include <stdatomic.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "xseg_test.h"
+
+/* ---- helpers ----------------------------------------------------------- */
+
+/* Device memory from the VMM API: one granule, mapped read-write. */
+typedef struct dev_buf {
+  CUdeviceptr ptr;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+} dev_buf;
+
+static bool dev_buf_alloc(dev_buf *b) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  *b = (dev_buf){0};
+  return cuMemGetAllocationGranularity(&b->size, &prop,
+                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+             CUDA_SUCCESS &&
+         cuMemAddressReserve(&b->ptr, b->size, 0, 0, 0) == CUDA_SUCCESS &&
+         cuMemCreate(&b->handle, b->size, &prop, 0) == CUDA_SUCCESS &&
+         cuMemMap(b->ptr, b->size, 0, b->handle, 0) == CUDA_SUCCESS &&
+         cuMemSetAccess(b->ptr, b->size, &access, 1) == CUDA_SUCCESS;
+}
+
+static void dev_buf_free(dev_buf *b) {
+  XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
+  XSEG_EXPECT_CU(cuMemRelease(b->handle));
+  XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
+}
+
+/* A host function's view of the test: did it run, and had the test
+   released the held stream when it did? */
+typedef struct probe {
+  atomic_int *released;
+  atomic_int ran;
+  atomic_int saw_released;
+} probe;
+
+static void CUDA_CB probe_run(void *arg) {
+  probe *p = arg;
+  atomic_store(&p->saw_released, atomic_load(p->released));
+  atomic_store(&p->ran, 1);
+}
+
+/* Releases a latch after noting that it was released. */
+static void release(atomic_int *released, xt_latch *l) {
+  atomic_store(released, 1);
+  xt_latch_open(l);
+}
+
+typedef struct order_log {
+  atomic_int n;
+  int seen[8];
+} order_log;
+
+typedef struct order_entry {
+  order_log *log;
+  int value;
+} order_entry;
+
+static void CUDA_CB order_append(void *arg) {
+  order_entry *e = arg;
+  int i = atomic_fetch_add(&e->log->n, 1);
+  if (i < 8) e->log->seen[i] = e->value;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+/* cuda.h, cuLaunchHostFunc: "The function will be called after currently
+   enqueued work and will block work added after it." cuStreamQuery:
+   CUDA_ERROR_NOT_READY while operations are pending. */
+XSEG_TEST(SimStream, host_functions_run_in_stream_order) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  xt_latch *l = xt_latch_new();
+  order_log log = {0};
+  order_entry e[3] = {{&log, 1}, {&log, 2}, {&log, 3}};
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  for (int i = 0; i < 3; i++)
+    XSEG_EXPECT_CU(cuLaunchHostFunc(s, order_append, &e[i]));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_EQ(atomic_load(&log.n), 0);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_CU(cuStreamQuery(s));
+  XSEG_EXPECT_EQ(atomic_load(&log.n), 3);
+  XSEG_EXPECT_EQ(log.seen[0], 1);
+  XSEG_EXPECT_EQ(log.seen[1], 2);
+  XSEG_EXPECT_EQ(log.seen[2], 3);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
+
+/* cuda.h, cuMemsetD8Async / cuMemcpyDtoHAsync: stream-ordered; the memset
+   must not touch memory before the work ahead of it completes. */
+XSEG_TEST(SimStream, memset_and_memcpy_run_in_stream_order) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0x11, 256));
+  xt_latch *l = xt_latch_new();
+  unsigned char host[256];
+  memset(host, 0, sizeof host);
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr, 0xAB, 128, s));
+  XSEG_EXPECT_CU(cuMemcpyDtoHAsync(host, b.ptr, sizeof host, s));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_EQ(host[0], 0);          /* nothing ran behind the latch */
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(host[0], 0xAB);
+  XSEG_EXPECT_EQ(host[127], 0xAB);
+  XSEG_EXPECT_EQ(host[128], 0x11);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+  dev_buf_free(&b);
+}
+
+/* cuda.h, cuMemcpyHtoD / DtoD / DtoH and cuMemsetD32 ("The dstDevice pointer
+   must be four byte aligned"): synchronous forms return after the copy. */
+XSEG_TEST(SimStream, synchronous_copies_round_trip) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  unsigned in[64], out[64];
+  for (unsigned i = 0; i < 64; i++) in[i] = i * 2654435761u;
+  XSEG_EXPECT_CU(cuMemcpyHtoD(b.ptr, in, sizeof in));
+  XSEG_EXPECT_CU(cuMemcpyDtoD(b.ptr + 1024, b.ptr, sizeof in));
+  XSEG_EXPECT_CU(cuMemsetD32(b.ptr + 1024, 0xDEADBEEFu, 2));
+  XSEG_EXPECT_CU(cuMemcpyDtoH(out, b.ptr + 1024, sizeof out));
+  XSEG_EXPECT_EQ(out[0], 0xDEADBEEFu);
+  XSEG_EXPECT_EQ(out[1], 0xDEADBEEFu);
+  XSEG_EXPECT_TRUE(memcmp(out + 2, in + 2, sizeof in - 8) == 0);
+  XSEG_EXPECT_CU(cuMemcpy(b.ptr + 2048, b.ptr, sizeof in));
+  XSEG_EXPECT_CU(cuMemcpyDtoH(out, b.ptr + 2048, sizeof out));
+  XSEG_EXPECT_TRUE(memcmp(out, in, sizeof in) == 0);
+  XSEG_EXPECT_CU_ERR(cuMemsetD32(b.ptr + 2, 0, 1), CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU_ERR(cuMemsetD32Async(b.ptr + 1, 0, 1, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+  dev_buf_free(&b);
+}
+
+/* cuda.h, cuStreamCreate: CU_STREAM_NON_BLOCKING "may run concurrently";
+   separate streams are independent queues, so a held stream holds back
+   nothing but itself. */
+XSEG_TEST(SimStream, held_stream_does_not_block_another_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream held, free_stream;
+  XSEG_ASSERT_CU(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&free_stream, CU_STREAM_NON_BLOCKING));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(free_stream, probe_run, &p));
+  XSEG_EXPECT_CU(cuStreamSynchronize(free_stream));   /* does not hang */
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(held), CUDA_ERROR_NOT_READY);
+  release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(free_stream));
+  xt_latch_free(l);
+}
+
+/* Two blocking streams do not order with each other either: only the legacy
+   stream synchronises with them (cuda.h, CU_STREAM_NON_BLOCKING notes). */
+XSEG_TEST(SimStream, blocking_streams_are_independent_of_each_other) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream a, b;
+  XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_DEFAULT));
+  XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_DEFAULT));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(a, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &p));
+  XSEG_EXPECT_CU(cuStreamSynchronize(b));
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
+  release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(a));
+  XSEG_EXPECT_CU(cuStreamDestroy(a));
+  XSEG_EXPECT_CU(cuStreamDestroy(b));
+  xt_latch_free(l);
+}
+
+/* Legacy default stream semantics (CUDA programming guide, "Implicit
+   Synchronization"; cuda.h's NON_BLOCKING flag): work on the NULL stream
+   waits for all prior work of every blocking stream. */
+XSEG_TEST(SimStream, legacy_stream_waits_for_blocking_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(CU_STREAM_LEGACY, probe_run, &p));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+  release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
+
+/* ... and work on a blocking stream waits for prior NULL-stream work. */
+XSEG_TEST(SimStream, blocking_stream_waits_for_legacy_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(NULL, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
+
+/* cuda.h, cuStreamCreate: a CU_STREAM_NON_BLOCKING stream "should perform no
+   implicit synchronization with stream 0", in either direction. */
+XSEG_TEST(SimStream, non_blocking_stream_ignores_legacy_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  xt_latch *held_legacy = xt_latch_new(), *held_s = xt_latch_new();
+  atomic_int released = 0;
+  probe on_s = {.released = &released}, on_legacy = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(NULL, held_legacy));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &on_s));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));      /* the legacy stream is held */
+  XSEG_EXPECT_EQ(atomic_load(&on_s.saw_released), 0);
+  release(&released, held_legacy);
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
+  atomic_store(&released, 0);
+  XSEG_EXPECT_CU(xt_latch_hold(s, held_s));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(NULL, probe_run, &on_legacy));
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));   /* s is held */
+  XSEG_EXPECT_EQ(atomic_load(&on_legacy.saw_released), 0);
+  release(&released, held_s);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(held_legacy);
+  xt_latch_free(held_s);
+}
+
+/* cuda.h, cuStreamDestroy: with work pending "the function will return
+   immediately and the resources ... will be released automatically once the
+   device has completed all work"; the work still runs. cuCtxSynchronize
+   "Blocks until the device has completed all preceding requested tasks". */
+XSEG_TEST(SimStream, destroy_with_pending_work_completes_the_work) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));          /* returns while held */
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 0);
+  release(&released, l);
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  xt_latch_free(l);
+}
+
+/* cuda.h, cuCtxSynchronize: waits for every stream of the context, the
+   non-blocking ones included. */
+XSEG_TEST(SimStream, ctx_synchronize_waits_for_every_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream a, b;
+  XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_DEFAULT));
+  XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  probe pa = {.released = &released}, pb = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(a, l));
+  XSEG_EXPECT_CU(xt_latch_hold(b, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(a, probe_run, &pa));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &pb));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 2));
+  release(&released, l);
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_EQ(atomic_load(&pa.ran) + atomic_load(&pb.ran), 2);
+  XSEG_EXPECT_CU(cuStreamDestroy(a));
+  XSEG_EXPECT_CU(cuStreamDestroy(b));
+  xt_latch_free(l);
+}
+
+/* cuda.h, cuStreamCreate: "Valid values for Flags are CU_STREAM_DEFAULT,
+   CU_STREAM_NON_BLOCKING" (else CUDA_ERROR_INVALID_VALUE); cuStreamGetFlags
+   returns them; cuStreamCreateWithPriority clamps the priority into
+   cuCtxGetStreamPriorityRange's range (lower is higher, 0 the default). */
+XSEG_TEST(SimStream, flags_and_priority) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s, p;
+  unsigned flags = 99;
+  int prio = 99;
+  XSEG_EXPECT_CU_ERR(cuStreamCreate(&s, 0x80), CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU_ERR(cuStreamCreate(NULL, 0), CUDA_ERROR_INVALID_VALUE);
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuStreamGetFlags(s, &flags));
+  XSEG_EXPECT_EQ(flags, CU_STREAM_NON_BLOCKING);
+  XSEG_EXPECT_CU(cuStreamCreateWithPriority(&p, CU_STREAM_DEFAULT, -1000));
+  XSEG_EXPECT_CU(cuStreamGetPriority(p, &prio));
+  XSEG_EXPECT_LT(prio, 0);
+  XSEG_EXPECT_GT(prio, -1000);
+  XSEG_EXPECT_CU(cuStreamGetFlags(p, &flags));
+  XSEG_EXPECT_EQ(flags, CU_STREAM_DEFAULT);
+  unsigned long long id_s = 0, id_p = 0;
+  XSEG_EXPECT_CU(cuStreamGetId(s, &id_s));
+  XSEG_EXPECT_CU(cuStreamGetId(p, &id_p));
+  XSEG_EXPECT_NE(id_s, id_p);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(p));
+}
+
+/* xsim.h: streams are live from create to destroy; the legacy stream is not
+   counted. A destroyed handle is refused (CUDA_ERROR_INVALID_HANDLE). */
+XSEG_TEST(SimStream, live_count_and_stale_handles) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xsim_live before, during, after;
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));   /* the legacy stream exists */
+  xsim_get_live(&before);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  xsim_get_live(&during);
+  XSEG_EXPECT_EQ(during.streams, before.streams + 1);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.streams, before.streams);
+  XSEG_EXPECT_CU_ERR(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_CU_ERR(cuStreamDestroy(NULL), CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_CU_ERR(cuLaunchHostFunc(NULL, NULL, NULL),
+                     CUDA_ERROR_INVALID_VALUE);
+}
+
+/* xsim.h: every cu* call is counted under its unversioned name and honours
+   injected faults before it does anything. */
+XSEG_TEST(SimStream, calls_are_counted_and_faults_injected) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  xsim_fail_call("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  XSEG_EXPECT_CU_ERR(cuStreamCreate(&s, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  XSEG_ASSERT_CU(cuStreamCreate(&s, 0));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_EQ(xsim_call_count("cuStreamCreate"), 2);
+  XSEG_EXPECT_EQ(xsim_call_count("cuStreamSynchronize"), 1);
+  XSEG_EXPECT_EQ(xsim_call_count("cuStreamDestroy"), 1);
+}
+
+/* cuda.h, cuStreamSynchronize on the NULL stream ("note_null_stream"): it
+   covers the blocking streams' prior work, which the NULL stream waits on. */
+XSEG_TEST(SimStream, legacy_synchronize_covers_blocking_streams) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  atomic_int released = 1;
+  probe p = {.released = &released};
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  if (xt_have_sim())   /* the emulator's query covers them as its sync does */
+    XSEG_EXPECT_CU_ERR(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
