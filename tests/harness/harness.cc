@@ -15,6 +15,11 @@
 #include "xseg.h"
 #include "xseg_test.h"
 
+// The emulator's conformance tests link no xseg code; their status checks
+// (unused there) then print numbers instead of names.
+#pragma weak xseg_status_name
+#pragma weak xseg_last_error
+
 namespace {
 
 struct RegisteredTest {
@@ -128,11 +133,15 @@ extern "C" bool xt_check_cu(const char *file, int line, bool fatal,
 extern "C" bool xt_check_status(const char *file, int line, bool fatal,
                                 int got, int want, const char *expr) {
   if (got == want) return true;
-  std::string msg = std::string(expr) + "\n  returned " +
-                    xseg_status_name(static_cast<xseg_status>(got)) +
-                    ", expected " +
-                    xseg_status_name(static_cast<xseg_status>(want));
-  if (got != XSEG_OK) msg += std::string("\n  message: ") + xseg_last_error();
+  auto name = [](int s) {
+    return xseg_status_name != nullptr
+               ? std::string(xseg_status_name(static_cast<xseg_status>(s)))
+               : "status " + std::to_string(s);
+  };
+  std::string msg = std::string(expr) + "\n  returned " + name(got) +
+                    ", expected " + name(want);
+  if (got != XSEG_OK && xseg_last_error != nullptr)
+    msg += std::string("\n  message: ") + xseg_last_error();
   return Report(file, line, fatal, msg);
 }
 
