@@ -1,0 +1,227 @@
+/* bench.h: xseg-bench's internals, grouped by the file that defines them.
+ *
+ * The benchmark replays a workload (a list of allocate/free events) through a
+ * policy and reports what the policy reserved against what the workload had
+ * live. A workload comes from an RMM replay-log CSV (trace.c) or a synthetic
+ * generator (varbatch.c); a policy is exact mode on vmm/ (policy_exact.c) or
+ * the allocator through the public API (policy_xseg.c, built once the
+ * allocator exists). Everything driver-specific goes through env.c, so one
+ * binary runs on the emulator and on a real GPU.
+ */
+#ifndef XB_BENCH_H
+#define XB_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "vmm/vmm.h"
+#include "xseg.h"
+
+/* ---- common.c: errors, sizes, clocks ---------------------------------- */
+
+/* A failure's message, "file:line: reason" for trace errors. */
+typedef struct xb_error {
+  char text[512];
+} xb_error;
+
+/* Formats the message into e and returns false, so that a failing path is
+   one line: `return xb_fail(err, "...", ...);`. */
+bool xb_fail(xb_error *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The allocator's rounding of a request (PyTorch's kMinBlockSize). */
+enum { XB_ROUND = 512 };
+static inline uint64_t xb_round_up(uint64_t n, uint64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+/* "80G", "512M", "4096": bytes with an optional K M G T suffix (powers of
+   1024). False on anything else, or on overflow. */
+bool xb_parse_size(const char *s, uint64_t *out);
+/* "1.5 GiB" style, into buf; returns buf. */
+const char *xb_format_bytes(uint64_t n, char *buf, size_t size);
+uint64_t xb_now_ns(void);
+
+/* ---- trace.c: a workload as an event array ---------------------------- */
+
+enum { XB_MAX_STREAMS = 64 };
+enum { XB_EV_ALLOC = 0, XB_EV_FREE = 1 };
+
+/* One replayed request. `slot` names the block densely: the loader maps the
+   trace's pointers to slots 0..n_slots-1, reusing a slot once its block is
+   freed, so replay indexes arrays and never hashes. A free carries the size
+   its block was allocated with. */
+typedef struct xb_event {
+  uint64_t size;
+  uint32_t slot;
+  uint16_t stream;     /* index into xb_trace.stream_ids */
+  uint8_t action;      /* XB_EV_ALLOC or XB_EV_FREE */
+} xb_event;
+
+struct xb_live;        /* a live block while building (uthash entry) */
+
+/* Invariants once built: every free follows the allocation of its slot and
+   no slot is allocated twice without a free between; peak_live_bytes is the
+   maximum over events of the sum of live sizes rounded to XB_ROUND, first
+   reached just after events[peak_event]. */
+typedef struct xb_trace {
+  char name[128];                   /* file name less .csv / .csv.gz */
+  xb_event *events;
+  size_t n_events, cap_events;
+  uint64_t n_allocs, n_frees;
+  uint32_t n_slots;
+  int n_streams;
+  int64_t stream_ids[XB_MAX_STREAMS]; /* the trace's Stream values */
+  uint64_t live_bytes, peak_live_bytes;
+  size_t peak_event;
+  /* Building state, released by xb_trace_done: live pointers -> slots, and
+     freed entries kept for reuse with their slot. */
+  struct xb_live *live, *recycled;
+} xb_trace;
+
+void xb_trace_init(xb_trace *t, const char *name);
+/* Appends an allocation of `size` bytes at pointer `key` on `stream`. False
+   (with the reason) when key is already live or on host out-of-memory. */
+bool xb_trace_alloc(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
+                    xb_error *err);
+/* Appends the free of the live block at `key`. `size` must match the
+   allocation's, unless it is UINT64_MAX (not known). False (with the reason)
+   for an unknown pointer or a size mismatch. */
+bool xb_trace_free(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
+                   xb_error *err);
+/* Ends building: releases the pointer table (events stay). */
+void xb_trace_done(xb_trace *t);
+void xb_trace_release(xb_trace *t);
+
+/* ---- trace_csv.c: RMM replay-log CSV, plain or gzip ------------------- */
+
+/* Loads Thread,Time,Action,Pointer,Size,Stream rows from `path` (gzip or
+   plain, zlib tells them apart). On a malformed line returns false with
+   "path:line: reason". Rows whose action is "allocate failure" (an
+   allocation that failed in the recorded run) are skipped. */
+bool xb_trace_load(const char *path, xb_trace *t, xb_error *err);
+
+/* ---- env.c: the driver, its counters and the emulator's knobs ---------- */
+
+/* The driver the bench runs on, loaded like the allocator loads it. The
+   emulator's control functions are found with dlsym on the driver library:
+   on a real driver they are NULL and the counts come from vmm's table. */
+typedef struct xb_env {
+  char driver[256];                 /* "sim", "cuda" or a library path */
+  xs_vmm vmm;
+  uint64_t (*sim_call_count)(const char *name);
+  void (*sim_reset_counters)(void);
+  void (*sim_set_device_memory)(int device, uint64_t bytes);
+} xb_env;
+
+xseg_status xb_env_open(xb_env *env, const char *driver);
+void xb_env_close(xb_env *env);
+bool xb_env_is_sim(const xb_env *env);
+/* The path xs_driver_load and the xseg_driver key take for env->driver. */
+const char *xb_env_driver_path(const xb_env *env);
+void xb_env_reset_counts(xb_env *env);
+uint64_t xb_env_call_count(xb_env *env, xs_driver_fn fn);
+/* The emulator's capacity; false on a real driver. */
+bool xb_env_set_device_memory(xb_env *env, uint64_t bytes);
+/* Streams for a workload's stream ids: id 0 is the legacy default stream
+   (NULL), as in RMM's logs; each other id gets a cuStreamCreate'd stream. */
+xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
+                                  struct CUstream_st **out);
+void xb_env_streams_destroy(xb_env *env, const xb_trace *t,
+                            struct CUstream_st **streams);
+
+/* ---- policy_*.c: what a replay allocates through ---------------------- */
+
+/* Reserved (mapped physical) bytes now and the most since the last call. */
+typedef struct xb_usage {
+  uint64_t reserved, reserved_peak;
+} xb_usage;
+
+typedef struct xb_policy {
+  const char *name;                 /* "exact", "expandable", "classic" */
+  /* Opens a fresh instance for a workload of n_slots slots. */
+  xseg_status (*open)(xb_env *env, const char *conf, uint32_t n_slots,
+                      void **self);
+  xseg_status (*malloc)(void *self, uint32_t slot, size_t size,
+                        struct CUstream_st *stream, void **ptr);
+  xseg_status (*free)(void *self, uint32_t slot, void *ptr);
+  /* Fills u and starts a new window for u->reserved_peak. */
+  void (*usage)(void *self, xb_usage *u);
+  /* The allocator's snapshot JSON (DESIGN.md section 6) to `out`, or NULL
+     where the policy has none. */
+  xseg_status (*snapshot)(void *self, FILE *out);
+  void (*close)(void *self);
+} xb_policy;
+
+extern const xb_policy xb_policy_exact;
+/* The policy called `name`, or NULL if unknown or not built. */
+const xb_policy *xb_policy_find(const char *name);
+/* Modes in report order, and whether the allocator's modes are built. */
+extern const char *const xb_modes[3];
+bool xb_allocator_built(void);
+
+/* ---- replay.c: a workload through a policy ---------------------------- */
+
+typedef struct xb_latency {
+  uint64_t median, p99, mean;       /* host ns per call */
+} xb_latency;
+
+/* Sampled allocated and reserved bytes over a replay, for the chart. */
+typedef struct xb_point {
+  uint32_t event;
+  uint64_t allocated, reserved;
+} xb_point;
+
+typedef struct xb_result {
+  char trace[128];
+  char mode[16];
+  char driver[256];
+  uint64_t events, allocs, frees;
+  uint64_t peak_allocated, peak_reserved;
+  uint64_t allocated_end, reserved_end;
+  double fragmentation;             /* peak_reserved / peak_allocated */
+  uint64_t ooms;
+  uint64_t calls[XS_DRIVER_FN_COUNT];
+  uint64_t vmm_calls;               /* the VMM functions only */
+  xb_latency malloc_ns, free_ns;
+  uint64_t ns_per_op;               /* median over mallocs and frees */
+  double wall_s;
+  xb_point *timeline;
+  size_t n_points;
+  char *snapshot;                   /* JSON at the allocated peak, or NULL */
+} xb_result;
+
+typedef struct xb_replay_opts {
+  const char *conf;                 /* extra allocator conf, or NULL */
+  size_t max_points;                /* timeline samples; 0 = none */
+  bool snapshot;                    /* take one at the allocated peak */
+} xb_replay_opts;
+
+/* Replays t through policy p on env's driver. Out-of-memory is counted and
+   the block's free skipped; any other failure stops the replay with the
+   policy's message. */
+bool xb_replay(xb_env *env, const xb_trace *t, const xb_policy *p,
+               const xb_replay_opts *o, xb_result *r, xb_error *err);
+void xb_result_release(xb_result *r);
+/* True for the functions the "VMM calls" column adds up. */
+bool xb_fn_is_vmm(xs_driver_fn fn);
+
+/* ---- report.c: table and JSON ----------------------------------------- */
+
+void xb_report_table_header(FILE *out);
+void xb_report_table_row(FILE *out, const xb_result *r);
+/* One JSON object per result; with n > 1, {"runs": [...]}. */
+void xb_report_json(FILE *out, const xb_result *r, size_t n);
+void xb_json_string(FILE *out, const char *s);
+
+/* ---- svg.c: the chart ------------------------------------------------- */
+
+/* Allocated and reserved bytes over each replay, one chart per trace (the
+   results of one trace are adjacent in r), and the segment map at the peak
+   for results that carry a snapshot. */
+bool xb_svg_write(const char *path, const xb_result *r, size_t n,
+                  xb_error *err);
+
+#endif /* XB_BENCH_H */

@@ -1,0 +1,114 @@
+/* cli.c: options every xseg-bench command shares, and their effects. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+void xb_cli_defaults(xb_cli *c) {
+  memset(c, 0, sizeof *c);
+  c->driver = "sim";
+  c->points = XB_DEFAULT_POINTS;
+}
+
+bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(arg, &end, 10);
+  if (arg[0] == '-' || arg[0] == '\0' || *end != '\0' || errno != 0) {
+    fprintf(stderr, "xseg-bench: %s wants a whole number, not '%s'\n", opt,
+            arg);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+int xb_cli_option(xb_cli *c, int opt, const char *arg) {
+  uint64_t n;
+  switch (opt) {
+    case XB_OPT_DRIVER: c->driver = arg; return 1;
+    case XB_OPT_CONF: c->conf = arg; return 1;
+    case XB_OPT_MODE: c->mode = arg; return 1;
+    case XB_OPT_JSON: c->json = arg; return 1;
+    case XB_OPT_SVG: c->svg = arg; return 1;
+    case XB_OPT_TRACES: c->traces = arg; return 1;
+    case XB_OPT_TRACE: c->trace = arg; return 1;
+    case XB_OPT_POINTS:
+      if (!xb_cli_u64("--points", arg, &n)) return -1;
+      c->points = (size_t)n;
+      return 1;
+    case XB_OPT_DEVICE_MEMORY:
+      if (xb_parse_size(arg, &c->device_memory) && c->device_memory > 0)
+        return 1;
+      fprintf(stderr, "xseg-bench: --device-memory wants a size such as 80G, "
+              "not '%s'\n", arg);
+      return -1;
+    default:
+      return 0;
+  }
+}
+
+bool xb_cli_env_open(const xb_cli *c, xb_env *env) {
+  if (xb_env_open(env, c->driver) != XSEG_OK) {
+    fprintf(stderr, "xseg-bench: driver '%s': %s\n", c->driver,
+            xseg_last_error());
+    return false;
+  }
+  if (c->device_memory > 0 && !xb_env_set_device_memory(env, c->device_memory)) {
+    fprintf(stderr, "xseg-bench: --device-memory needs the emulator; driver "
+            "'%s' has no xsim_set_device_memory\n", c->driver);
+    xb_env_close(env);
+    return false;
+  }
+  return true;
+}
+
+static const char *not_built_why =
+    "the allocator (xseg_malloc) is not built yet";
+
+size_t xb_cli_policies(const char *mode, const xb_policy **out) {
+  size_t n = 0;
+  bool all = strcmp(mode, "all") == 0;
+  for (size_t i = 0; i < sizeof xb_modes / sizeof xb_modes[0]; i++) {
+    if (!all && strcmp(mode, xb_modes[i]) != 0) continue;
+    const xb_policy *p = xb_policy_find(xb_modes[i]);
+    if (p != NULL) {
+      out[n++] = p;
+    } else if (!all) {
+      fprintf(stderr, "xseg-bench: %s mode is not available: %s\n", mode,
+              not_built_why);
+      return 0;
+    }
+  }
+  if (n == 0 && !all)
+    fprintf(stderr, "xseg-bench: unknown mode '%s' (expandable, classic, "
+            "exact or all)\n", mode);
+  return n;
+}
+
+static bool json_write(const char *path, const xb_result *r, size_t n) {
+  FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+  if (f == NULL) {
+    fprintf(stderr, "xseg-bench: --json %s: %s\n", path, strerror(errno));
+    return false;
+  }
+  xb_report_json(f, r, n);
+  bool ok = !ferror(f);
+  if (f != stdout) ok = fclose(f) == 0 && ok;
+  if (!ok) fprintf(stderr, "xseg-bench: --json %s: write failed\n", path);
+  return ok;
+}
+
+bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n) {
+  bool ok = true;
+  if (c->json != NULL) ok = json_write(c->json, r, n) && ok;
+  if (c->svg != NULL) {
+    xb_error err;
+    if (!xb_svg_write(c->svg, r, n, &err)) {
+      fprintf(stderr, "xseg-bench: --svg: %s\n", err.text);
+      ok = false;
+    }
+  }
+  return ok;
+}

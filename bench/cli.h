@@ -1,0 +1,57 @@
+/* cli.h: the command-line layer of xseg-bench: options every command shares
+ * and the commands themselves (in the library, so tests can run them). */
+#ifndef XB_CLI_H
+#define XB_CLI_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bench.h"
+
+enum { XB_DEFAULT_POINTS = 400 };
+
+typedef struct xb_cli {
+  const char *driver;               /* "sim" unless --driver */
+  const char *conf, *mode, *json, *svg, *traces, *trace;
+  uint64_t device_memory;           /* 0: leave the emulator's */
+  size_t points;
+} xb_cli;
+
+/* Option letters of the shared options, for getopt_long tables. */
+enum {
+  XB_OPT_DRIVER = 256, XB_OPT_DEVICE_MEMORY, XB_OPT_CONF, XB_OPT_MODE,
+  XB_OPT_JSON, XB_OPT_SVG, XB_OPT_TRACES, XB_OPT_TRACE, XB_OPT_POINTS,
+  XB_OPT_FIRST_OWN                  /* commands number theirs from here */
+};
+
+#define XB_CLI_LONG_OPTIONS                                                  \
+  {"driver", required_argument, 0, XB_OPT_DRIVER},                           \
+  {"device-memory", required_argument, 0, XB_OPT_DEVICE_MEMORY},             \
+  {"conf", required_argument, 0, XB_OPT_CONF},                               \
+  {"mode", required_argument, 0, XB_OPT_MODE},                               \
+  {"json", required_argument, 0, XB_OPT_JSON},                               \
+  {"svg", required_argument, 0, XB_OPT_SVG},                                 \
+  {"traces", required_argument, 0, XB_OPT_TRACES},                           \
+  {"trace", required_argument, 0, XB_OPT_TRACE},                             \
+  {"points", required_argument, 0, XB_OPT_POINTS}
+
+void xb_cli_defaults(xb_cli *c);
+/* A shared option: 1 taken, 0 not a shared one, -1 bad value (printed). */
+int xb_cli_option(xb_cli *c, int opt, const char *arg);
+/* Opens the driver and applies --device-memory; prints why on failure. */
+bool xb_cli_env_open(const xb_cli *c, xb_env *env);
+/* The policies --mode names, in report order: all built ones for "all".
+   Prints why and returns 0 for a mode that is unknown or not built. */
+size_t xb_cli_policies(const char *mode, const xb_policy **out);
+/* Writes --json and --svg if given; prints why on failure. */
+bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n);
+/* Parses a whole number option; prints why on failure. */
+bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);
+
+/* The commands: argv[0] is the command's name; they return an exit code. */
+int xb_cmd_default(int argc, char **argv);
+int xb_cmd_replay(int argc, char **argv);
+
+#endif /* XB_CLI_H */

@@ -1,0 +1,89 @@
+/* env.c: the driver a benchmark runs on.
+ *
+ * The bench never links libcuda: it loads the driver through vmm/ exactly as
+ * the allocator does (same path, so the same xs_driver and the same call
+ * counters). The emulator's control API is not linked either: it is looked
+ * up with dlsym in the loaded driver library, so a real libcuda, which has
+ * none of it, just leaves the pointers NULL.
+ */
+#include <dlfcn.h>
+#include <string.h>
+
+#include "bench.h"
+
+/* dlsym's void * to a function pointer without a pedantic cast warning. */
+#define XB_DLSYM(lib, name, dst)                                             \
+  do {                                                                       \
+    void *sym_ = dlsym((lib), (name));                                       \
+    memcpy(&(dst), &sym_, sizeof sym_);                                      \
+  } while (0)
+
+const char *xb_env_driver_path(const xb_env *env) {
+  return strcmp(env->driver, "cuda") == 0 ? "libcuda.so.1" : env->driver;
+}
+
+xseg_status xb_env_open(xb_env *env, const char *driver) {
+  memset(env, 0, sizeof *env);
+  snprintf(env->driver, sizeof env->driver, "%s", driver);
+  xseg_status st = xs_vmm_open(&env->vmm, xb_env_driver_path(env), 0);
+  if (st != XSEG_OK) return st;
+  void *lib = env->vmm.drv->library;
+  XB_DLSYM(lib, "xsim_call_count", env->sim_call_count);
+  XB_DLSYM(lib, "xsim_reset_counters", env->sim_reset_counters);
+  XB_DLSYM(lib, "xsim_set_device_memory", env->sim_set_device_memory);
+  return XSEG_OK;
+}
+
+void xb_env_close(xb_env *env) { xs_vmm_close(&env->vmm); }
+
+bool xb_env_is_sim(const xb_env *env) { return env->sim_call_count != NULL; }
+
+void xb_env_reset_counts(xb_env *env) {
+  xs_driver_reset_counts(env->vmm.drv);
+  if (env->sim_reset_counters != NULL) env->sim_reset_counters();
+}
+
+/* The emulator counts every call the process makes, the table only those
+   that went through vmm/: prefer the emulator's where there is one. */
+uint64_t xb_env_call_count(xb_env *env, xs_driver_fn fn) {
+  if (env->sim_call_count != NULL)
+    return env->sim_call_count(xs_driver_fn_name(fn));
+  return xs_driver_call_count(env->vmm.drv, fn);
+}
+
+bool xb_env_set_device_memory(xb_env *env, uint64_t bytes) {
+  if (env->sim_set_device_memory == NULL) return false;
+  env->sim_set_device_memory(env->vmm.device, bytes);
+  return true;
+}
+
+xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
+                                  struct CUstream_st **out) {
+  xs_vmm *v = &env->vmm;
+  CUcontext saved;
+  for (int i = 0; i < t->n_streams; i++) out[i] = NULL;
+  xseg_status st = xs_vmm_ctx_enter(v, &saved);
+  for (int i = 0; i < t->n_streams && st == XSEG_OK; i++) {
+    if (t->stream_ids[i] == 0) continue;
+    CUresult r = XS_DRV(v->drv, cuStreamCreate, &out[i], CU_STREAM_DEFAULT);
+    if (r != CUDA_SUCCESS) {
+      st = xs_driver_error(v->drv, r, "cuStreamCreate for trace stream %lld",
+                           (long long)t->stream_ids[i]);
+      xb_env_streams_destroy(env, t, out);
+    }
+  }
+  xs_vmm_ctx_leave(v, saved);
+  return st;
+}
+
+void xb_env_streams_destroy(xb_env *env, const xb_trace *t,
+                            struct CUstream_st **streams) {
+  xs_vmm *v = &env->vmm;
+  CUcontext saved;
+  if (xs_vmm_ctx_enter(v, &saved) != XSEG_OK) return;
+  for (int i = 0; i < t->n_streams; i++) {
+    if (streams[i] != NULL) XS_DRV(v->drv, cuStreamDestroy, streams[i]);
+    streams[i] = NULL;
+  }
+  xs_vmm_ctx_leave(v, saved);
+}

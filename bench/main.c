@@ -1,0 +1,49 @@
+/* main.c: xseg-bench's command line.
+ *
+ *   xseg-bench [options]                  every bundled trace, every mode
+ *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
+ *
+ * Options shared by all: --driver sim|cuda|PATH (default sim, the emulator),
+ * --device-memory SIZE (the emulator's capacity), --conf STR (allocator
+ * settings, PYTORCH_CUDA_ALLOC_CONF syntax), --json OUT, --svg OUT.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: xseg-bench [replay] [options]\n"
+          "  (no command)       replay every trace in the trace folder in "
+          "every mode\n"
+          "  replay --trace F   replay one RMM replay-log CSV (.csv or .csv.gz)\n"
+          "common options:\n"
+          "  --driver D         sim (default), cuda, or a libcuda path\n"
+          "  --device-memory S  emulated device memory, e.g. 80G\n"
+          "  --conf STR         allocator settings (key:value,...)\n"
+          "  --mode M           expandable, classic, exact or all\n"
+          "  --traces DIR       traces for the default run\n"
+          "  --json OUT         results as JSON\n"
+          "  --svg OUT          allocated/reserved chart as SVG\n"
+          "  --points N         chart samples per replay (default %d)\n",
+          XB_DEFAULT_POINTS);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && (strcmp(argv[1], "--help") == 0 ||
+                   strcmp(argv[1], "-h") == 0 ||
+                   strcmp(argv[1], "help") == 0)) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc > 1 && argv[1][0] != '-') {
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "replay") == 0) return xb_cmd_replay(argc - 1, argv + 1);
+    fprintf(stderr, "xseg-bench: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+  }
+  return xb_cmd_default(argc, argv);
+}

@@ -1,0 +1,103 @@
+/* policy_xseg.c: the allocator through its public API (DESIGN.md section 3).
+ *
+ * Both modes are one xseg_allocator per replay, created with the bench's
+ * driver and expandable_segments set, then the user's --conf, parsed after
+ * them (a key given twice takes its last value). Reserved bytes are the allocator's
+ * own reserved_bytes gauge (mapped physical bytes); its peak is reset at each
+ * sample so that the replay sees the peak of every window.
+ */
+#include <stdlib.h>
+
+#include "bench.h"
+#include "vmm/error.h"
+
+typedef struct xb_xseg {
+  xseg_allocator *a;
+} xb_xseg;
+
+static xseg_status xseg_open_mode(xb_env *env, const char *conf,
+                                  bool expandable, void **self) {
+  char full[2048];
+  int n = snprintf(full, sizeof full, "xseg_driver:%s,expandable_segments:%s%s%s",
+                   xb_env_driver_path(env), expandable ? "True" : "False",
+                   conf != NULL && conf[0] ? "," : "", conf ? conf : "");
+  if (n < 0 || (size_t)n >= sizeof full)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "--conf too long (%d bytes)", n);
+  xb_xseg *x = calloc(1, sizeof *x);
+  if (x == NULL) return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  xseg_status st = xseg_create(env->vmm.device, full, &x->a);
+  if (st != XSEG_OK) {
+    free(x);
+    return st;
+  }
+  *self = x;
+  return XSEG_OK;
+}
+
+static xseg_status expandable_open(xb_env *env, const char *conf,
+                                   uint32_t n_slots, void **self) {
+  (void)n_slots;
+  return xseg_open_mode(env, conf, true, self);
+}
+
+static xseg_status classic_open(xb_env *env, const char *conf,
+                                uint32_t n_slots, void **self) {
+  (void)n_slots;
+  return xseg_open_mode(env, conf, false, self);
+}
+
+static xseg_status xseg_policy_malloc(void *self, uint32_t slot, size_t size,
+                                      struct CUstream_st *stream, void **ptr) {
+  (void)slot;
+  return xseg_malloc(((xb_xseg *)self)->a, size, stream, ptr);
+}
+
+static xseg_status xseg_policy_free(void *self, uint32_t slot, void *ptr) {
+  (void)slot;
+  return xseg_free(((xb_xseg *)self)->a, ptr);
+}
+
+static void xseg_policy_usage(void *self, xb_usage *u) {
+  xb_xseg *x = self;
+  xseg_stats s;
+  u->reserved = u->reserved_peak = 0;
+  if (xseg_get_stats(x->a, &s) != XSEG_OK) return;
+  u->reserved = (uint64_t)s.reserved_bytes.current;
+  u->reserved_peak = (uint64_t)s.reserved_bytes.peak;
+  xseg_reset_peak_stats(x->a);
+}
+
+#ifdef XB_HAVE_SNAPSHOT
+static xseg_status xseg_policy_snapshot(void *self, FILE *out) {
+  return xseg_snapshot_json(((xb_xseg *)self)->a, out);
+}
+#define XB_SNAPSHOT xseg_policy_snapshot
+#else
+#define XB_SNAPSHOT NULL
+#endif
+
+static void xseg_policy_close(void *self) {
+  xb_xseg *x = self;
+  xseg_destroy(x->a);
+  free(x);
+}
+
+const xb_policy xb_policy_expandable = {
+    .name = "expandable",
+    .open = expandable_open,
+    .malloc = xseg_policy_malloc,
+    .free = xseg_policy_free,
+    .usage = xseg_policy_usage,
+    .snapshot = XB_SNAPSHOT,
+    .close = xseg_policy_close,
+};
+
+const xb_policy xb_policy_classic = {
+    .name = "classic",
+    .open = classic_open,
+    .malloc = xseg_policy_malloc,
+    .free = xseg_policy_free,
+    .usage = xseg_policy_usage,
+    .snapshot = XB_SNAPSHOT,
+    .close = xseg_policy_close,
+};

@@ -1,0 +1,175 @@
+/* svg.c: allocated and reserved bytes over a replay, as plain SVG.
+ *
+ * One panel per trace (its results are adjacent in the array): the x axis
+ * is the event index, the y axis bytes; each mode draws its reserved bytes
+ * as a solid line and its allocated bytes dashed in the same colour (the
+ * allocated lines coincide unless a mode ran out of memory). Every point is
+ * the peak of its window of events (see replay.c), so spikes are not lost.
+ * The segment map at the peak needs the allocator's snapshot; a panel whose
+ * results carry none says so instead of drawing one.
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "bench.h"
+
+enum { XB_W = 960, XB_PANEL_H = 340, XB_PLOT_X = 90, XB_PLOT_Y = 40,
+       XB_PLOT_W = 620, XB_PLOT_H = 240 };
+
+static const char *const xb_colors[] = {"#1f77b4", "#d62728", "#2ca02c",
+                                        "#9467bd", "#ff7f0e"};
+
+static void xml_text(FILE *f, const char *s) {
+  for (; *s; s++) {
+    switch (*s) {
+      case '&': fputs("&amp;", f); break;
+      case '<': fputs("&lt;", f); break;
+      case '>': fputs("&gt;", f); break;
+      default: fputc(*s, f);
+    }
+  }
+}
+
+typedef struct xb_panel {
+  const xb_result *r;
+  size_t n;
+  double y0;                        /* top of the panel */
+  uint64_t max_bytes, max_event, tick;
+} xb_panel;
+
+static double px(const xb_panel *p, uint64_t event) {
+  return XB_PLOT_X + (double)event / (double)p->max_event * XB_PLOT_W;
+}
+
+static double py(const xb_panel *p, uint64_t bytes) {
+  return p->y0 + XB_PLOT_Y + XB_PLOT_H -
+         (double)bytes / (double)p->max_bytes * XB_PLOT_H;
+}
+
+/* A round axis step of at least `raw` bytes: 1, 2 or 5 times a power of ten
+   MiB (or KiB for small workloads), so labels read 250 MiB, 500 MiB ... */
+static uint64_t tick_step(uint64_t raw) {
+  uint64_t unit = raw >= (1u << 20) ? (1u << 20) : 1024;
+  uint64_t want = raw / unit + 1, mag = 1;
+  while (mag * 10 <= want) mag *= 10;
+  uint64_t mult = want <= mag ? 1 : want <= 2 * mag ? 2 : want <= 5 * mag ? 5 : 10;
+  return mult * mag * unit;
+}
+
+static void panel_bounds(xb_panel *p) {
+  p->max_bytes = 1;
+  p->max_event = 1;
+  for (size_t i = 0; i < p->n; i++) {
+    const xb_result *r = &p->r[i];
+    if (r->peak_reserved > p->max_bytes) p->max_bytes = r->peak_reserved;
+    if (r->peak_allocated > p->max_bytes) p->max_bytes = r->peak_allocated;
+    if (r->events > p->max_event) p->max_event = r->events;
+  }
+  p->tick = tick_step(p->max_bytes / 4);
+  p->max_bytes = (p->max_bytes / p->tick + 1) * p->tick;
+}
+
+static void panel_axes(FILE *f, const xb_panel *p) {
+  double top = p->y0 + XB_PLOT_Y, bottom = top + XB_PLOT_H;
+  fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"%d\" height=\"%d\" "
+          "fill=\"none\" stroke=\"#888\"/>\n", XB_PLOT_X, top, XB_PLOT_W,
+          XB_PLOT_H);
+  for (uint64_t b = 0; b <= p->max_bytes; b += p->tick) {
+    char label[32];
+    fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" "
+            "font-size=\"11\">%s</text>\n", XB_PLOT_X - 6, py(p, b) + 4,
+            xb_format_bytes(b, label, sizeof label));
+    fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#eee\"/>\n", XB_PLOT_X, XB_PLOT_X + XB_PLOT_W,
+            py(p, b), py(p, b));
+  }
+  fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"middle\" "
+          "font-size=\"11\">event (0 .. %llu)</text>\n",
+          XB_PLOT_X + XB_PLOT_W / 2, bottom + 18,
+          (unsigned long long)p->max_event);
+}
+
+static void panel_line(FILE *f, const xb_panel *p, const xb_result *r,
+                       bool reserved, const char *color) {
+  fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s "
+          "points=\"", color, reserved ? "1.6" : "1.2",
+          reserved ? "" : " stroke-dasharray=\"5,3\"");
+  for (size_t i = 0; i < r->n_points; i++) {
+    const xb_point *pt = &r->timeline[i];
+    fprintf(f, "%.1f,%.1f ", px(p, pt->event),
+            py(p, reserved ? pt->reserved : pt->allocated));
+  }
+  fprintf(f, "\"/>\n");
+}
+
+static void panel_legend(FILE *f, const xb_panel *p, size_t i,
+                         const char *color) {
+  const xb_result *r = &p->r[i];
+  double y = p->y0 + XB_PLOT_Y + 14 + 36 * (double)i;
+  double x = XB_PLOT_X + XB_PLOT_W + 16;
+  char a[32], b[32];
+  fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
+          "stroke=\"%s\" stroke-width=\"3\"/>\n", x, x + 18, y - 4, y - 4,
+          color);
+  fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" font-size=\"12\">%s: reserved "
+          "%s</text>\n", x + 24, y, r->mode,
+          xb_format_bytes(r->peak_reserved, b, sizeof b));
+  fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" font-size=\"11\" fill=\"#555\">"
+          "allocated %s, fragmentation %.3f</text>\n", x + 24, y + 15,
+          xb_format_bytes(r->peak_allocated, a, sizeof a), r->fragmentation);
+}
+
+static void panel_write(FILE *f, xb_panel *p) {
+  panel_bounds(p);
+  fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"15\" "
+          "font-weight=\"bold\">", XB_PLOT_X, p->y0 + 24);
+  xml_text(f, p->r[0].trace);
+  fprintf(f, ": reserved (solid) and allocated (dashed) bytes</text>\n");
+  panel_axes(f, p);
+  bool any_snapshot = false;
+  for (size_t i = 0; i < p->n; i++) {
+    const char *color = xb_colors[i % (sizeof xb_colors / sizeof *xb_colors)];
+    panel_line(f, p, &p->r[i], false, color);
+    panel_line(f, p, &p->r[i], true, color);
+    panel_legend(f, p, i, color);
+    any_snapshot = any_snapshot || p->r[i].snapshot != NULL;
+  }
+  if (!any_snapshot)
+    fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" fill=\"#555\">"
+            "segment map at the peak: not drawn, no allocator snapshot "
+            "(xseg_snapshot_json) for these modes</text>\n", XB_PLOT_X,
+            p->y0 + XB_PLOT_Y + XB_PLOT_H + 40);
+}
+
+/* Results [i, i+k) of the same trace form one panel. */
+static size_t panel_size(const xb_result *r, size_t n, size_t i) {
+  size_t k = 1;
+  while (i + k < n && strcmp(r[i + k].trace, r[i].trace) == 0) k++;
+  return k;
+}
+
+static size_t panel_count(const xb_result *r, size_t n) {
+  size_t panels = 0;
+  for (size_t i = 0; i < n; i += panel_size(r, n, i)) panels++;
+  return panels;
+}
+
+bool xb_svg_write(const char *path, const xb_result *r, size_t n,
+                  xb_error *err) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return xb_fail(err, "%s: %s", path, strerror(errno));
+  size_t panels = panel_count(r, n);
+  fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+          "height=\"%zu\" font-family=\"sans-serif\">\n<rect width=\"100%%\" "
+          "height=\"100%%\" fill=\"white\"/>\n", XB_W, panels * XB_PANEL_H);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i += panel_size(r, n, i), k++) {
+    xb_panel p = {.r = &r[i], .n = panel_size(r, n, i),
+                  .y0 = (double)k * XB_PANEL_H};
+    panel_write(f, &p);
+  }
+  fprintf(f, "</svg>\n");
+  bool ok = !ferror(f);
+  ok = fclose(f) == 0 && ok;
+  return ok || xb_fail(err, "%s: write failed", path);
+}

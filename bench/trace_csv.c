@@ -1,0 +1,199 @@
+/* trace_csv.c: RAPIDS RMM's replay-log CSV, plain or gzip-compressed.
+ *
+ *   Thread,Time,Action,Pointer,Size,Stream
+ *   0,0.000,allocate,0x2459e740,16384000,0
+ *   0,29326.098,free,0x2459e740,16384000,0
+ *
+ * Read line by line with zlib (gzgets reads plain files unchanged), so a
+ * trace never sits in memory as text. Every field is checked: the first bad
+ * one stops the load with the file, the line number and what is wrong.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "bench.h"
+
+enum { XB_COLUMNS = 6, XB_LINE_MAX = 1024 };
+static const char xb_header[] = "Thread,Time,Action,Pointer,Size,Stream";
+
+typedef struct xb_row {
+  int action;                       /* XB_EV_ALLOC, XB_EV_FREE, -1 = skip */
+  uint64_t pointer, size;
+  int64_t stream;
+} xb_row;
+
+static char *field_trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  size_t n = strlen(s);
+  while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
+  return s;
+}
+
+/* Splits line at commas into exactly XB_COLUMNS trimmed fields. */
+static bool row_split(char *line, char **f, xb_error *err) {
+  int n = 0;
+  for (char *p = line;; n++) {
+    char *comma = strchr(p, ',');
+    if (n < XB_COLUMNS) f[n] = p;
+    if (comma == NULL) break;
+    *comma = '\0';
+    p = comma + 1;
+  }
+  n++;
+  if (n < XB_COLUMNS)
+    return xb_fail(err, "missing column: %d of %d (%s)", n, XB_COLUMNS,
+                   xb_header);
+  if (n > XB_COLUMNS)
+    return xb_fail(err, "extra column: %d fields, expected %d (%s)", n,
+                   XB_COLUMNS, xb_header);
+  for (int i = 0; i < XB_COLUMNS; i++) f[i] = field_trim(f[i]);
+  return true;
+}
+
+/* A whole field as a number in `base`; false if anything is left over. */
+static bool parse_i64(const char *s, int base, int64_t *out) {
+  if (*s == '\0') return false;
+  char *end;
+  errno = 0;
+  long long v = strtoll(s, &end, base);
+  if (errno != 0 || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+static bool parse_hex(const char *s, uint64_t *out) {
+  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
+  size_t n = strlen(s);
+  if (n == 0 || n > 16 || strspn(s, "0123456789abcdefABCDEF") != n)
+    return false;
+  *out = strtoull(s, NULL, 16);
+  return true;
+}
+
+static bool parse_size(const char *s, uint64_t *out, xb_error *err) {
+  if (s[0] == '-') return xb_fail(err, "negative size '%s'", s);
+  size_t n = strlen(s);
+  if (n == 0 || strspn(s, "0123456789") != n)
+    return xb_fail(err, "bad size '%s' (expected decimal bytes)", s);
+  errno = 0;
+  *out = strtoull(s, NULL, 10);
+  if (errno != 0) return xb_fail(err, "size '%s' out of range", s);
+  return true;
+}
+
+/* RMM writes the stream as a number or, for a handle, in hex. */
+static bool parse_stream(const char *s, int64_t *out) {
+  uint64_t u;
+  if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+    return parse_hex(s, &u) && (*out = (int64_t)u, true);
+  return parse_i64(s, 10, out);
+}
+
+static bool parse_action(const char *s, int *out, xb_error *err) {
+  if (strcmp(s, "allocate") == 0) return *out = XB_EV_ALLOC, true;
+  if (strcmp(s, "free") == 0) return *out = XB_EV_FREE, true;
+  if (strcmp(s, "allocate failure") == 0) return *out = -1, true;
+  return xb_fail(err, "bad action '%s' (expected allocate or free)", s);
+}
+
+static bool row_parse(char *line, xb_row *r, xb_error *err) {
+  char *f[XB_COLUMNS];
+  if (!row_split(line, f, err)) return false;
+  int64_t thread;
+  if (!parse_i64(f[0], 10, &thread) || thread < 0)
+    return xb_fail(err, "bad thread id '%s'", f[0]);
+  char *end;
+  double time = strtod(f[1], &end);
+  if (f[1][0] == '\0' || *end != '\0' || !isfinite(time))
+    return xb_fail(err, "bad time '%s'", f[1]);
+  if (!parse_action(f[2], &r->action, err)) return false;
+  if (!parse_hex(f[3], &r->pointer))
+    return xb_fail(err, "bad hex pointer '%s'", f[3]);
+  if (!parse_size(f[4], &r->size, err)) return false;
+  if (!parse_stream(f[5], &r->stream))
+    return xb_fail(err, "bad stream '%s'", f[5]);
+  return true;
+}
+
+static bool row_apply(xb_trace *t, const xb_row *r, xb_error *err) {
+  if (r->action == XB_EV_ALLOC)
+    return xb_trace_alloc(t, r->pointer, r->size, r->stream, err);
+  if (r->action == XB_EV_FREE)
+    return xb_trace_free(t, r->pointer, r->size, r->stream, err);
+  return true;
+}
+
+static bool line_blank(const char *s) {
+  return s[strspn(s, " \t\r\n")] == '\0';
+}
+
+/* Reads one line; false at end of file. A line longer than the buffer is
+   an error, not two lines. */
+static bool line_read(gzFile f, char *buf, int size, bool *too_long) {
+  if (gzgets(f, buf, size) == NULL) return false;
+  size_t n = strlen(buf);
+  *too_long = n == (size_t)size - 1 && buf[n - 1] != '\n' && !gzeof(f);
+  return true;
+}
+
+static bool header_check(char *line, xb_error *err) {
+  char *h = field_trim(line);
+  if (strcmp(h, xb_header) != 0)
+    return xb_fail(err, "expected the header '%s', got '%.60s'", xb_header, h);
+  return true;
+}
+
+/* The base name less .gz and .csv: the trace's name in reports. */
+static void trace_name(const char *path, char *out, size_t size) {
+  const char *base = strrchr(path, '/');
+  snprintf(out, size, "%s", base != NULL ? base + 1 : path);
+  size_t n = strlen(out);
+  if (n > 3 && strcmp(out + n - 3, ".gz") == 0) out[n -= 3] = '\0';
+  if (n > 4 && strcmp(out + n - 4, ".csv") == 0) out[n - 4] = '\0';
+}
+
+static bool trace_read(gzFile f, const char *path, xb_trace *t,
+                       xb_error *err) {
+  char line[XB_LINE_MAX];
+  bool too_long = false;
+  for (long no = 1; line_read(f, line, sizeof line, &too_long); no++) {
+    xb_error why;
+    xb_row row;
+    bool ok;
+    if (too_long)
+      ok = xb_fail(&why, "line longer than %d bytes", XB_LINE_MAX - 2);
+    else if (no == 1)
+      ok = header_check(line, &why);
+    else
+      ok = line_blank(line) ||
+           (row_parse(line, &row, &why) && row_apply(t, &row, &why));
+    if (!ok) return xb_fail(err, "%s:%ld: %s", path, no, why.text);
+  }
+  int zerr = Z_OK;
+  const char *msg = gzerror(f, &zerr);
+  if (zerr != Z_OK && zerr != Z_STREAM_END)
+    return xb_fail(err, "%s: read error: %s", path, msg);
+  if (t->n_events == 0 && t->n_allocs == 0 && !too_long)
+    return xb_fail(err, "%s: no events (empty file or header only)", path);
+  return true;
+}
+
+bool xb_trace_load(const char *path, xb_trace *t, xb_error *err) {
+  char name[128];
+  trace_name(path, name, sizeof name);
+  xb_trace_init(t, name);
+  gzFile f = gzopen(path, "rb");
+  if (f == NULL)
+    return xb_fail(err, "%s: cannot open: %s", path,
+                   errno ? strerror(errno) : "out of memory");
+  gzbuffer(f, 1 << 17);
+  bool ok = trace_read(f, path, t, err);
+  gzclose(f);
+  xb_trace_done(t);
+  if (!ok) xb_trace_release(t);
+  return ok;
+}
