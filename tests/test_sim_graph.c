@@ -1,0 +1,559 @@
+/* Conformance tests of the emulator's stream capture and graphs
+ * (sim/sim_graph.c) against cuda.h: cuStreamBeginCapture,
+ * cuThreadExchangeStreamCaptureMode (which defines the global, thread-local
+ * and relaxed modes), cuStreamEndCapture, cuStreamIsCapturing,
+ * cuStreamGetCaptureInfo, cuGraphInstantiate and cuGraphLaunch.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "xseg_test.h"
+
+/* ---- helpers ----------------------------------------------------------- */
+
+typedef struct dev_buf {
+  CUdeviceptr ptr;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+} dev_buf;
+
+static bool dev_buf_alloc(dev_buf *b) {
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  *b = (dev_buf){0};
+  return cuMemGetAllocationGranularity(&b->size, &prop,
+                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+             CUDA_SUCCESS &&
+         cuMemAddressReserve(&b->ptr, b->size, 0, 0, 0) == CUDA_SUCCESS &&
+         cuMemCreate(&b->handle, b->size, &prop, 0) == CUDA_SUCCESS &&
+         cuMemMap(b->ptr, b->size, 0, b->handle, 0) == CUDA_SUCCESS &&
+         cuMemSetAccess(b->ptr, b->size, &access, 1) == CUDA_SUCCESS;
+}
+
+static void dev_buf_free(dev_buf *b) {
+  XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
+  XSEG_EXPECT_CU(cuMemRelease(b->handle));
+  XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
+}
+
+static unsigned char dev_byte(CUdeviceptr p) {
+  unsigned char v = 0;
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&v, p, 1));
+  return v;
+}
+
+static void CUDA_CB count_up(void *arg) { atomic_fetch_add((atomic_int *)arg, 1); }
+
+/* Ends a capture that is expected to have been invalidated. */
+static void expect_invalidated(CUstream s) {
+  CUgraph g = (CUgraph)0x1;
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s, &g),
+                     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  XSEG_EXPECT_TRUE(g == NULL);
+}
+
+/* Ends a capture expected to be valid and destroys its graph. */
+static void expect_valid(CUstream s) {
+  CUgraph g = NULL;
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_TRUE(g != NULL);
+  if (g) XSEG_EXPECT_CU(cuGraphDestroy(g));
+}
+
+/* ---- record and replay ------------------------------------------------- */
+
+/* cuda.h, cuStreamBeginCapture: "all operations pushed into the stream will
+   not be executed, but will instead be captured into a graph"; cuGraphLaunch
+   executes it, on every launch. */
+XSEG_TEST(SimGraph, captured_memset_runs_only_when_launched) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0, 64));
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr, 0x5A, 64, s));
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(dev_byte(b.ptr), 0);            /* captured, not run */
+  XSEG_EXPECT_CU(cuGraphInstantiate(&x, g, 0));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(dev_byte(b.ptr + 63), 0x5A);
+  XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0, 64));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));           /* runs again */
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(dev_byte(b.ptr), 0x5A);
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  dev_buf_free(&b);
+}
+
+/* Captured host functions and copies keep their order on replay, and each
+   launch "is ordered behind ... any previous work in hStream" (cuda.h,
+   cuGraphLaunch): a launch onto a held stream waits. */
+XSEG_TEST(SimGraph, replay_keeps_order_and_follows_stream_work) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+  atomic_int count = 0;
+  unsigned char host = 0;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, count_up, &count));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr, 7, 1, s));
+  XSEG_EXPECT_CU(cuMemcpyDtoDAsync(b.ptr + 1, b.ptr, 1, s));
+  XSEG_EXPECT_CU(cuMemcpyDtoHAsync(&host, b.ptr + 1, 1, s));
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_CU(cuGraphInstantiate(&x, g, 0));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_EQ(atomic_load(&count), 0);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(atomic_load(&count), 2);
+  XSEG_EXPECT_EQ(host, 7);
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+  dev_buf_free(&b);
+}
+
+/* An event recorded during capture is recorded by each launch (cuda.h,
+   cuEventRecord inside capture becomes a node); while the capture is on,
+   querying it is "attempting cuEventQuery on an event that was last
+   recorded inside a capture sequence" (cuThreadExchangeStreamCaptureMode),
+   CUDA_ERROR_CAPTURED_EVENT even in relaxed mode. */
+XSEG_TEST(SimGraph, captured_event_record_replays_on_launch) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU(cuEventRecord(e, s));
+  XSEG_EXPECT_CU_ERR(cuEventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_CU(cuGraphInstantiate(&x, g, 0));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(s, l));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));
+  XSEG_EXPECT_CU_ERR(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuEventSynchronize(e));
+  XSEG_EXPECT_CU(cuEventQuery(e));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
+
+/* ---- status and id ----------------------------------------------------- */
+
+/* cuda.h, cuStreamIsCapturing / cuStreamGetCaptureInfo: NONE, ACTIVE, and an
+   id "unique over the lifetime of the process". */
+XSEG_TEST(SimGraph, capture_status_and_unique_id) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  cuuint64_t id1 = 0, id2 = 0;
+  XSEG_EXPECT_CU(cuStreamIsCapturing(s, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(s, &st, NULL, NULL, NULL, NULL, NULL));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuStreamIsCapturing(s, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUgraph graph = NULL;
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(s, &st, &id1, &graph, NULL, NULL, NULL));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  XSEG_EXPECT_TRUE(graph != NULL);
+  expect_valid(s);
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(s, &st, &id2, NULL, NULL, NULL, NULL));
+  expect_valid(s);
+  XSEG_EXPECT_NE(id1, 0);
+  XSEG_EXPECT_NE(id1, id2);
+  XSEG_EXPECT_CU_ERR(cuStreamIsCapturing(s, NULL), CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* ---- what global mode forbids ------------------------------------------ */
+
+typedef enum unsafe_call {
+  UNSAFE_EVENT_QUERY, UNSAFE_EVENT_SYNC, UNSAFE_STREAM_SYNC,
+  UNSAFE_STREAM_QUERY, UNSAFE_CTX_SYNC, UNSAFE_MEMSET, UNSAFE_COUNT
+} unsafe_call;
+
+/* One potentially unsafe call, aimed at objects outside the capture. */
+static CUresult unsafe_call_run(unsafe_call c, CUstream other, CUevent e,
+                                CUdeviceptr p) {
+  switch (c) {
+  case UNSAFE_EVENT_QUERY: return cuEventQuery(e);
+  case UNSAFE_EVENT_SYNC: return cuEventSynchronize(e);
+  case UNSAFE_STREAM_SYNC: return cuStreamSynchronize(other);
+  case UNSAFE_STREAM_QUERY: return cuStreamQuery(other);
+  case UNSAFE_CTX_SYNC: return cuCtxSynchronize();
+  default: return cuMemsetD8(p, 0, 16);
+  }
+}
+
+/* cuda.h, cuThreadExchangeStreamCaptureMode: in the default (global) mode a
+   thread with an ongoing non-relaxed capture "is prohibited from
+   potentially unsafe API calls": CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+   ("the operation is not permitted when the stream is capturing"), and the
+   capture is invalidated (cuStreamEndCapture: "If capture was invalidated,
+   due to a violation of the rules of stream capture, then a NULL graph will
+   be returned"). */
+XSEG_TEST(SimGraph, global_capture_forbids_unsafe_calls) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s, other;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  for (int c = 0; c < UNSAFE_COUNT; c++) {
+    XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    XSEG_EXPECT_CU_ERR(unsafe_call_run((unsafe_call)c, other, e, b.ptr),
+                       CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    XSEG_EXPECT_CU(cuStreamIsCapturing(s, &st));
+    XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    XSEG_EXPECT_CU_ERR(cuMemsetD8Async(b.ptr, 1, 1, s),
+                       CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    expect_invalidated(s);
+  }
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  dev_buf_free(&b);
+}
+
+/* cuda.h: "If the local thread has an ongoing capture sequence that was not
+   initiated with CU_STREAM_CAPTURE_MODE_RELAXED ..." so a relaxed capture
+   permits the same calls, and the capture stays valid. */
+XSEG_TEST(SimGraph, relaxed_capture_permits_unsafe_calls) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s, other;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  for (int c = 0; c < UNSAFE_COUNT; c++)
+    XSEG_EXPECT_CU(unsafe_call_run((unsafe_call)c, other, e, b.ptr));
+  expect_valid(s);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  dev_buf_free(&b);
+}
+
+/* cuda.h: "CU_STREAM_CAPTURE_MODE_RELAXED: The local thread is not
+   prohibited from potentially unsafe API calls", whatever the capture's own
+   mode; cuThreadExchangeStreamCaptureMode swaps the mode and returns the
+   previous one. */
+XSEG_TEST(SimGraph, relaxed_thread_mode_permits_unsafe_calls) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  XSEG_EXPECT_CU(cuThreadExchangeStreamCaptureMode(&mode));
+  XSEG_EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  XSEG_EXPECT_CU(cuEventQuery(e));
+  XSEG_EXPECT_CU(cuThreadExchangeStreamCaptureMode(&mode));   /* restore */
+  XSEG_EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+  expect_valid(s);
+  mode = (CUstreamCaptureMode)7;
+  XSEG_EXPECT_CU_ERR(cuThreadExchangeStreamCaptureMode(&mode),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* ---- thread-local scoping ---------------------------------------------- */
+
+typedef struct other_thread {
+  CUevent event;
+  CUstreamCaptureMode mode;    /* the other thread's capture mode */
+  CUresult result;
+} other_thread;
+
+static void *other_thread_query(void *arg) {
+  other_thread *t = arg;
+  if (xt_context(0) == NULL) {
+    t->result = CUDA_ERROR_INVALID_CONTEXT;
+    return NULL;
+  }
+  CUstreamCaptureMode mode = t->mode;
+  cuThreadExchangeStreamCaptureMode(&mode);
+  t->result = cuEventQuery(t->event);
+  cuThreadExchangeStreamCaptureMode(&mode);
+  return NULL;
+}
+
+static CUresult query_from_other_thread(CUevent e, CUstreamCaptureMode mode) {
+  other_thread t = {e, mode, CUDA_ERROR_UNKNOWN};
+  pthread_t th;
+  if (pthread_create(&th, NULL, other_thread_query, &t) != 0)
+    return CUDA_ERROR_UNKNOWN;
+  pthread_join(th, NULL);
+  return t.result;
+}
+
+/* cuda.h: a capture begun THREAD_LOCAL only restricts its own thread; a
+   GLOBAL one restricts every thread in GLOBAL mode ("or if any other thread
+   has a concurrent capture sequence initiated with
+   CU_STREAM_CAPTURE_MODE_GLOBAL"), but not threads in THREAD_LOCAL mode
+   ("Concurrent capture sequences in other threads are ignored"). */
+XSEG_TEST(SimGraph, thread_local_mode_scopes_the_restriction) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  XSEG_EXPECT_CU(query_from_other_thread(e, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  expect_valid(s);
+
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  XSEG_EXPECT_CU_ERR(cuEventQuery(e), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  expect_invalidated(s);
+
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(query_from_other_thread(e, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  expect_valid(s);
+
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU_ERR(query_from_other_thread(e, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  expect_invalidated(s);
+
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+typedef struct end_in_thread {
+  CUstream stream;
+  CUresult result;
+} end_in_thread;
+
+static void *end_capture_elsewhere(void *arg) {
+  end_in_thread *t = arg;
+  CUgraph g = NULL;
+  t->result = xt_context(0) ? cuStreamEndCapture(t->stream, &g)
+                            : CUDA_ERROR_INVALID_CONTEXT;
+  if (g) cuGraphDestroy(g);
+  return NULL;
+}
+
+/* cuda.h, cuStreamEndCapture: unless the capture is relaxed, "this call must
+   be from the same thread as cuStreamBeginCapture"
+   (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). */
+XSEG_TEST(SimGraph, end_capture_from_another_thread) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  end_in_thread t = {s, CUDA_ERROR_UNKNOWN};
+  pthread_t th;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_ASSERT_EQ(pthread_create(&th, NULL, end_capture_elsewhere, &t), 0);
+  pthread_join(th, NULL);
+  XSEG_EXPECT_CU_ERR(t.result, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  expect_valid(s);
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_ASSERT_EQ(pthread_create(&th, NULL, end_capture_elsewhere, &t), 0);
+  pthread_join(th, NULL);
+  XSEG_EXPECT_CU(t.result);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* ---- illegal in every mode --------------------------------------------- */
+
+/* Querying or synchronizing the capturing stream itself conflicts with
+   capture in every mode (cuda.h: relaxed threads are "still prohibited from
+   API calls which necessarily conflict with stream capture"). */
+XSEG_TEST(SimGraph, waiting_on_the_capturing_stream_is_illegal) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  expect_invalidated(s);
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU_ERR(cuStreamSynchronize(s),
+                     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  expect_invalidated(s);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* cuda.h, cuStreamIsCapturing: "When a blocking stream is capturing, the
+   legacy stream is in an unusable state"; querying it answers
+   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and "The blocking stream capture is not
+   invalidated"; work on it is an implicit dependency on the capture
+   (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), which invalidates it. A
+   non-blocking capture leaves the legacy stream usable. */
+XSEG_TEST(SimGraph, legacy_stream_during_blocking_capture) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream blocking, non_blocking;
+  XSEG_ASSERT_CU(cuStreamCreate(&blocking, CU_STREAM_DEFAULT));
+  XSEG_ASSERT_CU(cuStreamCreate(&non_blocking, CU_STREAM_NON_BLOCKING));
+  atomic_int count = 0;
+  CUstreamCaptureStatus st;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU_ERR(cuStreamIsCapturing(NULL, &st),
+                     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  XSEG_EXPECT_CU(cuStreamIsCapturing(blocking, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  XSEG_EXPECT_CU_ERR(cuLaunchHostFunc(NULL, count_up, &count),
+                     CUDA_ERROR_STREAM_CAPTURE_IMPLICIT);
+  expect_invalidated(blocking);
+
+  XSEG_EXPECT_CU(cuStreamBeginCapture(non_blocking,
+                                      CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(NULL, count_up, &count));
+  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
+  XSEG_EXPECT_EQ(atomic_load(&count), 1);
+  expect_valid(non_blocking);
+  XSEG_EXPECT_CU(cuStreamDestroy(blocking));
+  XSEG_EXPECT_CU(cuStreamDestroy(non_blocking));
+}
+
+/* cuda.h, cuStreamBeginCapture: "Capture may not be initiated if stream is
+   CU_STREAM_LEGACY ... it may only be initiated if the stream is not already
+   in capture mode"; cuStreamEndCapture needs a capture begun on that stream.
+   The exact codes are the driver's, hence sim-only. */
+XSEG_TEST(SimGraph, begin_and_end_misuse) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  CUgraph g = NULL;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU_ERR(cuStreamBeginCapture(CU_STREAM_LEGACY,
+                                          CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  XSEG_EXPECT_CU_ERR(cuStreamBeginCapture(s, (CUstreamCaptureMode)9),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU_ERR(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_ILLEGAL_STATE);
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s, NULL), CUDA_ERROR_INVALID_VALUE);
+  expect_valid(s);
+  XSEG_EXPECT_CU_ERR(cuGraphInstantiate(NULL, NULL, 0),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* ---- fork and join ----------------------------------------------------- */
+
+/* CUDA programming guide, "Cross-stream dependencies and events": a stream
+   that waits on an event recorded in a capture joins it (fork); it must be
+   joined back before cuStreamEndCapture, else
+   CUDA_ERROR_STREAM_CAPTURE_UNJOINED ("the capture sequence contains a fork
+   that was not joined to the primary stream"). */
+XSEG_TEST(SimGraph, fork_and_join_capture_other_streams) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  dev_buf b;
+  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  CUstream s0, s1;
+  CUevent fork, join;
+  XSEG_ASSERT_CU(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_CU(cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0, 2));
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  CUstreamCaptureStatus st;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr, 1, 1, s0));
+  XSEG_EXPECT_CU(cuEventRecord(fork, s0));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(s1, fork, 0));
+  XSEG_EXPECT_CU(cuStreamIsCapturing(s1, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr + 1, 2, 1, s1));
+  XSEG_EXPECT_CU(cuEventRecord(join, s1));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(s0, join, 0));
+  XSEG_EXPECT_CU(cuStreamEndCapture(s0, &g));
+  XSEG_EXPECT_CU(cuStreamIsCapturing(s1, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  XSEG_EXPECT_EQ(dev_byte(b.ptr + 1), 0);
+  XSEG_EXPECT_CU(cuGraphInstantiate(&x, g, 0));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s0));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s0));
+  XSEG_EXPECT_EQ(dev_byte(b.ptr), 1);
+  XSEG_EXPECT_EQ(dev_byte(b.ptr + 1), 2);
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+
+  /* The same fork without the join. */
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuEventRecord(fork, s0));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(s1, fork, 0));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr + 1, 3, 1, s1));
+  g = (CUgraph)0x1;
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s0, &g),
+                     CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  XSEG_EXPECT_TRUE(g == NULL);
+  XSEG_EXPECT_CU(cuStreamIsCapturing(s1, &st));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
+
+  XSEG_EXPECT_CU(cuEventDestroy(fork));
+  XSEG_EXPECT_CU(cuEventDestroy(join));
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  dev_buf_free(&b);
+}
+
+/* A capturing stream may not wait on work outside its capture: "a
+   dependency would have been created which crosses the capture sequence
+   boundary" (CUDA_ERROR_STREAM_CAPTURE_ISOLATION). */
+XSEG_TEST(SimGraph, waiting_across_the_capture_boundary_is_refused) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s, outside;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&outside, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(outside, l));
+  XSEG_EXPECT_CU(cuEventRecord(e, outside));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU_ERR(cuStreamWaitEvent(s, e, 0),
+                     CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  expect_invalidated(s);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(outside));
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(outside));
+  xt_latch_free(l);
+}
