@@ -1,0 +1,309 @@
+/* The benchmark tool's tests: the trace reader (plain and gzip, and every
+   kind of malformed line), exact-mode replay of a small hand-computed trace,
+   and the JSON report's syntax and contract fields (DESIGN.md section 7). */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "xseg_test.h"
+
+/* Hand-computed (sizes round to 512 B; the emulator's granule is 2 MiB):
+     event                    live (512 B rounded)    live in granules
+     0 alloc a 1000           1024                    2 MiB
+     1 alloc b 3000000        1024 + 3000320          2 + 4 MiB
+     2 alloc c 512            3001856                 8 MiB
+     3 free a                 3000832                 6 MiB
+     4 alloc a' 2097152 (a's address reused)
+                              5097984  <- peak        8 MiB  <- peak
+     5 free b                 2097664                 4 MiB
+     6 alloc d 4096 on stream 7
+                              2101760                 6 MiB
+     7 free c                 2101248                 4 MiB  (end) */
+static const char small_trace[] =
+    "Thread,Time,Action,Pointer,Size,Stream\n"
+    "0,0.000,allocate,0xa000,1000,0\n"
+    "0,1.000,allocate,0xb000,3000000,0\n"
+    "0,2.000,allocate,0xc000,512,0\n"
+    "0,3.000,free,0xa000,1000,0\n"
+    "0,4.000,allocate,0xa000,2097152,0\n"
+    "0,5.000,free,0xb000,3000000,0\n"
+    "0,6.000,allocate,0xd000,4096,7\n"
+    "0,7.000,free,0xc000,512,0\n";
+enum { SMALL_PEAK = 5097984, SMALL_END = 2101248 };
+#define MIB (1024ull * 1024ull)
+
+/* A temporary file holding `text`, gzip-compressed if asked. */
+static bool temp_write(char *path, size_t size, const char *suffix,
+                       const char *text, bool gzip) {
+  const char *dir = getenv("TMPDIR");
+  snprintf(path, size, "%s/xseg_bench_XXXXXX%s",
+           dir != NULL && dir[0] ? dir : "/tmp", suffix);
+  int fd = mkstemps(path, (int)strlen(suffix));
+  if (fd < 0) return false;
+  if (!gzip) {
+    size_t n = strlen(text);
+    bool ok = write(fd, text, n) == (ssize_t)n;
+    return close(fd) == 0 && ok;
+  }
+  gzFile f = gzdopen(fd, "wb");
+  if (f == NULL) return close(fd), false;
+  bool ok = gzputs(f, text) == (int)strlen(text);
+  return gzclose(f) == Z_OK && ok;
+}
+
+static const char *test_driver(void) {
+  const char *d = getenv("XSEG_TEST_DRIVER");
+  return d != NULL && strcmp(d, "system") == 0 ? "cuda" : "sim";
+}
+
+static void check_small_trace(const xb_trace *t) {
+  XSEG_EXPECT_EQ(t->n_events, 8);
+  XSEG_EXPECT_EQ(t->n_allocs, 5);
+  XSEG_EXPECT_EQ(t->n_frees, 3);
+  XSEG_EXPECT_EQ(t->n_slots, 3);       /* at most three blocks live at once */
+  XSEG_EXPECT_EQ(t->n_streams, 2);
+  XSEG_EXPECT_EQ(t->peak_live_bytes, SMALL_PEAK);
+  XSEG_EXPECT_EQ(t->peak_event, 4);
+  XSEG_EXPECT_EQ(t->live_bytes, SMALL_END);
+  /* The free carries its block's size and slot. */
+  XSEG_EXPECT_EQ(t->events[3].action, XB_EV_FREE);
+  XSEG_EXPECT_EQ(t->events[3].slot, t->events[0].slot);
+  XSEG_EXPECT_EQ(t->events[3].size, 1000);
+}
+
+XSEG_TEST(bench, trace_loads_plain_and_gzip) {
+  const char *suffix[2] = {".csv", ".csv.gz"};
+  for (int gz = 0; gz < 2; gz++) {
+    char path[256];
+    XSEG_ASSERT_TRUE(temp_write(path, sizeof path, suffix[gz], small_trace,
+                                gz == 1));
+    xb_trace t;
+    xb_error err;
+    bool ok = xb_trace_load(path, &t, &err);
+    unlink(path);
+    if (!ok) XSEG_FAIL("%s", err.text);
+    XSEG_ASSERT_TRUE(ok);
+    check_small_trace(&t);
+    xb_trace_release(&t);
+  }
+}
+
+/* Replays the small trace in exact mode; *r must be released. */
+static bool replay_small_exact(xb_env *env, xb_result *r) {
+  char path[256];
+  if (!temp_write(path, sizeof path, ".csv", small_trace, false)) return false;
+  xb_trace t;
+  xb_error err;
+  bool ok = xb_trace_load(path, &t, &err);
+  unlink(path);
+  xb_replay_opts o = {.conf = NULL, .max_points = 16, .snapshot = false};
+  ok = ok && xb_replay(env, &t, &xb_policy_exact, &o, r, &err);
+  if (!ok) XSEG_FAIL("%s", err.text);
+  xb_trace_release(&t);
+  return ok;
+}
+
+XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
+  xb_env env;
+  XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
+  xb_result r;
+  if (replay_small_exact(&env, &r)) {
+    uint64_t g = env.vmm.granularity;
+    /* At the peak: b (3000000 B), c (512 B) and a' (2 MiB) are live. */
+    uint64_t granules = xb_round_up(3000000, g) + xb_round_up(512, g) +
+                        xb_round_up(2097152, g);
+    XSEG_EXPECT_EQ(r.peak_allocated, SMALL_PEAK);
+    XSEG_EXPECT_EQ(r.peak_reserved, granules);
+    if (g == 2 * MIB) XSEG_EXPECT_EQ(r.peak_reserved, 8 * MIB);
+    XSEG_EXPECT_EQ(r.allocated_end, SMALL_END);
+    XSEG_EXPECT_EQ(r.reserved_end, xb_round_up(2097152, g) +
+                                       xb_round_up(4096, g));
+    XSEG_EXPECT_EQ(r.ooms, 0);
+    /* One reserve, create, map and set-access per allocation; one unmap,
+       release and address free per free. */
+    XSEG_EXPECT_EQ(r.calls[XS_DRIVER_FN_cuMemCreate], 5);
+    XSEG_EXPECT_EQ(r.calls[XS_DRIVER_FN_cuMemAddressReserve], 5);
+    XSEG_EXPECT_EQ(r.calls[XS_DRIVER_FN_cuMemUnmap], 3);
+    XSEG_EXPECT_EQ(r.vmm_calls, 5 * 4 + 3 * 3);
+    XSEG_EXPECT_TRUE(r.n_points > 0 && r.n_points <= 16);
+    xb_result_release(&r);
+  }
+  xb_env_close(&env);
+}
+
+typedef struct bad_case {
+  const char *line, *reason;
+} bad_case;
+
+/* Each bad line is line 3, after the header and one good row. */
+static const bad_case bad_cases[] = {
+    {"0,1.0,alloc,0x10,5,0", "bad action 'alloc'"},
+    {"0,1.0,allocate,0xzz,5,0", "bad hex pointer '0xzz'"},
+    {"0,1.0,allocate,0x10,5", "missing column"},
+    {"0,1.0,allocate,0x10,-5,0", "negative size '-5'"},
+    {"0,1.0,free,0x99,5,0", "free of unknown pointer 0x99"},
+    {"0,1.0,allocate,0x10,5,0,9", "extra column"},
+    {"0,1.0,allocate,0x1000,5,0", "live already"},
+};
+
+static void check_bad_case(const bad_case *c) {
+  char text[256], path[256];
+  snprintf(text, sizeof text,
+           "Thread,Time,Action,Pointer,Size,Stream\n"
+           "0,0.0,allocate,0x1000,64,0\n%s\n0,2.0,free,0x1000,64,0\n",
+           c->line);
+  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", text, false));
+  xb_trace t;
+  xb_error err;
+  bool ok = xb_trace_load(path, &t, &err);
+  char where[300];
+  snprintf(where, sizeof where, "%s:3: ", path);
+  unlink(path);
+  XSEG_EXPECT_FALSE(ok);
+  if (ok) {
+    xb_trace_release(&t);
+    return;
+  }
+  if (strstr(err.text, where) == NULL || strstr(err.text, c->reason) == NULL)
+    XSEG_FAIL("line '%s': got \"%s\", want \"%s\" and \"%s\"", c->line,
+              err.text, where, c->reason);
+}
+
+XSEG_TEST(bench, malformed_lines_name_line_and_reason) {
+  for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++)
+    check_bad_case(&bad_cases[i]);
+}
+
+XSEG_TEST(bench, missing_header_and_missing_file_are_errors) {
+  char path[256];
+  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv",
+                              "0,0.0,allocate,0x10,5,0\n", false));
+  xb_trace t;
+  xb_error err;
+  XSEG_EXPECT_FALSE(xb_trace_load(path, &t, &err));
+  XSEG_EXPECT_TRUE(strstr(err.text, ":1: expected the header") != NULL);
+  unlink(path);
+  XSEG_EXPECT_FALSE(xb_trace_load(path, &t, &err));
+  XSEG_EXPECT_TRUE(strstr(err.text, "cannot open") != NULL);
+}
+
+/* ---- a JSON syntax checker (RFC 8259), enough to validate the report --- */
+
+static const char *json_value(const char *p, int depth);
+
+static const char *json_ws(const char *p) {
+  while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+  return p;
+}
+
+static const char *json_string(const char *p) {
+  if (*p++ != '"') return NULL;
+  for (; *p != '"'; p++) {
+    if ((unsigned char)*p < 0x20) return NULL;
+    if (*p == '\\' && strchr("\"\\/bfnrtu", *++p) == NULL) return NULL;
+  }
+  return p + 1;
+}
+
+static const char *json_number(const char *p) {
+  const char *s = p;
+  if (*p == '-') p++;
+  if (*p < '0' || *p > '9') return NULL;
+  p += strspn(p, "0123456789");
+  if (*p == '.') {
+    size_t n = strspn(++p, "0123456789");
+    if (n == 0) return NULL;
+    p += n;
+  }
+  if (*p == 'e' || *p == 'E') {
+    p++;
+    if (*p == '+' || *p == '-') p++;
+    size_t n = strspn(p, "0123456789");
+    if (n == 0) return NULL;
+    p += n;
+  }
+  return p > s ? p : NULL;
+}
+
+/* Members of an object (`obj`) or elements of an array, after the bracket. */
+static const char *json_items(const char *p, bool obj, int depth) {
+  char close = obj ? '}' : ']';
+  p = json_ws(p);
+  if (*p == close) return p + 1;
+  for (;;) {
+    if (obj) {
+      p = json_string(json_ws(p));
+      if (p == NULL || *(p = json_ws(p)) != ':') return NULL;
+      p++;
+    }
+    if ((p = json_value(p, depth + 1)) == NULL) return NULL;
+    p = json_ws(p);
+    if (*p == close) return p + 1;
+    if (*p++ != ',') return NULL;
+  }
+}
+
+static const char *json_value(const char *p, int depth) {
+  if (depth > 64) return NULL;
+  p = json_ws(p);
+  if (*p == '{') return json_items(p + 1, true, depth);
+  if (*p == '[') return json_items(p + 1, false, depth);
+  if (*p == '"') return json_string(p);
+  if (strncmp(p, "true", 4) == 0) return p + 4;
+  if (strncmp(p, "false", 5) == 0) return p + 5;
+  if (strncmp(p, "null", 4) == 0) return p + 4;
+  return json_number(p);
+}
+
+static bool json_valid(const char *text) {
+  const char *end = json_value(text, 0);
+  return end != NULL && *json_ws(end) == '\0';
+}
+
+XSEG_TEST(bench, json_checker_rejects_bad_json) {
+  XSEG_EXPECT_TRUE(json_valid("{\"a\": [1, 2.5e3, \"x\\n\", true, null]}"));
+  XSEG_EXPECT_FALSE(json_valid("{\"a\": 1,}"));
+  XSEG_EXPECT_FALSE(json_valid("{\"a\" 1}"));
+  XSEG_EXPECT_FALSE(json_valid("[1 2]"));
+  XSEG_EXPECT_FALSE(json_valid("{\"a\": nan}"));
+}
+
+static char *file_read(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return NULL;
+  char *buf = calloc(1, 1 << 20);
+  size_t n = buf != NULL ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+  fclose(f);
+  if (buf != NULL) buf[n] = '\0';
+  return buf;
+}
+
+static const char *const contract_fields[] = {
+    "\"mode\": \"exact\"", "\"events\": 8", "\"peak_allocated_bytes\": 5097984",
+    "\"peak_reserved_bytes\": ", "\"fragmentation\": ", "\"ooms\": 0",
+    "\"driver_calls\": {", "\"cuMemCreate\": 5", "\"ns_per_op\": ",
+    "\"reserved_end_bytes\": ", "\"malloc_ns\": {\"median\": ",
+};
+
+XSEG_TEST(bench, replay_json_parses_and_has_contract_fields) {
+  char trace[256], json[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv.gz", small_trace,
+                              true));
+  XSEG_ASSERT_TRUE(temp_write(json, sizeof json, ".json", "", false));
+  char *argv[] = {"replay", "--trace", trace, "--mode", "exact", "--json",
+                  json, "--driver", (char *)test_driver(), NULL};
+  int rc = xb_cmd_replay(9, argv);
+  unlink(trace);
+  char *text = file_read(json);
+  unlink(json);
+  XSEG_EXPECT_EQ(rc, 0);
+  XSEG_ASSERT_TRUE(text != NULL);
+  XSEG_EXPECT_TRUE(json_valid(text));
+  for (size_t i = 0; i < sizeof contract_fields / sizeof *contract_fields; i++)
+    if (strstr(text, contract_fields[i]) == NULL)
+      XSEG_FAIL("JSON lacks %s:\n%s", contract_fields[i], text);
+  free(text);
+}
