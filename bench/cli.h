@@ -53,5 +53,8 @@ bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);
 /* The commands: argv[0] is the command's name; they return an exit code. */
 int xb_cmd_default(int argc, char **argv);
 int xb_cmd_replay(int argc, char **argv);
+int xb_cmd_varbatch(int argc, char **argv);
+/* Replays a built workload in the modes of c, as the default run does. */
+int xb_run_trace(const xb_cli *c, const xb_trace *t);
 
 #endif /* XB_CLI_H */

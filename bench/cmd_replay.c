@@ -84,34 +84,56 @@ static void batch_release(xb_batch *b) {
   free(b->results);
 }
 
-/* Runs the files in every policy, then prints the table and outputs. */
-static int batch_run(const xb_cli *c, char **paths, size_t n_paths) {
-  xb_batch b = {.opts = {.conf = c->conf, .max_points = c->points,
-                         .snapshot = c->svg != NULL}};
-  b.tty = isatty(STDERR_FILENO);
-  b.n_policies = xb_cli_policies(c->mode, b.policies);
-  if (b.n_policies == 0 && strcmp(c->mode, "all") != 0) return 2;
-  if (!xb_cli_env_open(c, &b.env)) return 1;
-  print_intro(stdout, &b.env, b.n_policies);
-  b.cap_results = n_paths * b.n_policies;
-  b.results = calloc(b.cap_results ? b.cap_results : 1, sizeof *b.results);
-  bool ok = b.results != NULL;
+/* Chooses the policies, opens the driver and sizes the results for n
+   traces; an exit code on failure (printed), else -1. */
+static int batch_open(xb_batch *b, const xb_cli *c, size_t n) {
+  b->opts = (xb_replay_opts){.conf = c->conf, .max_points = c->points,
+                             .snapshot = c->svg != NULL};
+  b->tty = isatty(STDERR_FILENO);
+  b->n_policies = xb_cli_policies(c->mode, b->policies);
+  if (b->n_policies == 0 && strcmp(c->mode, "all") != 0) return 2;
+  if (!xb_cli_env_open(c, &b->env)) return 1;
+  print_intro(stdout, &b->env, b->n_policies);
+  b->cap_results = n * b->n_policies;
+  b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
+  if (b->results != NULL) return -1;
+  fprintf(stderr, "xseg-bench: out of host memory\n");
+  xb_env_close(&b->env);
+  return 1;
+}
+
+static bool batch_report(xb_batch *b, const xb_cli *c, uint64_t t0) {
+  if (b->n_results == 0) return true;
+  xb_report_table_header(stdout);
+  for (size_t i = 0; i < b->n_results; i++)
+    xb_report_table_row(stdout, &b->results[i]);
+  printf("%zu replays in %.1f s\n", b->n_results,
+         (double)(xb_now_ns() - t0) * 1e-9);
+  return xb_cli_outputs(c, b->results, b->n_results);
+}
+
+/* Runs n trace files, or the one trace `built`, in every policy, then
+   prints the table and writes the outputs. */
+static int batch_run(const xb_cli *c, char **paths, size_t n,
+                     const xb_trace *built) {
+  xb_batch b = {.n_results = 0};
+  int rc = batch_open(&b, c, n);
+  if (rc >= 0) return rc;
   size_t done = 0;
   uint64_t t0 = xb_now_ns();
-  for (size_t i = 0; ok && i < n_paths; i++)
-    ok = batch_file(&b, paths[i], &done, b.cap_results);
+  bool ok = true;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = built != NULL ? batch_trace(&b, built, &done, b.cap_results)
+                       : batch_file(&b, paths[i], &done, b.cap_results);
   progress(b.tty, 0, 0, NULL, NULL);
-  if (ok && b.n_results > 0) {
-    xb_report_table_header(stdout);
-    for (size_t i = 0; i < b.n_results; i++)
-      xb_report_table_row(stdout, &b.results[i]);
-    printf("%zu replays in %.1f s\n", b.n_results,
-           (double)(xb_now_ns() - t0) * 1e-9);
-    ok = xb_cli_outputs(c, b.results, b.n_results);
-  }
+  ok = ok && batch_report(&b, c, t0);
   batch_release(&b);
   xb_env_close(&b.env);
   return ok ? 0 : 1;
+}
+
+int xb_run_trace(const xb_cli *c, const xb_trace *t) {
+  return batch_run(c, NULL, 1, t);
 }
 
 static int name_cmp(const void *a, const void *b) {
@@ -165,7 +187,7 @@ static bool trace_files(const char *dir, char ***paths, size_t *n) {
 /* Parses shared options only; prints and returns false on anything else. */
 static bool parse_common(int argc, char **argv, xb_cli *c) {
   static const struct option opts[] = {XB_CLI_LONG_OPTIONS, {0, 0, 0, 0}};
-  optind = 1;
+  optind = 0;                       /* glibc: rescan from scratch */
   for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
     if (o == '?' || xb_cli_option(c, o, optarg) != 1) return false;
   }
@@ -186,7 +208,7 @@ int xb_cmd_default(int argc, char **argv) {
   if (dir == NULL || dir[0] == '\0') dir = XB_TRACE_DIR;
   size_t n = 0;
   char **paths = NULL;
-  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n) : 1;
+  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL) : 1;
   for (size_t i = 0; i < n; i++) free(paths[i]);
   free(paths);
   return rc;
@@ -202,5 +224,5 @@ int xb_cmd_replay(int argc, char **argv) {
     return 2;
   }
   char *paths[1] = {(char *)c.trace};
-  return batch_run(&c, paths, 1);
+  return batch_run(&c, paths, 1, NULL);
 }

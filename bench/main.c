@@ -2,6 +2,7 @@
  *
  *   xseg-bench [options]                  every bundled trace, every mode
  *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
+ *   xseg-bench varbatch [options]         synthetic inference server
  *
  * Options shared by all: --driver sim|cuda|PATH (default sim, the emulator),
  * --device-memory SIZE (the emulator's capacity), --conf STR (allocator
@@ -15,10 +16,12 @@
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: xseg-bench [replay] [options]\n"
+          "usage: xseg-bench [replay|varbatch] [options]\n"
           "  (no command)       replay every trace in the trace folder in "
           "every mode\n"
           "  replay --trace F   replay one RMM replay-log CSV (.csv or .csv.gz)\n"
+          "  varbatch           synthetic variable-batch inference server "
+          "(--help)\n"
           "common options:\n"
           "  --driver D         sim (default), cuda, or a libcuda path\n"
           "  --device-memory S  emulated device memory, e.g. 80G\n"
@@ -41,6 +44,8 @@ int main(int argc, char **argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const char *cmd = argv[1];
     if (strcmp(cmd, "replay") == 0) return xb_cmd_replay(argc - 1, argv + 1);
+    if (strcmp(cmd, "varbatch") == 0)
+      return xb_cmd_varbatch(argc - 1, argv + 1);
     fprintf(stderr, "xseg-bench: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
