@@ -208,6 +208,29 @@ xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
   return first;
 }
 
+xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
+                               size_t n, const uint64_t *handles) {
+  assert(n > 0 && chunk % v->granularity == 0);
+  size_t mapped = 0;
+  xseg_status st = XSEG_OK;
+  for (; mapped < n; mapped++) {
+    st = xs_vmm_map(v, addr + mapped * chunk, chunk, handles[mapped]);
+    if (st != XSEG_OK) break;
+  }
+  if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
+  /* As in xs_vmm_map_run, the rollback keeps the failing call's message. */
+  if (st != XSEG_OK && mapped > 0)
+    XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
+  return st;
+}
+
+xseg_status xs_vmm_stream_sync(xs_vmm *v, struct CUstream_st *stream) {
+  XS_CHECK(v, XS_DRV(v->drv, cuStreamSynchronize, stream),
+           "cuStreamSynchronize(stream %p) on device %d", (void *)stream,
+           v->device);
+  return XSEG_OK;
+}
+
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,
                             size_t *total_bytes) {
   XS_CHECK(v, XS_DRV(v->drv, cuMemGetInfo, free_bytes, total_bytes),

@@ -1,0 +1,241 @@
+/* alloc.c: the public entry points of the device allocator: create and
+ * destroy, malloc and free, and the per-stream pools they find.
+ *
+ * The cached path (a free block fits) makes no driver call and no heap
+ * allocation once warm: a best-fit lookup, a split from the block cache,
+ * one pointer-table insert, all under the allocator's one mutex.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/allocator.h"
+#include "vmm/error.h"
+
+/* Larger requests cannot be rounded to granules without overflow. */
+#define XS_MAX_REQUEST ((size_t)1 << 62)
+
+void xs_alloc_lock(xseg_allocator *a) {
+  pthread_mutex_lock(&a->lock);
+#ifndef NDEBUG
+  a->owner = pthread_self();
+  a->owned = true;
+#endif
+}
+
+void xs_alloc_unlock(xseg_allocator *a) {
+#ifndef NDEBUG
+  a->owned = false;
+#endif
+  pthread_mutex_unlock(&a->lock);
+}
+
+const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0)
+    snprintf(buf, size, "%zu bytes", bytes);
+  else
+    snprintf(buf, size, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
+                                       struct CUstream_st *stream,
+                                       xs_stream_pools **out) {
+  xs_stream_pools **link = &a->streams;
+  for (; *link != NULL; link = &(*link)->next)
+    if ((*link)->stream == stream) break;
+  xs_stream_pools *sp = *link;
+  if (sp != NULL) {
+    *link = sp->next;            /* most recently used goes first */
+  } else {
+    sp = calloc(1, sizeof *sp);
+    if (sp == NULL)
+      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                      "out of host memory for the pools of stream %p",
+                      (void *)stream);
+    sp->stream = stream;
+    for (int k = 0; k < 2; k++)
+      xs_pool_init(&sp->pool[k], (xs_pool_kind)k, stream, &a->vmm,
+                   &a->blocks, &a->stats);
+  }
+  sp->next = a->streams;
+  a->streams = sp;
+  *out = sp;
+  return XSEG_OK;
+}
+
+/* Rounds a granule setting up to the device's granularity. */
+static size_t alloc_granule(const xs_vmm *v, size_t want) {
+  size_t g = v->granularity;
+  if (want == 0) want = (size_t)2 << 20;
+  return (want + g - 1) / g * g;
+}
+
+/* PyTorch's reservation: 9/8 of the device's memory, or xseg_reserve_mb. */
+static void alloc_sizes(xseg_allocator *a) {
+  size_t want = a->cfg.reserve_size != 0 ? a->cfg.reserve_size
+                                         : a->vmm.total_memory / 8 * 9;
+  a->granule[XS_POOL_SMALL] = alloc_granule(&a->vmm, a->cfg.small_granule);
+  a->granule[XS_POOL_LARGE] = alloc_granule(&a->vmm, a->cfg.large_granule);
+  for (int k = 0; k < 2; k++) {
+    size_t g = a->granule[k];
+    a->reserve[k] = want < g ? g : (want + g - 1) / g * g;
+  }
+  a->cap = (size_t)(a->cfg.memory_fraction * (double)a->vmm.total_memory);
+}
+
+xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
+  if (out == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_create: out is NULL");
+  *out = NULL;
+  xseg_allocator *a = calloc(1, sizeof *a);
+  if (a == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  xseg_status st = xs_config_parse(conf, &a->cfg);
+  if (st == XSEG_OK) st = xs_vmm_open(&a->vmm, a->cfg.driver, device);
+  if (st != XSEG_OK) {
+    xs_vmm_close(&a->vmm);
+    free(a);
+    return st;
+  }
+  alloc_sizes(a);
+  /* uthash frees its table when the last item goes and allocates it again
+     on the next add; an anchor entry (address 0, never a block) keeps the
+     table, so a malloc/free pair with nothing else live allocates nothing. */
+  HASH_ADD(hh, a->live, addr, sizeof a->anchor.addr, &a->anchor);
+  if (a->anchor.hh.tbl == NULL) {
+    xs_vmm_close(&a->vmm);
+    free(a);
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  }
+  pthread_mutex_init(&a->lock, NULL);
+  *out = a;
+  return XSEG_OK;
+}
+
+/* Reports live blocks on stderr (a leak in the caller) before they go. */
+static void alloc_report_live(xseg_allocator *a) {
+  size_t n = HASH_COUNT(a->live) - 1;   /* less the anchor */
+  if (n == 0) return;
+  xs_block *some = a->live == &a->anchor ? a->live->hh.next : a->live;
+  int64_t bytes = xs_stats_current(&a->stats, XS_GAUGE_allocated_bytes);
+  fprintf(stderr,
+          "xseg_destroy: device %d still has %zu live blocks (%lld bytes), "
+          "e.g. %p of %zu bytes; releasing them\n",
+          a->vmm.device, n, (long long)bytes, (void *)(uintptr_t)some->addr,
+          some->requested);
+  xs_error(XSEG_ERR_INVALID_ARGUMENT,
+           "xseg_destroy: %zu live blocks (%lld bytes) on device %d", n,
+           (long long)bytes, a->vmm.device);
+}
+
+void xseg_destroy(xseg_allocator *a) {
+  if (a == NULL) return;
+  xs_alloc_lock(a);
+  alloc_report_live(a);
+  HASH_CLEAR(hh, a->live);
+  CUcontext saved;
+  bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
+  while (a->streams != NULL) {
+    xs_stream_pools *sp = a->streams;
+    for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
+    a->streams = sp->next;
+    free(sp);
+  }
+  if (entered) xs_vmm_ctx_leave(&a->vmm, saved);
+  xs_blocks_destroy(&a->blocks);
+  xs_vmm_close(&a->vmm);
+  xs_alloc_unlock(a);
+  pthread_mutex_destroy(&a->lock);
+  free(a);
+}
+
+static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
+  xs_pool_kind k = b->seg->pool->kind;
+  int64_t size = sign * (int64_t)b->size;
+  xs_stats_move(&a->stats, XS_GAUGE_allocation, k, sign);
+  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
+  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, size);
+  xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
+                sign * (int64_t)b->requested);
+}
+
+static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
+                                      size_t rounded,
+                                      struct CUstream_st *stream,
+                                      xs_block **out) {
+  xs_stream_pools *sp;
+  xseg_status st = xs_stream_pools_get_locked(a, stream, &sp);
+  if (st != XSEG_OK) return st;
+  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_block *b = xs_alloc_find_free(a, p, rounded);
+  if (b == NULL) st = xs_alloc_grow_locked(a, p, rounded, size, &b);
+  if (st != XSEG_OK) return st;
+  xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
+  b->requested = size;
+  b->stream = stream;
+  HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
+  if (b->hh.tbl == NULL) {
+    xs_pool_give(p, b);
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for the pointer table");
+  }
+  alloc_account(a, b, +1);
+  *out = b;
+  return XSEG_OK;
+}
+
+xseg_status xseg_malloc(xseg_allocator *a, size_t size,
+                        struct CUstream_st *stream, void **ptr) {
+  if (a == NULL || ptr == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
+                    size, a == NULL ? "allocator is NULL" : "ptr is NULL");
+  size_t rounded = xs_config_round_size(&a->cfg, size);
+  if (rounded == 0 || rounded > XS_MAX_REQUEST)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_malloc(%zu bytes): the size overflows when rounded "
+                    "to blocks and granules", size);
+  xs_alloc_lock(a);
+  xs_block *b = NULL;
+  xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
+  xs_alloc_unlock(a);
+  *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
+  return st;
+}
+
+/* The one way a block stops being live. Cross-stream frees will defer
+   here (until the streams that used it are past the free) instead of
+   giving the block back at once. */
+static void alloc_release_block_locked(xseg_allocator *a, xs_block *b) {
+  XS_ASSERT_LOCKED(a);
+  alloc_account(a, b, -1);
+  xs_pool_give(b->seg->pool, b);
+}
+
+xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator is "
+                    "NULL", ptr);
+  if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xs_alloc_lock(a);
+  xs_block *b;
+  HASH_FIND(hh, a->live, &addr, sizeof addr, b);
+  if (b == NULL || b == &a->anchor) {
+    xs_alloc_unlock(a);
+    return xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                    "xseg_free(%p): not a live block of the allocator of "
+                    "device %d (never allocated here, already freed, or not "
+                    "the start of a block)", ptr, a->vmm.device);
+  }
+  HASH_DELETE(hh, a->live, b);
+  alloc_release_block_locked(a, b);
+  xs_alloc_unlock(a);
+  return XSEG_OK;
+}

@@ -1,0 +1,175 @@
+/* check.c: xseg_check, the whole-allocator validator. It walks every pool,
+ * segment and block and verifies every invariant stated at the types
+ * (block.h, segment.h, freetree.h), that each tree holds exactly the
+ * blocks the walk finds in its state, that the pointer table holds exactly
+ * the allocated blocks, that no two reservations overlap and no physical
+ * handle is mapped twice, and that every stat equals the walk. It never
+ * aborts: the first broken rule becomes the message.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/allocator.h"
+#include "vmm/error.h"
+
+typedef struct check_ctx {
+  xs_segment_walk walk;
+  size_t segments, handles, cap;
+  uint64_t *handle;             /* every mapped handle, for duplicates */
+  uint64_t *range;              /* base, end of every reservation */
+  char msg[512];
+} check_ctx;
+
+#define CHECK_FAIL(c, ...)                                                   \
+  do {                                                                       \
+    snprintf((c)->msg, sizeof (c)->msg, __VA_ARGS__);                        \
+    return false;                                                            \
+  } while (0)
+
+static bool check_push(uint64_t **arr, size_t *n, size_t *cap, uint64_t v) {
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 256;
+    uint64_t *na = realloc(*arr, nc * sizeof *na);
+    if (na == NULL) return false;
+    *arr = na;
+    *cap = nc;
+  }
+  (*arr)[(*n)++] = v;
+  return true;
+}
+
+static bool check_tree_members(check_ctx *c, const xs_pool *p,
+                               const xs_freetree *t, bool mapped) {
+  xs_block *b = xs_freetree_largest((xs_freetree *)t);
+  for (; b != NULL; b = xs_freetree_smaller((xs_freetree *)t, b))
+    if (b->mapped != mapped || b->seg->pool != p)
+      CHECK_FAIL(c, "block 0x%llx is in the wrong tree",
+                 (unsigned long long)b->addr);
+  return true;
+}
+
+static bool check_segment(check_ctx *c, const xs_pool *p, const xs_segment *s,
+                          size_t *rcap) {
+  if (s->pool != p) CHECK_FAIL(c, "segment 0x%llx names another pool",
+                               (unsigned long long)s->base);
+  if (!xs_segment_is_valid(s, &c->walk, c->msg, sizeof c->msg)) return false;
+  size_t nr = c->segments * 2;
+  if (!check_push(&c->range, &nr, rcap, s->base) ||
+      !check_push(&c->range, &nr, rcap, s->base + s->size))
+    CHECK_FAIL(c, "out of host memory");
+  c->segments++;
+  for (size_t g = 0; g < s->n_granules; g++)
+    if (s->mapped[g] && !check_push(&c->handle, &c->handles, &c->cap,
+                                    s->handle[g]))
+      CHECK_FAIL(c, "out of host memory");
+  return true;
+}
+
+static bool check_pool(check_ctx *c, xs_pool *p, size_t *rcap) {
+  if (!xs_freetree_is_valid(&p->free, c->msg, sizeof c->msg) ||
+      !xs_freetree_is_valid(&p->unmapped, c->msg, sizeof c->msg) ||
+      !check_tree_members(c, p, &p->free, true) ||
+      !check_tree_members(c, p, &p->unmapped, false))
+    return false;
+  size_t free0 = c->walk.free_mapped, unm0 = c->walk.unmapped;
+  for (const xs_segment *s = p->segments; s != NULL; s = s->next)
+    if (!check_segment(c, p, s, rcap)) return false;
+  if (c->walk.free_mapped - free0 != p->free.count ||
+      c->walk.unmapped - unm0 != p->unmapped.count)
+    CHECK_FAIL(c, "pool of stream %p: trees hold %zu/%zu blocks, segments "
+               "%zu/%zu", (void *)p->stream, p->free.count,
+               p->unmapped.count, c->walk.free_mapped - free0,
+               c->walk.unmapped - unm0);
+  return true;
+}
+
+static int check_cmp_u64(const void *x, const void *y) {
+  uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* No reservation overlaps another; no handle is mapped twice. */
+static bool check_disjoint(check_ctx *c) {
+  /* range holds (base, end) pairs: sort the pairs by base. */
+  qsort(c->range, c->segments, 2 * sizeof *c->range, check_cmp_u64);
+  for (size_t i = 1; i < c->segments; i++)
+    if (c->range[2 * i - 1] > c->range[2 * i])
+      CHECK_FAIL(c, "reservations overlap at 0x%llx",
+                 (unsigned long long)c->range[2 * i]);
+  qsort(c->handle, c->handles, sizeof *c->handle, check_cmp_u64);
+  for (size_t i = 1; i < c->handles; i++)
+    if (c->handle[i] == c->handle[i - 1])
+      CHECK_FAIL(c, "handle 0x%llx is mapped at two places",
+                 (unsigned long long)c->handle[i]);
+  return true;
+}
+
+static bool check_table(check_ctx *c, xseg_allocator *a) {
+  size_t n = 0;
+  for (xs_block *b = a->live; b != NULL; b = b->hh.next) {
+    if (b == &a->anchor) continue;
+    if (!b->allocated) CHECK_FAIL(c, "free block 0x%llx is in the pointer "
+                                  "table", (unsigned long long)b->addr);
+    n++;
+  }
+  if (n != c->walk.allocated)
+    CHECK_FAIL(c, "pointer table holds %zu blocks, segments %zu allocated",
+               n, c->walk.allocated);
+  return true;
+}
+
+#define CHECK_STAT(c, a, name, want)                                         \
+  if (xs_stats_current(&(a)->stats, XS_GAUGE_##name) != (int64_t)(want))     \
+  CHECK_FAIL(c, "stat " #name " is %lld, the walk finds %lld",               \
+             (long long)xs_stats_current(&(a)->stats, XS_GAUGE_##name),      \
+             (long long)(want))
+
+static bool check_stats(check_ctx *c, xseg_allocator *a) {
+  const xs_segment_walk *w = &c->walk;
+  CHECK_STAT(c, a, allocation, w->allocated);
+  CHECK_STAT(c, a, active, w->allocated);
+  CHECK_STAT(c, a, allocated_bytes, w->allocated_bytes);
+  CHECK_STAT(c, a, active_bytes, w->allocated_bytes);
+  CHECK_STAT(c, a, requested_bytes, w->requested_bytes);
+  CHECK_STAT(c, a, inactive_split, w->split_free);
+  CHECK_STAT(c, a, inactive_split_bytes, w->split_free_bytes);
+  CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes);
+  CHECK_STAT(c, a, segment, c->segments);
+  for (int g = 0; g < XS_GAUGE_COUNT; g++) {
+    const xseg_stat *s = a->stats.gauge[g];
+    if (s[0].current != s[1].current + s[2].current ||
+        s[0].current != s[0].allocated - s[0].freed || s[0].peak < s[0].current)
+      CHECK_FAIL(c, "gauge %d: all != small + large, or peak/allocated/"
+                 "freed disagree with current", g);
+  }
+  return true;
+}
+
+static bool check_all(check_ctx *c, xseg_allocator *a) {
+  size_t rcap = 0;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2; k++)
+      if (!check_pool(c, &sp->pool[k], &rcap)) return false;
+  return check_disjoint(c) && check_table(c, a) && check_stats(c, a);
+}
+
+xseg_status xseg_check(xseg_allocator *a) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
+                    "NULL");
+  check_ctx *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_check: out of host memory");
+  xs_alloc_lock(a);
+  bool ok = check_all(c, a);
+  xs_alloc_unlock(a);
+  xseg_status st = ok ? XSEG_OK
+                      : xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                                 "xseg_check: device %d: %s", a->vmm.device,
+                                 c->msg);
+  free(c->handle);
+  free(c->range);
+  free(c);
+  return st;
+}

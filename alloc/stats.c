@@ -1,0 +1,86 @@
+/* stats.c: xseg_get_stats, xseg_reset_peak_stats and xseg_stats_json, all
+ * generated from the X-macro lists of segments/stats.h, so that a stat
+ * added there appears everywhere under PyTorch's name.
+ */
+#include <string.h>
+
+#include "alloc/allocator.h"
+#include "vmm/error.h"
+
+xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
+  if (a == NULL || out == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_get_stats: %s is NULL",
+                    a == NULL ? "allocator" : "out");
+  memset(out, 0, sizeof *out);
+  xs_alloc_lock(a);
+#define XS_STATS_GAUGE_(name) out->name = a->stats.gauge[XS_GAUGE_##name][0];
+  XS_STAT_GAUGES(XS_STATS_GAUGE_)
+#undef XS_STATS_GAUGE_
+#define XS_STATS_COUNTER_(name) out->name = a->stats.counter[XS_COUNTER_##name];
+  XS_STAT_COUNTERS(XS_STATS_COUNTER_)
+#undef XS_STATS_COUNTER_
+  out->mapped_bytes = out->reserved_bytes.current;
+  out->pending_free_bytes = 0;   /* no deferred frees yet */
+  xs_alloc_unlock(a);
+  return XSEG_OK;
+}
+
+xseg_status xseg_reset_peak_stats(xseg_allocator *a) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_reset_peak_stats: allocator is NULL");
+  xs_alloc_lock(a);
+  for (int g = 0; g < XS_GAUGE_COUNT; g++)
+    for (int s = 0; s < XS_STAT_SCOPES; s++)
+      a->stats.gauge[g][s].peak = a->stats.gauge[g][s].current;
+  xs_alloc_unlock(a);
+  return XSEG_OK;
+}
+
+static const char *const stats_gauge_names[XS_GAUGE_COUNT] = {
+#define XS_STATS_NAME_(name) #name,
+    XS_STAT_GAUGES(XS_STATS_NAME_)
+#undef XS_STATS_NAME_
+};
+static const char *const stats_counter_names[XS_COUNTER_COUNT] = {
+#define XS_STATS_NAME_(name) #name,
+    XS_STAT_COUNTERS(XS_STATS_NAME_)
+#undef XS_STATS_NAME_
+};
+/* PyTorch's StatType names, in xs_stats scope order. */
+static const char *const stats_scope_names[XS_STAT_SCOPES] = {
+    "all", "small_pool", "large_pool"};
+
+static void stats_json_gauge(FILE *out, const xs_stats *s, int g) {
+  for (int sc = 0; sc < XS_STAT_SCOPES; sc++) {
+    const xseg_stat *v = &s->gauge[g][sc];
+    const char *n = stats_gauge_names[g], *scope = stats_scope_names[sc];
+    fprintf(out,
+            "  \"%s.%s.current\": %lld,\n  \"%s.%s.peak\": %lld,\n"
+            "  \"%s.%s.allocated\": %lld,\n  \"%s.%s.freed\": %lld,\n",
+            n, scope, (long long)v->current, n, scope, (long long)v->peak, n,
+            scope, (long long)v->allocated, n, scope, (long long)v->freed);
+  }
+}
+
+xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
+  if (a == NULL || out == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_stats_json: %s is NULL",
+                    a == NULL ? "allocator" : "out");
+  xs_alloc_lock(a);
+  xs_stats s = a->stats;
+  size_t max_split = a->cfg.max_split_size;
+  xs_alloc_unlock(a);
+  fputs("{\n", out);
+  for (int g = 0; g < XS_GAUGE_COUNT; g++) stats_json_gauge(out, &s, g);
+  for (int c = 0; c < XS_COUNTER_COUNT; c++)
+    fprintf(out, "  \"%s\": %lld,\n", stats_counter_names[c],
+            (long long)s.counter[c]);
+  /* PyTorch casts SIZE_MAX (unset) to int64: -1. */
+  fprintf(out, "  \"max_split_size\": %lld\n}\n",
+          max_split == SIZE_MAX ? -1LL : (long long)max_split);
+  if (ferror(out))
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_stats_json: writing the stats failed");
+  return XSEG_OK;
+}

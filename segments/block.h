@@ -1,0 +1,80 @@
+/* block.h: a block, the unit the allocator hands out, and its invariants.
+ *
+ * Blocks tile the whole reserved range of their segment, in address order:
+ *   - first->addr == seg->base; b->next->addr == b->addr + b->size; the last
+ *     block ends at seg->base + seg->size.
+ *   - A block is either mapped (every granule it touches is mapped) or
+ *     unmapped (it starts and ends on granule boundaries and none of its
+ *     granules is mapped). Unmapped blocks are always free.
+ *   - No two adjacent free blocks have the same mapped state: free blocks are
+ *     merged at once, and mapped never merges with unmapped.
+ *   - A free mapped block is in its pool's free tree, a (free) unmapped block
+ *     in its pool's unmapped tree; an allocated block is in neither, and is
+ *     in the allocator's pointer table instead.
+ * All of this is host-side metadata: nothing is ever stored in device memory.
+ */
+#ifndef XS_SEGMENTS_BLOCK_H
+#define XS_SEGMENTS_BLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <bsd/sys/tree.h>
+
+/* The pointer table (uthash) is keyed by block address: a multiplicative
+   hash of the address over 512 (blocks are 512-aligned) spreads the low
+   bits, which pick the bucket; a library never exits on OOM. */
+#define HASH_NONFATAL_OOM 1
+#define HASH_FUNCTION(keyptr, keylen, hashv)                                 \
+  do {                                                                       \
+    (void)(keylen);                                                          \
+    uint64_t k_;                                                             \
+    memcpy(&k_, (keyptr), sizeof k_);                                        \
+    (hashv) = (unsigned)(((k_ >> 9) * 0x9E3779B97F4A7C15ull) >> 32);         \
+  } while (0)
+#include <string.h>
+#include <uthash.h>
+
+struct CUstream_st;
+struct xs_segment;
+
+typedef struct xs_block xs_block;
+struct xs_block {
+  uint64_t addr;
+  size_t size;                 /* bytes, a multiple of 512 */
+  size_t requested;            /* bytes the caller asked for; 0 when free */
+  struct CUstream_st *stream;  /* the stream it was allocated on (the seam
+                                  for cross-stream frees) */
+  struct xs_segment *seg;
+  xs_block *prev, *next;       /* address neighbours; NULL at the ends */
+  RB_ENTRY(xs_block) link;     /* free or unmapped tree, while free */
+  UT_hash_handle hh;           /* pointer table, while allocated */
+  bool allocated;
+  bool mapped;
+};
+
+/* True when b is a piece of a larger range (PyTorch's Block::is_split). */
+static inline bool xs_block_is_split(const xs_block *b) {
+  return b->prev != NULL || b->next != NULL;
+}
+
+static inline uint64_t xs_block_end(const xs_block *b) {
+  return b->addr + b->size;
+}
+
+/* A cache of block structs, so that the cached path allocates no host
+   memory once warm: blocks are carved from slabs and recycled through a
+   free list; slabs are freed only with the cache. */
+typedef struct xs_blocks {
+  xs_block *free_list;          /* chained through ->next */
+  void *slabs;                  /* chained through their first word */
+  size_t live;                  /* blocks handed out and not put back */
+} xs_blocks;
+
+/* A zeroed block, or NULL when host memory is exhausted. */
+xs_block *xs_blocks_get(xs_blocks *c);
+void      xs_blocks_put(xs_blocks *c, xs_block *b);
+void      xs_blocks_destroy(xs_blocks *c);
+
+#endif /* XS_SEGMENTS_BLOCK_H */

@@ -1,0 +1,37 @@
+/* freetree.h: the best-fit index of free blocks.
+ *
+ * A red-black tree (BSD sys/tree.h) ordered by (size, address): the lower
+ * bound of (size, 0) is the smallest block that fits, the lowest address
+ * among equals, found in O(log n). Insert and remove are O(log n).
+ */
+#ifndef XS_SEGMENTS_FREETREE_H
+#define XS_SEGMENTS_FREETREE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "segments/block.h"
+
+RB_HEAD(xs_freetree_rb, xs_block);
+
+typedef struct xs_freetree {
+  struct xs_freetree_rb root;
+  size_t count;                 /* blocks in the tree */
+  size_t bytes;                 /* sum of their sizes */
+} xs_freetree;
+
+void xs_freetree_init(xs_freetree *t);
+/* b must not be in any tree; its size and address must not change while it
+   is in this one. */
+void xs_freetree_insert(xs_freetree *t, xs_block *b);
+void xs_freetree_remove(xs_freetree *t, xs_block *b);
+/* The smallest block of at least `size` bytes (lowest address among equal
+   sizes), or NULL. */
+xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size);
+/* Largest first, then each next smaller (for reclaiming whole granules). */
+xs_block *xs_freetree_largest(xs_freetree *t);
+xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b);
+/* Order, count and bytes agree with a walk; `msg` gets the first problem. */
+bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
+
+#endif /* XS_SEGMENTS_FREETREE_H */

@@ -1,0 +1,200 @@
+/* pool.c: one (stream, size class) pool: the cached path (take a fitting
+ * free block, give it back and merge), segments coming and going, and where
+ * and how growth maps new granules.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "segments/pool.h"
+#include "vmm/error.h"
+
+void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
+                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats) {
+  memset(p, 0, sizeof *p);
+  xs_freetree_init(&p->free);
+  xs_freetree_init(&p->unmapped);
+  p->kind = kind;
+  p->stream = stream;
+  p->vmm = vmm;
+  p->blocks = blocks;
+  p->stats = stats;
+}
+
+/* inactive_split counts a free mapped block while it is indexed: a block's
+   is_split can only change while it is out of the tree (a neighbour merged
+   into it, or it was split), so index and unindex see the same value. */
+static void pool_split_stat(xs_pool *p, const xs_block *b, int sign) {
+  if (!b->mapped || !xs_block_is_split(b)) return;
+  xs_stats_move(p->stats, XS_GAUGE_inactive_split, p->kind, sign);
+  xs_stats_move(p->stats, XS_GAUGE_inactive_split_bytes, p->kind,
+                sign * (int64_t)b->size);
+}
+
+void xs_pool_index(xs_pool *p, xs_block *b) {
+  xs_freetree_insert(b->mapped ? &p->free : &p->unmapped, b);
+  pool_split_stat(p, b, +1);
+}
+
+void xs_pool_unindex(xs_pool *p, xs_block *b) {
+  xs_freetree_remove(b->mapped ? &p->free : &p->unmapped, b);
+  pool_split_stat(p, b, -1);
+}
+
+void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split) {
+  assert(!b->allocated && b->mapped && b->size >= size);
+  xs_pool_unindex(p, b);
+  if (split && b->size > size) {
+    /* Out of host memory for the struct: hand out the whole block rather
+       than fail; the slack is merged back at free. */
+    xs_block *spare = xs_blocks_get(p->blocks);
+    if (spare != NULL) xs_pool_index(p, xs_segment_split(b->seg, b, size, spare));
+  }
+  b->allocated = true;
+}
+
+static bool pool_mergeable(const xs_block *a, const xs_block *b) {
+  return a != NULL && b != NULL && !a->allocated && !b->allocated &&
+         a->mapped == b->mapped;
+}
+
+xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b) {
+  if (pool_mergeable(b->prev, b)) {
+    xs_block *prev = b->prev;
+    xs_pool_unindex(p, prev);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
+    b = prev;
+  }
+  if (pool_mergeable(b, b->next)) {
+    xs_pool_unindex(p, b->next);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  }
+  xs_pool_index(p, b);
+  return b;
+}
+
+xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
+  assert(b->allocated && b->mapped && "only live blocks are freed");
+  b->allocated = false;
+  b->requested = 0;
+  return xs_pool_coalesce(p, b);
+}
+
+static xs_segment *pool_segment_new(size_t size, size_t granule) {
+  xs_segment *s = calloc(1, sizeof *s);
+  if (s == NULL) return NULL;
+  s->size = size;
+  s->granule = granule;
+  s->n_granules = size / granule;
+  s->handle = calloc(s->n_granules, sizeof *s->handle);
+  s->mapped = calloc(s->n_granules, 1);
+  if (s->handle == NULL || s->mapped == NULL) {
+    free(s->handle);
+    free(s->mapped);
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+static void pool_segment_free(xs_segment *s) {
+  free(s->handle);
+  free(s->mapped);
+  free(s);
+}
+
+xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
+                                xs_segment **out) {
+  assert(size % granule == 0 && granule % p->vmm->granularity == 0);
+  xs_segment *s = pool_segment_new(size, granule);
+  xs_block *b = xs_blocks_get(p->blocks);
+  if (s == NULL || b == NULL) {
+    if (s != NULL) pool_segment_free(s);
+    if (b != NULL) xs_blocks_put(p->blocks, b);
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for a segment of %zu bytes", size);
+  }
+  xseg_status st = xs_vmm_reserve(p->vmm, size, &s->base);
+  if (st != XSEG_OK) {
+    pool_segment_free(s);
+    xs_blocks_put(p->blocks, b);
+    return st;
+  }
+  b->addr = s->base;
+  b->size = size;
+  b->seg = s;
+  b->stream = p->stream;
+  s->first = s->last = b;
+  s->pool = p;
+  s->next = p->segments;
+  p->segments = s;
+  xs_pool_index(p, b);
+  xs_stats_move(p->stats, XS_GAUGE_segment, p->kind, +1);
+  *out = s;
+  return XSEG_OK;
+}
+
+xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s) {
+  assert(s->first == s->last && !s->first->mapped && s->mapped_granules == 0);
+  xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);
+  if (st != XSEG_OK) return st;   /* keep it: it is still reserved */
+  xs_pool_unindex(p, s->first);
+  xs_blocks_put(p->blocks, s->first);
+  xs_segment **link = &p->segments;
+  while (*link != s) link = &(*link)->next;
+  *link = s->next;
+  pool_segment_free(s);
+  xs_stats_move(p->stats, XS_GAUGE_segment, p->kind, -1);
+  return XSEG_OK;
+}
+
+/* The placement in unmapped block u for `size` bytes, if it has room. */
+static bool pool_place_in(xs_block *u, size_t size, xs_place *out) {
+  size_t g = u->seg->granule;
+  xs_block *keep = u->prev;
+  if (keep != NULL && (keep->allocated || keep->size >= size)) keep = NULL;
+  size_t missing = size - (keep != NULL ? keep->size : 0);
+  size_t n = (missing + g - 1) / g;
+  if (n * g > u->size) return false;
+  *out = (xs_place){.seg = u->seg, .hole = u, .keep = keep, .n = n};
+  return true;
+}
+
+bool xs_pool_place(xs_pool *p, size_t size, xs_place *out) {
+  xs_place hole, tail;
+  bool have_hole = false, have_tail = false;
+  xs_block *u = xs_freetree_best_fit(&p->unmapped, size);
+  if (u != NULL) have_hole = pool_place_in(u, size, &hole);
+  /* The end of the newest segment: a free block touching the mapped end
+     means only the missing granules are mapped. */
+  xs_segment *s = p->segments;
+  if (s != NULL && !s->last->mapped)
+    have_tail = pool_place_in(s->last, size, &tail);
+  if (have_tail && (!have_hole || tail.n < hole.n)) hole = tail, have_hole = true;
+  if (have_hole) *out = hole;
+  return have_hole;
+}
+
+xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
+                        const uint64_t *handles, xs_block **out) {
+  xs_block *u = pl->hole;
+  size_t len = pl->n * pl->seg->granule;
+  assert(!u->mapped && u->size >= len && pl->n > 0);
+  /* Get the struct first: after the driver calls nothing may fail. */
+  xs_block *spare = len < u->size ? xs_blocks_get(p->blocks) : NULL;
+  if (len < u->size && spare == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for a block");
+  xseg_status st =
+      xs_vmm_map_handles(p->vmm, u->addr, pl->seg->granule, pl->n, handles);
+  if (st != XSEG_OK) {
+    if (spare != NULL) xs_blocks_put(p->blocks, spare);
+    return st;
+  }
+  xs_pool_unindex(p, u);
+  if (spare != NULL) xs_pool_index(p, xs_segment_split(pl->seg, u, len, spare));
+  u->mapped = true;
+  xs_segment_record_map(pl->seg, u->addr, pl->n, handles);
+  xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind, (int64_t)len);
+  *out = xs_pool_coalesce(p, u);
+  return XSEG_OK;
+}

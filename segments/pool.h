@@ -1,0 +1,88 @@
+/* pool.h: the blocks of one (stream, size class): PyTorch's BlockPool.
+ *
+ * A pool owns its segments and two best-fit trees: free mapped blocks (the
+ * cached path: a fit costs no driver call) and unmapped blocks (holes left
+ * by page-granular release, and each segment's unmapped tail, where growth
+ * maps new granules). All functions expect the allocator's mutex held; those
+ * that call the driver expect the device's context current.
+ */
+#ifndef XS_SEGMENTS_POOL_H
+#define XS_SEGMENTS_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "segments/block.h"
+#include "segments/freetree.h"
+#include "segments/segment.h"
+#include "segments/stats.h"
+#include "vmm/vmm.h"
+
+typedef struct xs_pool {
+  xs_freetree free;             /* free mapped blocks */
+  xs_freetree unmapped;         /* unmapped blocks (all free) */
+  xs_segment *segments;         /* newest first */
+  xs_pool_kind kind;
+  struct CUstream_st *stream;
+  xs_vmm *vmm;
+  xs_blocks *blocks;            /* the allocator's block struct cache */
+  xs_stats *stats;              /* the allocator's stats */
+} xs_pool;
+
+void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
+                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats);
+
+/* Puts a free block in the tree of its mapped state / takes it out,
+   keeping the inactive_split stats. */
+void xs_pool_index(xs_pool *p, xs_block *b);
+void xs_pool_unindex(xs_pool *p, xs_block *b);
+
+/* Allocates `size` bytes from the front of free mapped block b, splitting
+   off the rest when `split` (the rest goes back to the free tree). */
+void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split);
+/* Frees an allocated block: merges it with free neighbours of the same
+   mapped state and indexes the result, which is returned. */
+xs_block *xs_pool_give(xs_pool *p, xs_block *b);
+/* Indexes b after merging it with free neighbours of its mapped state. */
+xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
+
+/* Reserves a new range of `size` bytes mapped in `granule` units. */
+xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
+                                xs_segment **out);
+/* Gives back the reservation of a segment that is one unmapped block. */
+xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s);
+
+/* Where growth maps: n granules at the start of unmapped block `hole`,
+   after which the new space merges with `keep` (the free mapped block just
+   below the hole, or NULL) into a block of at least the size asked for. */
+typedef struct xs_place {
+  xs_segment *seg;
+  xs_block *hole;
+  xs_block *keep;
+  size_t n;
+} xs_place;
+/* The placement that maps the fewest granules: the best-fitting hole, or
+   the end of the newest segment's mapped part. False when no reservation
+   has room. */
+bool xs_pool_place(xs_pool *p, size_t size, xs_place *out);
+/* Maps handles[0..pl->n) at the placement (one cuMemMap each, one
+   cuMemSetAccess) and returns the resulting free mapped block, indexed.
+   On failure nothing changed and the handles are still the caller's. */
+xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
+                        const uint64_t *handles, xs_block **out);
+
+/* Unmaps whole free granules (release.c). Handles either come out through
+   handles_out (reuse: at most `want`) or, when handles_out is NULL, are
+   released to the driver. Each returns the granule count. */
+size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
+                       const xs_block *keep, uint64_t *handles_out,
+                       xseg_status *st);
+/* Releases whole free granules, largest free blocks first, until at least
+   `goal` bytes are released (SIZE_MAX: all), then gives back every segment
+   left without a mapped granule. */
+xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released);
+/* Unmaps and releases everything, live blocks included, and gives back
+   every reservation (xseg_destroy). */
+xseg_status xs_pool_destroy(xs_pool *p);
+
+#endif /* XS_SEGMENTS_POOL_H */

@@ -1,0 +1,240 @@
+/* release.c: page-granular release — unmapping the whole granules that lie
+ * inside free blocks, either to hand their physical handles to growth
+ * elsewhere (xs_pool_harvest: reuse instead of release and re-create) or to
+ * give them back to the driver (xs_pool_release: empty_cache, the OOM path).
+ *
+ * A free mapped block rarely starts or ends on a granule boundary. Only the
+ * granules wholly inside it can go; the partial granules at its ends stay
+ * mapped, because live neighbours share them:
+ *
+ *     granules:  |   g0   |   g1   |   g2   |   g3   |   g4   |
+ *     blocks:    [live][ free block b .......................][live]
+ *                      ^ b->addr                              ^ end(b)
+ *     after:     [live][hd][       mid: unmapped    ][  tl   ][live]
+ *                          ^ align_up(b->addr)      ^ align_down(end(b))
+ *
+ *   hd (mapped, free): b->addr .. align_up(b->addr), inside g0
+ *   mid (unmapped):    the whole granules g1..g3 (at most `want` of them,
+ *                      from the low end, when harvesting fewer)
+ *   tl (mapped, free): the rest up to end(b), inside g4 — or more whole
+ *                      granules when fewer were wanted
+ *
+ * hd and tl go back to the free tree; mid merges with unmapped neighbours
+ * (never with hd or tl: mapped never merges with unmapped) and goes to the
+ * unmapped tree, where growth can map it again. Unmapping does not wait for
+ * work in flight, so the pool's stream is synchronized first (PyTorch's
+ * expandable segments do the same); cross-stream deferral hooks in above.
+ */
+#include <assert.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "segments/pool.h"
+#include "vmm/error.h"
+
+/* The whole granules inside b: [*lo, *lo + *n * granule). */
+static void release_span(const xs_block *b, uint64_t *lo, size_t *n) {
+  const xs_segment *s = b->seg;
+  uint64_t first = s->base + (b->addr - s->base + s->granule - 1) /
+                                 s->granule * s->granule;
+  uint64_t last = s->base + (xs_block_end(b) - s->base) / s->granule *
+                                s->granule;
+  *lo = first;
+  *n = last > first ? (size_t)((last - first) / s->granule) : 0;
+}
+
+/* Stream work may still use the granules: wait for it once per pass. */
+static xseg_status release_sync(xs_pool *p, bool *synced) {
+  if (*synced) return XSEG_OK;
+  *synced = true;
+  return xs_vmm_stream_sync(p->vmm, p->stream);
+}
+
+/* Driver side of cutting [lo, lo + n granules): one unmap, then, unless the
+   handles are kept for reuse, one release per handle. A failed unmap
+   changed nothing and is returned; a failed release after a good unmap
+   still leaves the range unmapped, so it only lands in *late. */
+static xseg_status release_driver(xs_pool *p, xs_segment *s, uint64_t lo,
+                                  size_t n, bool keep_handles,
+                                  xseg_status *late) {
+  xseg_status st = xs_vmm_unmap(p->vmm, lo, n * s->granule);
+  if (st != XSEG_OK || keep_handles) return st;
+  size_t g = xs_segment_granule_of(s, lo);
+  for (size_t i = 0; i < n; i++) {
+    st = xs_vmm_handle_release(p->vmm, s->handle[g + i]);
+    if (st != XSEG_OK && *late == XSEG_OK) *late = st;
+  }
+  p->stats->counter[XS_COUNTER_num_device_free] += (int64_t)n;
+  return XSEG_OK;
+}
+
+/* Cuts the granules [lo, lo + n*granule) out of free mapped block b
+   (picture above) after the driver has unmapped them. */
+static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
+                        xs_block *spare[2], uint64_t *handles_out) {
+  xs_segment *s = b->seg;
+  uint64_t hi = lo + n * s->granule;
+  xs_pool_unindex(p, b);
+  xs_block *mid = b;
+  if (lo > b->addr) {
+    mid = xs_segment_split(s, b, (size_t)(lo - b->addr), spare[0]);
+    spare[0] = NULL;
+    xs_pool_index(p, b);
+  }
+  if (hi < xs_block_end(mid)) {
+    xs_pool_index(p, xs_segment_split(s, mid, (size_t)(hi - mid->addr),
+                                      spare[1]));
+    spare[1] = NULL;
+  }
+  mid->mapped = false;
+  xs_segment_record_unmap(s, lo, n, handles_out);
+  xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind,
+                -(int64_t)(n * s->granule));
+  xs_pool_coalesce(p, mid);
+}
+
+static void release_put_spares(xs_pool *p, xs_block *spare[2]) {
+  for (int i = 0; i < 2; i++)
+    if (spare[i] != NULL) xs_blocks_put(p->blocks, spare[i]);
+}
+
+/* Unmaps up to `want` whole granules of free mapped block b; returns how
+   many. Failures leave b as it was and land in *st. */
+static size_t release_block(xs_pool *p, xs_block *b, size_t want,
+                            uint64_t *handles_out, xseg_status *st) {
+  uint64_t lo;
+  size_t n;
+  release_span(b, &lo, &n);
+  if (n > want) n = want;
+  if (n == 0) return 0;
+  uint64_t hi = lo + n * b->seg->granule;
+  xs_block *spare[2] = {NULL, NULL};
+  if (lo > b->addr) spare[0] = xs_blocks_get(p->blocks);
+  if (hi < xs_block_end(b)) spare[1] = xs_blocks_get(p->blocks);
+  if ((lo > b->addr && spare[0] == NULL) ||
+      (hi < xs_block_end(b) && spare[1] == NULL)) {
+    release_put_spares(p, spare);
+    *st = xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for a block");
+    return 0;
+  }
+  xseg_status late = XSEG_OK;
+  xseg_status ds =
+      release_driver(p, b->seg, lo, n, handles_out != NULL, &late);
+  if (ds != XSEG_OK) {
+    release_put_spares(p, spare);
+    *st = ds;
+    return 0;
+  }
+  release_cut(p, b, lo, n, spare, handles_out);
+  release_put_spares(p, spare);
+  if (late != XSEG_OK) *st = late;
+  return n;
+}
+
+/* Whether b has a whole granule to give. */
+static bool release_worthwhile(const xs_block *b) {
+  uint64_t lo;
+  size_t n;
+  release_span(b, &lo, &n);
+  return n > 0;
+}
+
+size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
+                       const xs_block *keep, uint64_t *handles_out,
+                       xseg_status *st) {
+  size_t got = 0;
+  bool synced = false;
+  *st = XSEG_OK;
+  xs_block *b = xs_freetree_largest(&p->free);
+  while (b != NULL && got < want && b->size >= granule) {
+    /* Cutting b only touches b and unmapped neighbours, so the next
+       smaller block stays valid. */
+    xs_block *next = xs_freetree_smaller(&p->free, b);
+    if (b != keep && b->seg->granule == granule && release_worthwhile(b)) {
+      *st = release_sync(p, &synced);
+      if (*st != XSEG_OK) break;
+      got += release_block(p, b, want - got, handles_out + got, st);
+      if (*st != XSEG_OK) break;
+    }
+    b = next;
+  }
+  return got;
+}
+
+static xseg_status release_empty_segments(xs_pool *p) {
+  xseg_status first = XSEG_OK;
+  xs_segment *s = p->segments;
+  while (s != NULL) {
+    xs_segment *next = s->next;
+    if (s->mapped_granules == 0) {
+      xseg_status st = xs_pool_drop_segment(p, s);
+      if (first == XSEG_OK) first = st;
+    }
+    s = next;
+  }
+  return first;
+}
+
+xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
+  size_t bytes = 0;
+  bool synced = false;
+  xseg_status first = XSEG_OK;
+  xs_block *b = xs_freetree_largest(&p->free);
+  while (b != NULL && bytes < goal && b->size >= p->vmm->granularity) {
+    xs_block *next = xs_freetree_smaller(&p->free, b);
+    if (release_worthwhile(b)) {
+      xseg_status st = release_sync(p, &synced);
+      if (st != XSEG_OK) {
+        first = st;
+        break;
+      }
+      size_t g = b->seg->granule;
+      bytes += release_block(p, b, SIZE_MAX, NULL, &st) * g;
+      if (first == XSEG_OK) first = st;
+    }
+    b = next;
+  }
+  xseg_status st = release_empty_segments(p);
+  if (first == XSEG_OK) first = st;
+  if (released != NULL) *released = bytes;
+  return first;
+}
+
+/* Unmaps every mapped run of s with one call each and releases its
+   handles; live blocks go too. Returns the first failure. */
+static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
+  xseg_status first = XSEG_OK;
+  size_t g = 0;
+  while (g < s->n_granules) {
+    if (!s->mapped[g]) { g++; continue; }
+    size_t run = 1;
+    while (g + run < s->n_granules && s->mapped[g + run]) run++;
+    xseg_status st = xs_vmm_unmap_run(p->vmm, s->base + g * s->granule,
+                                      s->granule, run, &s->handle[g]);
+    if (first == XSEG_OK) first = st;
+    p->stats->counter[XS_COUNTER_num_device_free] += (int64_t)run;
+    g += run;
+  }
+  xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);
+  return first != XSEG_OK ? first : st;
+}
+
+xseg_status xs_pool_destroy(xs_pool *p) {
+  xseg_status first = XSEG_OK;
+  while (p->segments != NULL) {
+    xs_segment *s = p->segments;
+    xseg_status st = release_segment_all(p, s);
+    if (first == XSEG_OK) first = st;
+    for (xs_block *b = s->first, *next; b != NULL; b = next) {
+      next = b->next;
+      xs_blocks_put(p->blocks, b);
+    }
+    p->segments = s->next;
+    free(s->handle);
+    free(s->mapped);
+    free(s);
+  }
+  xs_freetree_init(&p->free);
+  xs_freetree_init(&p->unmapped);
+  return first;
+}

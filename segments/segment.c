@@ -1,0 +1,156 @@
+/* segment.c: the blocks and the page map of one reserved range (see
+ * segment.h): splitting and merging blocks, recording what is mapped, and
+ * the validator that checks the tiling against the page map.
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "segments/segment.h"
+
+xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
+                           xs_block *spare) {
+  assert(offset > 0 && offset < b->size && "a split leaves two pieces");
+  assert(!b->mapped || b->allocated || offset % 512 == 0);
+  spare->addr = b->addr + offset;
+  spare->size = b->size - offset;
+  spare->seg = s;
+  spare->stream = b->stream;
+  spare->mapped = b->mapped;
+  spare->allocated = false;
+  spare->requested = 0;
+  spare->prev = b;
+  spare->next = b->next;
+  if (b->next != NULL)
+    b->next->prev = spare;
+  else
+    s->last = spare;
+  b->next = spare;
+  b->size = offset;
+  return spare;
+}
+
+xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b) {
+  xs_block *n = b->next;
+  assert(n != NULL && !n->allocated && !b->allocated);
+  assert(n->mapped == b->mapped && "mapped never merges with unmapped");
+  b->size += n->size;
+  b->next = n->next;
+  if (n->next != NULL)
+    n->next->prev = b;
+  else
+    s->last = b;
+  return n;
+}
+
+void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
+                           const uint64_t *handles) {
+  size_t g = xs_segment_granule_of(s, addr);
+  assert(addr % s->granule == s->base % s->granule && g + n <= s->n_granules);
+  for (size_t i = 0; i < n; i++) {
+    assert(!s->mapped[g + i] && "mapping over a mapping");
+    s->mapped[g + i] = 1;
+    s->handle[g + i] = handles[i];
+  }
+  s->mapped_granules += n;
+}
+
+void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
+                             uint64_t *handles_out) {
+  size_t g = xs_segment_granule_of(s, addr);
+  assert(g + n <= s->n_granules && s->mapped_granules >= n);
+  for (size_t i = 0; i < n; i++) {
+    assert(s->mapped[g + i] && "unmapping what is not mapped");
+    s->mapped[g + i] = 0;
+    if (handles_out != NULL) handles_out[i] = s->handle[g + i];
+    s->handle[g + i] = 0;
+  }
+  s->mapped_granules -= n;
+}
+
+#define SEG_FAIL(...)                                                        \
+  do {                                                                       \
+    snprintf(msg, msg_size, __VA_ARGS__);                                    \
+    return false;                                                            \
+  } while (0)
+
+/* The page map agrees with b's mapped state over the granules it touches. */
+static bool segment_block_pages_valid(const xs_segment *s, const xs_block *b,
+                                      char *msg, size_t msg_size) {
+  size_t g0 = xs_segment_granule_of(s, b->addr);
+  size_t g1 = xs_segment_granule_of(s, xs_block_end(b) - 1);
+  if (!b->mapped && ((b->addr - s->base) % s->granule != 0 ||
+                     b->size % s->granule != 0))
+    SEG_FAIL("unmapped block 0x%llx+%zu is not granule-aligned",
+             (unsigned long long)b->addr, b->size);
+  for (size_t g = g0; g <= g1; g++)
+    if (s->mapped[g] != b->mapped)
+      SEG_FAIL("block 0x%llx+%zu is %s but granule %zu is %s",
+               (unsigned long long)b->addr, b->size,
+               b->mapped ? "mapped" : "unmapped", g,
+               s->mapped[g] ? "mapped" : "unmapped");
+  return true;
+}
+
+static bool segment_block_valid(const xs_segment *s, const xs_block *b,
+                                char *msg, size_t msg_size) {
+  if (b->seg != s) SEG_FAIL("block 0x%llx names another segment",
+                            (unsigned long long)b->addr);
+  if (b->size == 0 || b->size % 512 != 0 || b->addr % 512 != 0)
+    SEG_FAIL("block 0x%llx+%zu is not 512-byte aligned",
+             (unsigned long long)b->addr, b->size);
+  if (b->allocated && !b->mapped)
+    SEG_FAIL("allocated block 0x%llx is not mapped",
+             (unsigned long long)b->addr);
+  if (b->next != NULL && b->next->addr != xs_block_end(b))
+    SEG_FAIL("block 0x%llx+%zu is followed by 0x%llx (gap or overlap)",
+             (unsigned long long)b->addr, b->size,
+             (unsigned long long)b->next->addr);
+  if (b->next != NULL && b->next->prev != b)
+    SEG_FAIL("block 0x%llx: next->prev does not point back",
+             (unsigned long long)b->addr);
+  if (b->next != NULL && !b->allocated && !b->next->allocated &&
+      b->mapped == b->next->mapped)
+    SEG_FAIL("free blocks 0x%llx and 0x%llx should have merged",
+             (unsigned long long)b->addr, (unsigned long long)b->next->addr);
+  return segment_block_pages_valid(s, b, msg, msg_size);
+}
+
+static void segment_walk_add(xs_segment_walk *w, const xs_block *b) {
+  if (b->allocated) {
+    w->allocated++;
+    w->allocated_bytes += b->size;
+    w->requested_bytes += b->requested;
+  } else if (b->mapped) {
+    w->free_mapped++;
+    if (xs_block_is_split(b)) {
+      w->split_free++;
+      w->split_free_bytes += b->size;
+    }
+  } else {
+    w->unmapped++;
+  }
+}
+
+bool xs_segment_is_valid(const xs_segment *s, xs_segment_walk *walk,
+                         char *msg, size_t msg_size) {
+  if (s->first == NULL || s->first->addr != s->base || s->first->prev != NULL)
+    SEG_FAIL("segment 0x%llx: first block does not start it",
+             (unsigned long long)s->base);
+  size_t mapped = 0;
+  for (size_t g = 0; g < s->n_granules; g++) mapped += s->mapped[g];
+  if (mapped != s->mapped_granules)
+    SEG_FAIL("segment 0x%llx: %zu granules mapped, %zu counted",
+             (unsigned long long)s->base, mapped, s->mapped_granules);
+  const xs_block *b = s->first;
+  for (; b->next != NULL; b = b->next)
+    if (!segment_block_valid(s, b, msg, msg_size)) return false;
+  if (!segment_block_valid(s, b, msg, msg_size)) return false;
+  if (b != s->last || xs_block_end(b) != s->base + s->size)
+    SEG_FAIL("segment 0x%llx+%zu: blocks end at 0x%llx",
+             (unsigned long long)s->base, s->size,
+             (unsigned long long)xs_block_end(b));
+  for (b = s->first; b != NULL; b = b->next) segment_walk_add(walk, b);
+  walk->mapped_bytes += s->mapped_granules * s->granule;
+  return true;
+}

@@ -1,0 +1,71 @@
+/* segment.h: an expandable segment, one reserved range of virtual addresses
+ * whose granules are mapped and unmapped one physical handle at a time.
+ *
+ * Invariants (checked by xs_segment_is_valid):
+ *   - [base, base + size) is reserved; size is a multiple of granule.
+ *   - Blocks tile [base, base + size) exactly (see block.h); `first` starts
+ *     at base, `last` ends at base + size.
+ *   - Granule i is mapped iff mapped[i]; then handle[i] is the physical
+ *     allocation of granule bytes mapped there, owned by this segment and by
+ *     no other; mapped_granules counts them.
+ *   - Every granule touched by a mapped block is mapped; every granule of an
+ *     unmapped block is unmapped.
+ * A classic segment (expandable_segments:False) is the same thing with one
+ * granule as large as the segment, mapped once at creation.
+ */
+#ifndef XS_SEGMENTS_SEGMENT_H
+#define XS_SEGMENTS_SEGMENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segments/block.h"
+
+struct xs_pool;
+
+typedef struct xs_segment {
+  uint64_t base;
+  size_t size;                  /* reserved bytes */
+  size_t granule;               /* bytes per physical handle */
+  size_t n_granules;            /* size / granule */
+  size_t mapped_granules;
+  uint64_t *handle;             /* page map: handle of each mapped granule */
+  uint8_t *mapped;              /* page map: 1 where a granule is mapped */
+  xs_block *first, *last;
+  struct xs_pool *pool;
+  struct xs_segment *next;      /* in the pool's list */
+} xs_segment;
+
+static inline size_t xs_segment_granule_of(const xs_segment *s, uint64_t a) {
+  return (size_t)((a - s->base) / s->granule);
+}
+
+/* Splits b at b->addr + offset (0 < offset < b->size, within one mapped
+   state); `spare` becomes the upper piece, which is returned. The caller
+   keeps the trees straight: b must be out of them. */
+xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
+                           xs_block *spare);
+/* Merges b's upper neighbour into b (both free, same mapped state, neither
+   in a tree) and returns the struct that is no longer used. */
+xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b);
+
+/* Records n granules from `addr` as mapped to handles[0..n). */
+void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
+                           const uint64_t *handles);
+/* Forgets n mapped granules from `addr`, copying their handles out. */
+void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
+                             uint64_t *handles_out);
+
+/* Walks the blocks and the page map; `msg` gets the first broken rule.
+   Adds the segment's blocks to the counts in *walk. */
+typedef struct xs_segment_walk {
+  size_t allocated, allocated_bytes, requested_bytes;
+  size_t free_mapped, unmapped;           /* blocks */
+  size_t split_free, split_free_bytes;    /* inactive_split */
+  size_t mapped_bytes;
+} xs_segment_walk;
+bool xs_segment_is_valid(const xs_segment *s, xs_segment_walk *walk,
+                         char *msg, size_t msg_size);
+
+#endif /* XS_SEGMENTS_SEGMENT_H */
