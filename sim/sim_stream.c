@@ -555,17 +555,12 @@ CUresult cuStreamQuery(CUstream hStream) {
   return r;
 }
 
-/* cuda.h: "Blocks until the device has completed all preceding requested
-   tasks": every stream of the current context's device, the legacy one and
-   destroyed ones still draining included. */
-CUresult cuCtxSynchronize(void) {
-  XSIM_ENTER("cuCtxSynchronize");
-  int device;
-  CUresult r = xsim_current_device(&device);
-  if (r != CUDA_SUCCESS) return r;
+/* Waits for every stream of a device, the legacy one and destroyed ones
+   still draining included. */
+static CUresult xs_device_synchronize(int device) {
   xs_sim_lock();
   xs_deps d = {0};
-  r = xs_capture_check_unsafe_locked();
+  CUresult r = xs_capture_check_unsafe_locked();
   struct CUstream_st *legacy = xs_legacy[device];
   if (r == CUDA_SUCCESS && legacy)
     r = xs_deps_push_locked(&d, legacy, legacy->submitted);
@@ -574,6 +569,33 @@ CUresult cuCtxSynchronize(void) {
   xs_deps_clear_locked(&d);
   xs_sim_unlock();
   return r;
+}
+
+/* cuda.h: "Blocks until the device has completed all preceding requested
+   tasks" of the current context. */
+CUresult cuCtxSynchronize(void) {
+  XSIM_ENTER("cuCtxSynchronize");
+  int device;
+  CUresult r = xsim_current_device(&device);
+  return r ? r : xs_device_synchronize(device);
+}
+
+/* cuda.h (CUDA 13): "If the specified context is NULL, the API will operate
+   on the current context." Streams belong to devices here, so a context is
+   synchronized through its device, which sim_device.c's cuCtxGetDevice_v2
+   reports (that lookup is counted as one cuCtxGetDevice call). */
+CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+  XSIM_ENTER("cuCtxSynchronize");
+  int device;
+  CUresult r;
+  if (ctx == NULL) {
+    r = xsim_current_device(&device);
+  } else {
+    CUdevice dev = 0;
+    r = cuCtxGetDevice_v2(&dev, ctx);
+    device = (int)dev;
+  }
+  return r ? r : xs_device_synchronize(device);
 }
 
 /* ---- host functions ---------------------------------------------------- */

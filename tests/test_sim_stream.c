@@ -293,9 +293,12 @@ XSEG_TEST(SimStream, destroy_with_pending_work_completes_the_work) {
 }
 
 /* cuda.h, cuCtxSynchronize: waits for every stream of the context, the
-   non-blocking ones included. */
+   non-blocking ones included; cuCtxSynchronize_v2 does so for a named
+   context ("If the specified context is NULL, the API will operate on the
+   current context"). */
 XSEG_TEST(SimStream, ctx_synchronize_waits_for_every_stream) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUcontext ctx = xt_context(0);
+  XSEG_ASSERT_TRUE(ctx != NULL);
   CUstream a, b;
   XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_DEFAULT));
   XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
@@ -310,6 +313,9 @@ XSEG_TEST(SimStream, ctx_synchronize_waits_for_every_stream) {
   release(&released, l);
   XSEG_EXPECT_CU(cuCtxSynchronize());
   XSEG_EXPECT_EQ(atomic_load(&pa.ran) + atomic_load(&pb.ran), 2);
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &pa));
+  XSEG_EXPECT_CU(cuCtxSynchronize_v2(ctx));
+  XSEG_EXPECT_CU(cuCtxSynchronize_v2(NULL));
   XSEG_EXPECT_CU(cuStreamDestroy(a));
   XSEG_EXPECT_CU(cuStreamDestroy(b));
   xt_latch_free(l);
