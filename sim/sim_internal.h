@@ -7,7 +7,8 @@
  *                  contexts, current context (thread-local), cuMemGetInfo,
  *                  error names and strings, cuGetProcAddress
  *   sim_vmm.c      reservations, physical handles (memfd), mappings, access
- *   sim_ipc.c      export / import of shareable handles (POSIX fds)
+ *   sim_ipc.c      export / import of shareable handles (POSIX fds), the
+ *                  memfd naming that carries a handle's properties
  *   sim_stream.c   streams (one worker thread each), the legacy default
  *                  stream, host functions, memset / memcpy, cuCtxSynchronize
  *   sim_event.c    events
@@ -29,6 +30,12 @@
 
 #define XSIM_MAX_DEVICES 16
 
+/* Everything below is internal to the library: hidden, so that the version
+   script's xsim_* pattern exports only the control API of xsim.h, and so that
+   a second copy of the emulator loaded into the same process (a test's fresh
+   instance) calls its own internals, not the first copy's. */
+#pragma GCC visibility push(hidden)
+
 /* ---- sim_control.c ---------------------------------------------------- */
 
 /* Counts a call of `name` (the unversioned name), sleeps its modeled latency
@@ -40,6 +47,9 @@ CUresult xsim_enter(const char *name);
     CUresult xsim_injected_ = xsim_enter(name);                              \
     if (xsim_injected_ != CUDA_SUCCESS) return xsim_injected_;               \
   } while (0)
+
+/* Reads the environment once (idempotent; cuInit and every knob call it). */
+void     xsim_control_init(void);
 
 /* Knobs as read from the environment (or set through xsim.h). */
 int      xsim_knob_device_count(void);
@@ -54,6 +64,11 @@ CUresult xsim_require_init(void);
    CUDA_ERROR_INVALID_CONTEXT when none is current (most driver calls need
    one). Implies xsim_require_init. */
 CUresult xsim_current_device(int *device);
+/* CUDA_ERROR_INVALID_DEVICE unless 0 <= device < the device count. */
+CUresult xsim_device_check(int device);
+/* "CUDA_ERROR_OUT_OF_MEMORY" -> CUDA_ERROR_OUT_OF_MEMORY; false if unknown.
+   The table behind it also serves cuGetErrorName / cuGetErrorString. */
+bool xsim_error_parse(const char *name, CUresult *out);
 
 /* ---- sim_vmm.c --------------------------------------------------------- */
 
@@ -62,9 +77,29 @@ void xsim_vmm_live(xsim_live *out);
 uint64_t xsim_vmm_report_live(FILE *out);
 /* Bytes held by live handles on a device (for cuMemGetInfo). */
 uint64_t xsim_vmm_used_bytes(int device);
+/* Validates an allocation property as cuMemCreate and
+   cuMemGetAllocationGranularity require it (PINNED, on a valid device). */
+CUresult xsim_vmm_prop_check(const CUmemAllocationProp *prop);
+/* For sim_ipc.c (each takes the VMM lock). A dup of the memfd of a handle
+   created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR among its requested
+   types. */
+CUresult xsim_vmm_handle_export_fd(CUmemGenericAllocationHandle handle,
+                                   int *fd);
+/* A new handle over the memory of memfd `fd` (taken over: closed on
+   failure), with the properties the exporter gave it. */
+CUresult xsim_vmm_handle_import_fd(int fd, const CUmemAllocationProp *prop,
+                                   CUmemGenericAllocationHandle *handle);
+
+/* ---- sim_ipc.c --------------------------------------------------------- */
+
+/* A memfd for a new allocation: its name carries the properties an importer
+   in another process needs (see sim_ipc.c). -1 with errno on failure. */
+int xsim_ipc_memfd_create(const CUmemAllocationProp *prop);
 
 /* ---- sim_stream.c / sim_event.c ---------------------------------------- */
 
 void xsim_stream_live(xsim_live *out);    /* fills streams and events */
+
+#pragma GCC visibility pop
 
 #endif /* XSIM_INTERNAL_H */

@@ -40,7 +40,12 @@ void xsim_set_device_memory(int device, uint64_t bytes);
 
 /* Fault injection (SQLite's faultsim). The nth next call (1 = the very next)
    of the named function ("cuMemCreate", "cuMemMap", ... the unversioned name)
-   returns err and does nothing. */
+   returns err and does nothing. The failing call still counts in
+   xsim_call_count. A new injection for a name replaces the old one; nth 0
+   (or repeat 0, or p <= 0 below) disarms it. In XSIM_FAIL and XSIM_FAIL_RATE
+   an entry without an error name fails cuMemCreate with
+   CUDA_ERROR_OUT_OF_MEMORY and any other function with CUDA_ERROR_UNKNOWN;
+   malformed entries are reported on stderr and skipped. */
 void xsim_fail_call(const char *name, uint64_t nth, CUresult err);
 /* As xsim_fail_call, then every call after it fails too, `repeat` calls in
    all (UINT64_MAX: until xsim_reset). */
