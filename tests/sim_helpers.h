@@ -1,0 +1,85 @@
+/* sim_helpers.h: small helpers shared by the emulator's conformance tests
+ * (tests/test_sim_*.c). They call only the driver API, so the same tests run
+ * on a real GPU; whatever needs the emulator's control API is marked with
+ * XT_REQUIRE_SIM() in the test itself.
+ */
+#ifndef XSEG_SIM_HELPERS_H
+#define XSEG_SIM_HELPERS_H
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "xseg_test.h"
+
+/* A PINNED allocation on device `dev`, exportable as `types`. */
+static inline CUmemAllocationProp st_prop(int dev,
+                                          CUmemAllocationHandleType types) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  p.requestedHandleTypes = types;
+  return p;
+}
+
+/* Makes device 0's primary context current; returns the minimum
+   granularity, or 0 when the driver is unusable. */
+static inline size_t st_setup(void) {
+  if (xt_context(0) == NULL) return 0;
+  CUmemAllocationProp p = st_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+  size_t g = 0;
+  if (cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+      CUDA_SUCCESS)
+    return 0;
+  return g;
+}
+
+static inline CUresult st_create(CUmemGenericAllocationHandle *h, size_t size,
+                                 CUmemAllocationHandleType types) {
+  CUmemAllocationProp p = st_prop(0, types);
+  return cuMemCreate(h, size, &p, 0);
+}
+
+/* Read-write access for device `dev` on [ptr, ptr+size). */
+static inline CUresult st_access(CUdeviceptr ptr, size_t size, int dev,
+                                 CUmemAccess_flags flags) {
+  CUmemAccessDesc d;
+  memset(&d, 0, sizeof d);
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = dev;
+  d.flags = flags;
+  return cuMemSetAccess(ptr, size, &d, 1);
+}
+
+/* Runs fn(arg) in a forked child; returns the signal that killed it, or
+   -(exit status) when it exited (0 then means it ran to the end). The child
+   puts SIGSEGV back to its default so that a sanitizer's handler does not
+   turn the fault into an exit. */
+static inline int st_child_run(void (*fn)(void *), void *arg) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) return -1000;
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL);
+    signal(SIGBUS, SIG_DFL);
+    fn(arg);
+    _exit(0);
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) continue;
+  if (WIFSIGNALED(status)) return WTERMSIG(status);
+  return -WEXITSTATUS(status);
+}
+
+/* Sets an environment knob and makes the emulator read it again. */
+static inline void st_env(const char *var, const char *value) {
+  if (value) setenv(var, value, 1);
+  else unsetenv(var);
+  xsim_reset();
+}
+
+#endif /* XSEG_SIM_HELPERS_H */
