@@ -125,6 +125,9 @@ void xb_env_reset_counts(xb_env *env);
 uint64_t xb_env_call_count(xb_env *env, xs_driver_fn fn);
 /* The emulator's capacity; false on a real driver. */
 bool xb_env_set_device_memory(xb_env *env, uint64_t bytes);
+/* One created stream, and its destruction (NULL is ignored). */
+xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out);
+void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s);
 /* Streams for a workload's stream ids: id 0 is the legacy default stream
    (NULL), as in RMM's logs; each other id gets a cuStreamCreate'd stream. */
 xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
@@ -161,6 +164,11 @@ const xb_policy *xb_policy_find(const char *name);
 /* Modes in report order, and whether the allocator's modes are built. */
 extern const char *const xb_modes[3];
 bool xb_allocator_built(void);
+#ifdef XB_HAVE_ALLOCATOR
+/* An allocator on env's driver, expandable or classic, then `conf`. */
+xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
+                           xseg_allocator **out);
+#endif
 
 /* ---- replay.c: a workload through a policy ---------------------------- */
 

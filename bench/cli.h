@@ -54,6 +54,9 @@ bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);
 int xb_cmd_default(int argc, char **argv);
 int xb_cmd_replay(int argc, char **argv);
 int xb_cmd_varbatch(int argc, char **argv);
+#ifdef XB_HAVE_ALLOCATOR
+int xb_cmd_micro(int argc, char **argv);
+#endif
 /* Replays a built workload in the modes of c, as the default run does. */
 int xb_run_trace(const xb_cli *c, const xb_trace *t);
 

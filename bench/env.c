@@ -57,33 +57,39 @@ bool xb_env_set_device_memory(xb_env *env, uint64_t bytes) {
   return true;
 }
 
-xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
-                                  struct CUstream_st **out) {
+xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out) {
   xs_vmm *v = &env->vmm;
   CUcontext saved;
-  for (int i = 0; i < t->n_streams; i++) out[i] = NULL;
   xseg_status st = xs_vmm_ctx_enter(v, &saved);
-  for (int i = 0; i < t->n_streams && st == XSEG_OK; i++) {
-    if (t->stream_ids[i] == 0) continue;
-    CUresult r = XS_DRV(v->drv, cuStreamCreate, &out[i], CU_STREAM_DEFAULT);
-    if (r != CUDA_SUCCESS) {
-      st = xs_driver_error(v->drv, r, "cuStreamCreate for trace stream %lld",
-                           (long long)t->stream_ids[i]);
-      xb_env_streams_destroy(env, t, out);
-    }
-  }
+  if (st != XSEG_OK) return st;
+  CUresult r = XS_DRV(v->drv, cuStreamCreate, out, CU_STREAM_DEFAULT);
+  if (r != CUDA_SUCCESS) st = xs_driver_error(v->drv, r, "cuStreamCreate");
   xs_vmm_ctx_leave(v, saved);
+  return st;
+}
+
+void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s) {
+  xs_vmm *v = &env->vmm;
+  CUcontext saved;
+  if (s == NULL || xs_vmm_ctx_enter(v, &saved) != XSEG_OK) return;
+  XS_DRV(v->drv, cuStreamDestroy, s);
+  xs_vmm_ctx_leave(v, saved);
+}
+
+xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
+                                  struct CUstream_st **out) {
+  for (int i = 0; i < t->n_streams; i++) out[i] = NULL;
+  xseg_status st = XSEG_OK;
+  for (int i = 0; i < t->n_streams && st == XSEG_OK; i++)
+    if (t->stream_ids[i] != 0) st = xb_env_stream_create(env, &out[i]);
+  if (st != XSEG_OK) xb_env_streams_destroy(env, t, out);
   return st;
 }
 
 void xb_env_streams_destroy(xb_env *env, const xb_trace *t,
                             struct CUstream_st **streams) {
-  xs_vmm *v = &env->vmm;
-  CUcontext saved;
-  if (xs_vmm_ctx_enter(v, &saved) != XSEG_OK) return;
   for (int i = 0; i < t->n_streams; i++) {
-    if (streams[i] != NULL) XS_DRV(v->drv, cuStreamDestroy, streams[i]);
+    xb_env_stream_destroy(env, streams[i]);
     streams[i] = NULL;
   }
-  xs_vmm_ctx_leave(v, saved);
 }

@@ -3,6 +3,7 @@
  *   xseg-bench [options]                  every bundled trace, every mode
  *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
  *   xseg-bench varbatch [options]         synthetic inference server
+ *   xseg-bench micro [options]            cached-path and growth-path cost
  *
  * Options shared by all: --driver sim|cuda|PATH (default sim, the emulator),
  * --device-memory SIZE (the emulator's capacity), --conf STR (allocator
@@ -16,12 +17,13 @@
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: xseg-bench [replay|varbatch] [options]\n"
+          "usage: xseg-bench [replay|varbatch|micro] [options]\n"
           "  (no command)       replay every trace in the trace folder in "
           "every mode\n"
           "  replay --trace F   replay one RMM replay-log CSV (.csv or .csv.gz)\n"
           "  varbatch           synthetic variable-batch inference server "
           "(--help)\n"
+          "  micro              cached-path and growth-path latency (--help)\n"
           "common options:\n"
           "  --driver D         sim (default), cuda, or a libcuda path\n"
           "  --device-memory S  emulated device memory, e.g. 80G\n"
@@ -46,6 +48,15 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "replay") == 0) return xb_cmd_replay(argc - 1, argv + 1);
     if (strcmp(cmd, "varbatch") == 0)
       return xb_cmd_varbatch(argc - 1, argv + 1);
+#ifdef XB_HAVE_ALLOCATOR
+    if (strcmp(cmd, "micro") == 0) return xb_cmd_micro(argc - 1, argv + 1);
+#else
+    if (strcmp(cmd, "micro") == 0) {
+      fprintf(stderr, "xseg-bench micro: the allocator (xseg_malloc) is not "
+              "built yet; micro measures nothing else\n");
+      return 1;
+    }
+#endif
     fprintf(stderr, "xseg-bench: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

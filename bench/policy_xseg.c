@@ -15,17 +15,23 @@ typedef struct xb_xseg {
   xseg_allocator *a;
 } xb_xseg;
 
-static xseg_status xseg_open_mode(xb_env *env, const char *conf,
-                                  bool expandable, void **self) {
+xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
+                           xseg_allocator **out) {
   char full[2048];
-  int n = snprintf(full, sizeof full, "xseg_driver:%s,expandable_segments:%s%s%s",
+  int n = snprintf(full, sizeof full,
+                   "xseg_driver:%s,expandable_segments:%s%s%s",
                    xb_env_driver_path(env), expandable ? "True" : "False",
                    conf != NULL && conf[0] ? "," : "", conf ? conf : "");
   if (n < 0 || (size_t)n >= sizeof full)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "--conf too long (%d bytes)", n);
+  return xseg_create(env->vmm.device, full, out);
+}
+
+static xseg_status xseg_open_mode(xb_env *env, const char *conf,
+                                  bool expandable, void **self) {
   xb_xseg *x = calloc(1, sizeof *x);
   if (x == NULL) return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
-  xseg_status st = xseg_create(env->vmm.device, full, &x->a);
+  xseg_status st = xb_xseg_create(env, conf, expandable, &x->a);
   if (st != XSEG_OK) {
     free(x);
     return st;

@@ -1,0 +1,383 @@
+/* micro.c: `xseg-bench micro`, the allocator's host-side cost.
+ *
+ * Cached path: malloc+free pairs that never reach the driver, timed in
+ * rounds of --pairs pairs (one clock read per round, so the clock's own cost
+ * is not in the number), median over --rounds. "cached-repeat" allocates and
+ * frees one size; "cached-random" keeps L blocks live (L = 10^3 .. --live-max)
+ * and replaces a random one by a block of a random size (1..4096 B) per
+ * pair. glibc's malloc/free runs the very same size and victim sequence in
+ * the same process, round for round interleaved with xseg's, as the baseline
+ * that is always there. Growth path and thread scaling: micro_growth.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "micro.h"
+
+enum { XB_RANDOM_MAX_SIZE = 4096, XB_REPEAT_SIZE = 4096 };
+
+bool xb_micro_allocator(xb_micro *m, xseg_allocator **out) {
+  if (xb_xseg_create(&m->env, m->cli.conf, m->expandable, out) == XSEG_OK)
+    return true;
+  fprintf(stderr, "xseg-bench micro: cannot create the allocator: %s\n",
+          xseg_last_error());
+  return false;
+}
+
+bool xb_micro_selected(const xb_micro *m, const char *name) {
+  return m->only == NULL || strcmp(m->only, name) == 0;
+}
+
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, dbl_cmp);
+  return v[n / 2];
+}
+
+static bool repeat_xseg(xseg_allocator *a, uint64_t pairs, double *ns) {
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < pairs; i++) {
+    void *p;
+    if (xseg_malloc(a, XB_REPEAT_SIZE, NULL, &p) != XSEG_OK ||
+        xseg_free(a, p) != XSEG_OK)
+      return false;
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)pairs;
+  return true;
+}
+
+static void repeat_glibc(uint64_t pairs, double *ns) {
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < pairs; i++) {
+    void *p = malloc(XB_REPEAT_SIZE);
+    XB_ESCAPE(p);
+    free(p);
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)pairs;
+}
+
+static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
+  double xs[64], gl[64];
+  size_t rounds = m->rounds;
+  for (size_t r = 0; r < rounds; r++) {
+    if (!repeat_xseg(a, m->pairs, &xs[r])) return false;
+    repeat_glibc(m->pairs, &gl[r]);
+  }
+  *row = (xb_cached_row){"cached-repeat", 0, m->pairs, median(xs, rounds),
+                         median(gl, rounds)};
+  return true;
+}
+
+/* The random sequence both allocators replay: initial sizes of the live
+   set, then per pair the victim's index and the new size. */
+typedef struct xb_churn {
+  uint64_t live, pairs;
+  uint32_t *init_size, *victim, *size;
+  void **xseg_live, **glibc_live;
+} xb_churn;
+
+static uint64_t churn_rng(uint64_t *s) {   /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static void churn_release(xb_churn *c) {
+  free(c->init_size);
+  free(c->victim);
+  free(c->size);
+  free(c->xseg_live);
+  free(c->glibc_live);
+}
+
+static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
+                       uint64_t seed) {
+  *c = (xb_churn){.live = live, .pairs = pairs};
+  c->init_size = malloc(live * sizeof *c->init_size);
+  c->victim = malloc(pairs * sizeof *c->victim);
+  c->size = malloc(pairs * sizeof *c->size);
+  c->xseg_live = calloc(live, sizeof *c->xseg_live);
+  c->glibc_live = calloc(live, sizeof *c->glibc_live);
+  if (!c->init_size || !c->victim || !c->size || !c->xseg_live ||
+      !c->glibc_live)
+    return churn_release(c), false;
+  uint64_t s = seed;
+  for (uint64_t i = 0; i < live; i++)
+    c->init_size[i] = (uint32_t)(churn_rng(&s) % XB_RANDOM_MAX_SIZE + 1);
+  for (uint64_t i = 0; i < pairs; i++) {
+    c->victim[i] = (uint32_t)(churn_rng(&s) % live);
+    c->size[i] = (uint32_t)(churn_rng(&s) % XB_RANDOM_MAX_SIZE + 1);
+  }
+  return true;
+}
+
+static bool churn_fill(xb_churn *c, xseg_allocator *a) {
+  for (uint64_t i = 0; i < c->live; i++) {
+    if (xseg_malloc(a, c->init_size[i], NULL, &c->xseg_live[i]) != XSEG_OK)
+      return false;
+    c->glibc_live[i] = malloc(c->init_size[i]);
+    if (c->glibc_live[i] == NULL) return false;
+  }
+  return true;
+}
+
+static void churn_drain(xb_churn *c, xseg_allocator *a) {
+  for (uint64_t i = 0; i < c->live; i++) {
+    if (c->xseg_live[i] != NULL) xseg_free(a, c->xseg_live[i]);
+    free(c->glibc_live[i]);
+  }
+}
+
+static bool churn_xseg(xb_churn *c, xseg_allocator *a, double *ns) {
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < c->pairs; i++) {
+    void **slot = &c->xseg_live[c->victim[i]];
+    if (xseg_free(a, *slot) != XSEG_OK ||
+        xseg_malloc(a, c->size[i], NULL, slot) != XSEG_OK)
+      return *slot = NULL, false;
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)c->pairs;
+  return true;
+}
+
+static void churn_glibc(xb_churn *c, double *ns) {
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < c->pairs; i++) {
+    void **slot = &c->glibc_live[c->victim[i]];
+    free(*slot);
+    *slot = malloc(c->size[i]);
+    XB_ESCAPE(*slot);
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)c->pairs;
+}
+
+static bool cached_random(xb_micro *m, xseg_allocator *a, uint64_t live,
+                          xb_cached_row *row) {
+  xb_churn c;
+  if (!churn_init(&c, live, m->pairs, m->seed + live)) return false;
+  double xs[64], gl[64];
+  bool ok = churn_fill(&c, a);
+  for (size_t r = 0; ok && r < m->rounds; r++) {
+    ok = churn_xseg(&c, a, &xs[r]);
+    churn_glibc(&c, &gl[r]);
+  }
+  churn_drain(&c, a);
+  churn_release(&c);
+  if (ok)
+    *row = (xb_cached_row){"cached-random", live, m->pairs,
+                           median(xs, m->rounds), median(gl, m->rounds)};
+  return ok;
+}
+
+/* ---- the command --------------------------------------------------------- */
+
+typedef struct xb_micro_out {
+  xb_cached_row cached[8];
+  size_t n_cached;
+  xb_growth_row growth[2];
+  size_t n_growth;
+  xb_threads_row threads;
+  bool have_threads;
+} xb_micro_out;
+
+static bool run_cached(xb_micro *m, xb_micro_out *o) {
+  xseg_allocator *a;
+  if (!xb_micro_allocator(m, &a)) return false;
+  bool ok = true;
+  if (xb_micro_selected(m, "cached-repeat"))
+    ok = cached_repeat(m, a, &o->cached[o->n_cached++]);
+  for (uint64_t live = 1000; ok && live <= m->live_max && o->n_cached < 8;
+       live *= 10)
+    if (xb_micro_selected(m, "cached-random"))
+      ok = cached_random(m, a, live, &o->cached[o->n_cached++]);
+  if (!ok) {
+    o->n_cached--;
+    fprintf(stderr, "xseg-bench micro: cached path failed: %s\n",
+            xseg_last_error());
+  }
+  xseg_destroy(a);
+  return ok;
+}
+
+static bool run_all(xb_micro *m, xb_micro_out *o) {
+  bool ok = run_cached(m, o);
+  if (ok && xb_micro_selected(m, "growth"))
+    ok = xb_micro_growth(m, "growth-small", 1, 1 << 20, 1ull << 30,
+                         &o->growth[o->n_growth++]) &&
+         xb_micro_growth(m, "growth-large", 1 << 20, 64 << 20, 4ull << 30,
+                         &o->growth[o->n_growth++]);
+  if (ok && xb_micro_selected(m, "threads"))
+    ok = o->have_threads = xb_micro_threads(m, &o->threads);
+  return ok;
+}
+
+static void print_cached(const xb_micro_out *o) {
+  if (o->n_cached == 0) return;
+  printf("%-14s %9s %9s %13s %14s %7s\n", "cached path", "live", "pairs",
+         "xseg ns/pair", "glibc ns/pair", "ratio");
+  for (size_t i = 0; i < o->n_cached; i++) {
+    const xb_cached_row *r = &o->cached[i];
+    printf("%-14s %9llu %9llu %13.1f %14.1f %7.2f\n", r->name,
+           (unsigned long long)r->live, (unsigned long long)r->pairs,
+           r->xseg_ns, r->glibc_ns, r->xseg_ns / r->glibc_ns);
+  }
+}
+
+static void print_rest(const xb_micro_out *o) {
+  for (size_t i = 0; i < o->n_growth; i++) {
+    const xb_growth_row *g = &o->growth[i];
+    char res[32];
+    printf("%-14s %llu mallocs grew %s: %llu VMM calls, %.1f per GiB, "
+           "%.0f ns per malloc\n", g->name, (unsigned long long)g->mallocs,
+           xb_format_bytes(g->reserved, res, sizeof res),
+           (unsigned long long)g->vmm_calls, g->calls_per_gib,
+           g->ns_per_malloc);
+  }
+  if (o->have_threads)
+    printf("threads        1 thread %.2f M pairs/s, 2 threads on 2 streams "
+           "%.2f M pairs/s: %.2fx\n", o->threads.one_pairs_per_s * 1e-6,
+           o->threads.two_pairs_per_s * 1e-6,
+           o->threads.two_pairs_per_s / o->threads.one_pairs_per_s);
+}
+
+static void json_cached(FILE *f, const xb_micro_out *o) {
+  fprintf(f, "  \"cached\": [");
+  for (size_t i = 0; i < o->n_cached; i++) {
+    const xb_cached_row *r = &o->cached[i];
+    fprintf(f, "%s\n    {\"name\": \"%s\", \"live\": %llu, \"pairs\": %llu, "
+            "\"xseg_ns_per_pair\": %.2f, \"glibc_ns_per_pair\": %.2f, "
+            "\"ratio\": %.3f}", i ? "," : "", r->name,
+            (unsigned long long)r->live, (unsigned long long)r->pairs,
+            r->xseg_ns, r->glibc_ns, r->xseg_ns / r->glibc_ns);
+  }
+  fprintf(f, "\n  ],\n");
+}
+
+static void json_growth(FILE *f, const xb_micro_out *o) {
+  fprintf(f, "  \"growth\": [");
+  for (size_t i = 0; i < o->n_growth; i++) {
+    const xb_growth_row *g = &o->growth[i];
+    fprintf(f, "%s\n    {\"name\": \"%s\", \"mallocs\": %llu, "
+            "\"reserved_bytes\": %llu, \"vmm_calls\": %llu, "
+            "\"vmm_calls_per_gib\": %.2f, \"ns_per_malloc\": %.1f}",
+            i ? "," : "", g->name, (unsigned long long)g->mallocs,
+            (unsigned long long)g->reserved, (unsigned long long)g->vmm_calls,
+            g->calls_per_gib, g->ns_per_malloc);
+  }
+  fprintf(f, "\n  ]");
+}
+
+static void json_threads(FILE *f, const xb_micro_out *o) {
+  if (!o->have_threads) return;
+  const xb_threads_row *t = &o->threads;
+  fprintf(f, ",\n  \"threads\": {\"pairs_per_thread\": %llu, "
+          "\"one_thread_pairs_per_s\": %.0f, \"two_threads_pairs_per_s\": "
+          "%.0f, \"speedup\": %.3f}", (unsigned long long)t->pairs_per_thread,
+          t->one_pairs_per_s, t->two_pairs_per_s,
+          t->two_pairs_per_s / t->one_pairs_per_s);
+}
+
+static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
+  FILE *f = strcmp(m->cli.json, "-") == 0 ? stdout : fopen(m->cli.json, "w");
+  if (f == NULL) {
+    fprintf(stderr, "xseg-bench micro: cannot write %s\n", m->cli.json);
+    return false;
+  }
+  fprintf(f, "{\n  \"mode\": \"%s\",\n  \"driver\": ",
+          m->expandable ? "expandable" : "classic");
+  xb_json_string(f, m->env.driver);
+  fprintf(f, ",\n  \"rounds\": %llu,\n", (unsigned long long)m->rounds);
+  json_cached(f, o);
+  json_growth(f, o);
+  json_threads(f, o);
+  fprintf(f, "\n}\n");
+  bool ok = !ferror(f);
+  if (f != stdout) ok = fclose(f) == 0 && ok;
+  return ok;
+}
+
+enum {
+  XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MAX, XB_MI_ROUNDS,
+  XB_MI_SEED, XB_MI_HELP
+};
+
+static void micro_usage(FILE *out) {
+  fprintf(out,
+          "usage: xseg-bench micro [options] (and --driver, --conf, --mode "
+          "expandable|classic, --json, --device-memory)\n"
+          "  --only NAME        cached-repeat, cached-random, growth or threads\n"
+          "  --pairs N          malloc+free pairs per round (default 200000)\n"
+          "  --live-max N       largest live set for cached-random, from 1000 "
+          "by tens (default 1000000)\n"
+          "  --rounds N         rounds per measurement, median taken (default "
+          "5, at most 64)\n"
+          "  --seed N           size sequence seed (default 1)\n");
+}
+
+static bool micro_option(xb_micro *m, int o, const char *arg) {
+  switch (o) {
+    case XB_MI_ONLY: return (m->only = arg), true;
+    case XB_MI_PAIRS: return xb_cli_u64("--pairs", arg, &m->pairs);
+    case XB_MI_LIVE_MAX: return xb_cli_u64("--live-max", arg, &m->live_max);
+    case XB_MI_ROUNDS: return xb_cli_u64("--rounds", arg, &m->rounds);
+    case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
+    default: return false;
+  }
+}
+
+static bool micro_valid(xb_micro *m) {
+  static const char *const names[] = {"cached-repeat", "cached-random",
+                                      "growth", "threads"};
+  bool known = m->only == NULL;
+  for (size_t i = 0; i < 4 && !known; i++) known = !strcmp(m->only, names[i]);
+  const char *mode = m->cli.mode;
+  m->expandable = strcmp(mode, "expandable") == 0;
+  if (!known || m->pairs == 0 || m->rounds == 0 || m->rounds > 64 ||
+      m->live_max > UINT32_MAX || (!m->expandable && strcmp(mode, "classic"))) {
+    fprintf(stderr, "xseg-bench micro: bad arguments (see --help)\n");
+    return false;
+  }
+  return true;
+}
+
+/* 1 run, 0 done (help), -1 bad arguments (printed). */
+static int micro_parse(int argc, char **argv, xb_micro *m) {
+  static const struct option opts[] = {
+      XB_CLI_LONG_OPTIONS,
+      {"only", required_argument, 0, XB_MI_ONLY},
+      {"pairs", required_argument, 0, XB_MI_PAIRS},
+      {"live-max", required_argument, 0, XB_MI_LIVE_MAX},
+      {"rounds", required_argument, 0, XB_MI_ROUNDS},
+      {"seed", required_argument, 0, XB_MI_SEED},
+      {"help", no_argument, 0, XB_MI_HELP},
+      {0, 0, 0, 0}};
+  optind = 0;
+  for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
+    if (o == XB_MI_HELP) return micro_usage(stdout), 0;
+    int common = o == '?' ? -1 : xb_cli_option(&m->cli, o, optarg);
+    if (common < 0 || (common == 0 && !micro_option(m, o, optarg))) return -1;
+  }
+  return optind == argc && micro_valid(m) ? 1 : -1;
+}
+
+int xb_cmd_micro(int argc, char **argv) {
+  xb_micro m = {.pairs = 200000, .live_max = 1000000, .rounds = 5,
+                .seed = 1};
+  xb_cli_defaults(&m.cli);
+  m.cli.mode = "expandable";
+  int parsed = micro_parse(argc, argv, &m);
+  if (parsed <= 0) return parsed == 0 ? 0 : 2;
+  if (!xb_cli_env_open(&m.cli, &m.env)) return 1;
+  xb_micro_out o = {.n_cached = 0};
+  bool ok = run_all(&m, &o);
+  print_cached(&o);
+  print_rest(&o);
+  if (ok && m.cli.json != NULL) ok = micro_json(&m, &o);
+  xb_env_close(&m.env);
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,54 @@
+/* micro.h: what the parts of `xseg-bench micro` share.
+ *
+ * micro.c runs the cached-path loops (malloc+free pairs against glibc on the
+ * same size sequence) and the command; micro_growth.c the growth path
+ * (driver calls per GiB mapped) and the 1- vs 2-thread scaling.
+ */
+#ifndef XB_MICRO_H
+#define XB_MICRO_H
+
+#include "cli.h"
+
+#ifdef XB_HAVE_ALLOCATOR
+
+typedef struct xb_micro {
+  xb_cli cli;
+  xb_env env;
+  const char *only;                 /* one benchmark, or NULL for all */
+  uint64_t pairs, live_max, rounds, seed;
+  bool expandable;
+} xb_micro;
+
+/* Cached path: ns per malloc+free pair, median over rounds. */
+typedef struct xb_cached_row {
+  const char *name;                 /* "cached-repeat", "cached-random" */
+  uint64_t live, pairs;
+  double xseg_ns, glibc_ns;
+} xb_cached_row;
+
+typedef struct xb_growth_row {
+  const char *name;                 /* "growth-small", "growth-large" */
+  uint64_t mallocs, reserved, vmm_calls;
+  double calls_per_gib, ns_per_malloc;
+} xb_growth_row;
+
+typedef struct xb_threads_row {
+  uint64_t pairs_per_thread;
+  double one_pairs_per_s, two_pairs_per_s;
+} xb_threads_row;
+
+/* A fresh allocator in the micro's mode; prints why on failure. */
+bool xb_micro_allocator(xb_micro *m, xseg_allocator **out);
+/* True when benchmark `name` is selected by --only. */
+bool xb_micro_selected(const xb_micro *m, const char *name);
+
+bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
+                     uint64_t max_size, uint64_t total, xb_growth_row *row);
+bool xb_micro_threads(xb_micro *m, xb_threads_row *row);
+
+/* The pair loop's result must not be optimised away: glibc's malloc+free
+   of an unused pointer is a pair GCC may delete. */
+#define XB_ESCAPE(p) __asm__ volatile("" : : "r"(p) : "memory")
+
+#endif /* XB_HAVE_ALLOCATOR */
+#endif /* XB_MICRO_H */

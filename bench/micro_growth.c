@@ -1,0 +1,152 @@
+/* micro_growth.c: the growth path and thread scaling of `xseg-bench micro`.
+ *
+ * Growth: a fresh allocator takes blocks of random sizes in [min, max] until
+ * `total` bytes are live, so every byte it maps is new; the VMM calls that
+ * cost (the emulator's counters, or vmm's on a GPU) are divided by the GiB
+ * it reserved. Thread scaling: one thread, then two on two streams, each
+ * doing malloc+free pairs of one size on its own stream from a shared
+ * start; throughput is all pairs over the wall time.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "micro.h"
+
+static uint64_t growth_rng(uint64_t *s) {   /* xorshift64 */
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static uint64_t growth_vmm_calls(xb_env *env) {
+  uint64_t n = 0;
+  for (int f = 0; f < XS_DRIVER_FN_COUNT; f++)
+    if (xb_fn_is_vmm((xs_driver_fn)f))
+      n += xb_env_call_count(env, (xs_driver_fn)f);
+  return n;
+}
+
+/* Allocates until `total` bytes are live; the pointers go to *ptrs. */
+static bool growth_fill(xseg_allocator *a, uint64_t min, uint64_t max,
+                        uint64_t total, void ***ptrs, uint64_t *n,
+                        uint64_t *ns) {
+  uint64_t cap = 1024, seed = 0x2545f4914f6cdd1dull, live = 0;
+  *ptrs = malloc(cap * sizeof **ptrs);
+  *n = *ns = 0;
+  while (*ptrs != NULL && live < total) {
+    if (*n == cap) {
+      void **p = realloc(*ptrs, (cap *= 2) * sizeof *p);
+      if (p == NULL) return false;
+      *ptrs = p;
+    }
+    uint64_t size = min + growth_rng(&seed) % (max - min + 1);
+    uint64_t t0 = xb_now_ns();
+    if (xseg_malloc(a, size, NULL, &(*ptrs)[*n]) != XSEG_OK) return false;
+    *ns += xb_now_ns() - t0;
+    (*n)++;
+    live += size;
+  }
+  return *ptrs != NULL;
+}
+
+bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
+                     uint64_t max_size, uint64_t total, xb_growth_row *row) {
+  xseg_allocator *a;
+  xb_env_reset_counts(&m->env);
+  if (!xb_micro_allocator(m, &a)) return false;
+  void **ptrs = NULL;
+  uint64_t n = 0, ns = 0;
+  bool ok = growth_fill(a, min_size, max_size, total, &ptrs, &n, &ns);
+  xseg_stats s;
+  ok = ok && xseg_get_stats(a, &s) == XSEG_OK;
+  if (ok) {
+    uint64_t calls = growth_vmm_calls(&m->env);
+    double gib = (double)s.reserved_bytes.peak / (double)(1ull << 30);
+    *row = (xb_growth_row){name, n, (uint64_t)s.reserved_bytes.peak, calls,
+                           gib > 0 ? (double)calls / gib : 0.0,
+                           n ? (double)ns / (double)n : 0.0};
+  } else {
+    fprintf(stderr, "xseg-bench micro: %s failed after %llu mallocs: %s\n",
+            name, (unsigned long long)n, xseg_last_error());
+  }
+  for (uint64_t i = 0; ptrs != NULL && i < n; i++) xseg_free(a, ptrs[i]);
+  free(ptrs);
+  xseg_destroy(a);
+  return ok;
+}
+
+typedef struct xb_worker {
+  xseg_allocator *a;
+  struct CUstream_st *stream;
+  uint64_t pairs;
+  pthread_barrier_t *start;
+  bool ok;
+} xb_worker;
+
+static void *worker_main(void *arg) {
+  xb_worker *w = arg;
+  pthread_barrier_wait(w->start);
+  w->ok = true;
+  for (uint64_t i = 0; i < w->pairs && w->ok; i++) {
+    void *p;
+    w->ok = xseg_malloc(w->a, 4096, w->stream, &p) == XSEG_OK &&
+            xseg_free(w->a, p) == XSEG_OK;
+  }
+  return NULL;
+}
+
+/* Pairs per second of n threads started together, one stream each. */
+static bool threads_run(xseg_allocator *a, struct CUstream_st **streams,
+                        int n, uint64_t pairs, double *rate) {
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, (unsigned)n + 1);
+  xb_worker w[2];
+  pthread_t tid[2];
+  int started = 0;
+  for (; started < n; started++) {
+    w[started] = (xb_worker){a, streams[started], pairs, &start, false};
+    if (pthread_create(&tid[started], NULL, worker_main, &w[started])) break;
+  }
+  bool ok = started == n;
+  if (!ok) fprintf(stderr, "xseg-bench micro: cannot start a thread\n");
+  uint64_t t0 = xb_now_ns();
+  if (ok) pthread_barrier_wait(&start);
+  for (int i = 0; i < started; i++) pthread_join(tid[i], NULL);
+  *rate = (double)n * (double)pairs / ((double)(xb_now_ns() - t0) * 1e-9);
+  pthread_barrier_destroy(&start);
+  for (int i = 0; ok && i < n; i++) ok = w[i].ok;
+  return ok;
+}
+
+/* Best of three for each thread count: on a shared machine the best run is
+   the one least disturbed. */
+static bool threads_measure(xb_micro *m, xseg_allocator *a,
+                            struct CUstream_st **streams, xb_threads_row *row) {
+  *row = (xb_threads_row){.pairs_per_thread = m->pairs};
+  for (int rep = 0; rep < 3; rep++) {
+    double one, two;
+    if (!threads_run(a, streams, 1, m->pairs, &one) ||
+        !threads_run(a, streams, 2, m->pairs, &two))
+      return false;
+    if (one > row->one_pairs_per_s) row->one_pairs_per_s = one;
+    if (two > row->two_pairs_per_s) row->two_pairs_per_s = two;
+  }
+  return true;
+}
+
+bool xb_micro_threads(xb_micro *m, xb_threads_row *row) {
+  struct CUstream_st *streams[2] = {NULL, NULL};
+  xseg_allocator *a = NULL;
+  bool ok = xb_env_stream_create(&m->env, &streams[0]) == XSEG_OK &&
+            xb_env_stream_create(&m->env, &streams[1]) == XSEG_OK &&
+            xb_micro_allocator(m, &a);
+  ok = ok && threads_measure(m, a, streams, row);
+  if (!ok)
+    fprintf(stderr, "xseg-bench micro: threads failed: %s\n",
+            xseg_last_error());
+  xseg_destroy(a);
+  xb_env_stream_destroy(&m->env, streams[0]);
+  xb_env_stream_destroy(&m->env, streams[1]);
+  return ok;
+}
