@@ -1,0 +1,110 @@
+/* alloc_helpers.h: what the allocator tests (tests/test_alloc*.c) share:
+ * an allocator on the emulator, byte patterns written and checked through
+ * the driver, and a check that every live block is disjoint from the rest.
+ */
+#ifndef XSEG_ALLOC_HELPERS_H
+#define XSEG_ALLOC_HELPERS_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "xseg.h"
+#include "xseg_test.h"
+
+#define MiB ((size_t)1 << 20)
+#define GiB ((size_t)1 << 30)
+
+/* An allocator on device 0 of the driver the tests link ("sim" unless the
+   tests run on a real GPU), with `extra` appended to the config. */
+static inline xseg_allocator *at_create(const char *extra) {
+  char conf[512];
+  const char *drv = getenv("XSEG_TEST_DRIVER");
+  bool sim = drv == NULL || strcmp(drv, "system") != 0;
+  snprintf(conf, sizeof conf, "%s%s%s", sim ? "xseg_driver:sim" : "",
+           sim && extra && extra[0] ? "," : "", extra ? extra : "");
+  xseg_allocator *a = NULL;
+  xseg_status st = xseg_create(0, conf, &a);
+  if (st != XSEG_OK)
+    XSEG_FAIL("xseg_create(\"%s\"): %s: %s", conf, xseg_status_name(st),
+              xseg_last_error());
+  return a;
+}
+
+/* The byte a block is filled with: from its address and a tag. */
+static inline unsigned char at_byte(const void *p, unsigned tag) {
+  uintptr_t v = (uintptr_t)p >> 9;
+  return (unsigned char)(v * 131u + tag * 7u + 1u);
+}
+
+/* Fills the first and the last `span` bytes of [p, p+size) through the
+   driver (the whole block when it is small). The caller's context must be
+   current (xt_context). */
+static inline bool at_fill(void *p, size_t size, unsigned tag) {
+  const size_t span = 1024;
+  if (size == 0) return true;
+  unsigned char v = at_byte(p, tag);
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+  if (size <= 2 * span) return cuMemsetD8(d, v, size) == CUDA_SUCCESS;
+  return cuMemsetD8(d, v, span) == CUDA_SUCCESS &&
+         cuMemsetD8(d + size - span, v, span) == CUDA_SUCCESS;
+}
+
+/* Reads back what at_fill wrote; false on the first wrong byte. */
+static inline bool at_verify(void *p, size_t size, unsigned tag) {
+  enum { SPAN = 1024 };
+  unsigned char buf[2 * SPAN];
+  if (size == 0) return true;
+  unsigned char v = at_byte(p, tag);
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)p;
+  size_t n = size <= 2 * SPAN ? size : 2 * SPAN;
+  bool ok;
+  if (size <= 2 * SPAN) {
+    ok = cuMemcpyDtoH(buf, d, size) == CUDA_SUCCESS;
+  } else {
+    ok = cuMemcpyDtoH(buf, d, SPAN) == CUDA_SUCCESS &&
+         cuMemcpyDtoH(buf + SPAN, d + size - SPAN, SPAN) == CUDA_SUCCESS;
+  }
+  for (size_t i = 0; ok && i < n; i++) ok = buf[i] == v;
+  return ok;
+}
+
+typedef struct at_live {
+  void *p;
+  size_t size;
+} at_live;
+
+static int at_live_cmp(const void *x, const void *y) {
+  uintptr_t a = (uintptr_t)((const at_live *)x)->p;
+  uintptr_t b = (uintptr_t)((const at_live *)y)->p;
+  return a < b ? -1 : a > b;
+}
+
+/* True when no two of the n live blocks overlap (sorts a copy). */
+static inline bool at_disjoint(const at_live *live, size_t n) {
+  at_live *s = malloc(n * sizeof *s + 1);
+  memcpy(s, live, n * sizeof *s);
+  qsort(s, n, sizeof *s, at_live_cmp);
+  bool ok = true;
+  for (size_t i = 1; i < n && ok; i++) {
+    size_t prev = s[i - 1].size ? s[i - 1].size : 1;
+    ok = (uintptr_t)s[i - 1].p + prev <= (uintptr_t)s[i].p;
+  }
+  free(s);
+  return ok;
+}
+
+/* A small deterministic generator (xorshift64*). */
+static inline uint64_t at_rand(uint64_t *s) {
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 0x2545F4914F6CDD1Dull;
+}
+
+static inline xseg_stats at_stats(xseg_allocator *a) {
+  xseg_stats s;
+  xseg_get_stats(a, &s);
+  return s;
+}
+
+#endif /* XSEG_ALLOC_HELPERS_H */
