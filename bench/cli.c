@@ -55,7 +55,8 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env) {
             xseg_last_error());
     return false;
   }
-  if (c->device_memory > 0 && !xb_env_set_device_memory(env, c->device_memory)) {
+  if (c->device_memory > 0 &&
+      !xb_env_set_device_memory(env, c->device_memory)) {
     fprintf(stderr, "xseg-bench: --device-memory needs the emulator; driver "
             "'%s' has no xsim_set_device_memory\n", c->driver);
     xb_env_close(env);

@@ -20,7 +20,7 @@ static void usage(FILE *out) {
           "usage: xseg-bench [replay|varbatch|micro] [options]\n"
           "  (no command)       replay every trace in the trace folder in "
           "every mode\n"
-          "  replay --trace F   replay one RMM replay-log CSV (.csv or .csv.gz)\n"
+          "  replay --trace F   replay one RMM replay-log CSV (.csv, .csv.gz)\n"
           "  varbatch           synthetic variable-batch inference server "
           "(--help)\n"
           "  micro              cached-path and growth-path latency (--help)\n"

@@ -191,8 +191,8 @@ static bool run_cached(xb_micro *m, xb_micro_out *o) {
   bool ok = true;
   if (xb_micro_selected(m, "cached-repeat"))
     ok = cached_repeat(m, a, &o->cached[o->n_cached++]);
-  for (uint64_t live = 1000; ok && live <= m->live_max && o->n_cached < 8;
-       live *= 10)
+  for (uint64_t live = m->live_min;
+       ok && live <= m->live_max && o->n_cached < 8; live *= 10)
     if (xb_micro_selected(m, "cached-random"))
       ok = cached_random(m, a, live, &o->cached[o->n_cached++]);
   if (!ok) {
@@ -302,18 +302,20 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 }
 
 enum {
-  XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MAX, XB_MI_ROUNDS,
-  XB_MI_SEED, XB_MI_HELP
+  XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
+  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
   fprintf(out,
           "usage: xseg-bench micro [options] (and --driver, --conf, --mode "
           "expandable|classic, --json, --device-memory)\n"
-          "  --only NAME        cached-repeat, cached-random, growth or threads\n"
+          "  --only NAME        cached-repeat, cached-random, growth, threads\n"
           "  --pairs N          malloc+free pairs per round (default 200000)\n"
-          "  --live-max N       largest live set for cached-random, from 1000 "
-          "by tens (default 1000000)\n"
+          "  --live-min N       smallest live set for cached-random (default "
+          "1000)\n"
+          "  --live-max N       largest live set for cached-random, from "
+          "--live-min by tens (default 1000000)\n"
           "  --rounds N         rounds per measurement, median taken (default "
           "5, at most 64)\n"
           "  --seed N           size sequence seed (default 1)\n");
@@ -323,6 +325,7 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
   switch (o) {
     case XB_MI_ONLY: return (m->only = arg), true;
     case XB_MI_PAIRS: return xb_cli_u64("--pairs", arg, &m->pairs);
+    case XB_MI_LIVE_MIN: return xb_cli_u64("--live-min", arg, &m->live_min);
     case XB_MI_LIVE_MAX: return xb_cli_u64("--live-max", arg, &m->live_max);
     case XB_MI_ROUNDS: return xb_cli_u64("--rounds", arg, &m->rounds);
     case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
@@ -337,8 +340,9 @@ static bool micro_valid(xb_micro *m) {
   for (size_t i = 0; i < 4 && !known; i++) known = !strcmp(m->only, names[i]);
   const char *mode = m->cli.mode;
   m->expandable = strcmp(mode, "expandable") == 0;
-  if (!known || m->pairs == 0 || m->rounds == 0 || m->rounds > 64 ||
-      m->live_max > UINT32_MAX || (!m->expandable && strcmp(mode, "classic"))) {
+  bool mode_ok = m->expandable || strcmp(mode, "classic") == 0;
+  if (!known || !mode_ok || m->pairs == 0 || m->rounds == 0 ||
+      m->rounds > 64 || m->live_min == 0 || m->live_max > UINT32_MAX) {
     fprintf(stderr, "xseg-bench micro: bad arguments (see --help)\n");
     return false;
   }
@@ -351,6 +355,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       XB_CLI_LONG_OPTIONS,
       {"only", required_argument, 0, XB_MI_ONLY},
       {"pairs", required_argument, 0, XB_MI_PAIRS},
+      {"live-min", required_argument, 0, XB_MI_LIVE_MIN},
       {"live-max", required_argument, 0, XB_MI_LIVE_MAX},
       {"rounds", required_argument, 0, XB_MI_ROUNDS},
       {"seed", required_argument, 0, XB_MI_SEED},
@@ -366,8 +371,8 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
 }
 
 int xb_cmd_micro(int argc, char **argv) {
-  xb_micro m = {.pairs = 200000, .live_max = 1000000, .rounds = 5,
-                .seed = 1};
+  xb_micro m = {.pairs = 200000, .live_min = 1000, .live_max = 1000000,
+                .rounds = 5, .seed = 1};
   xb_cli_defaults(&m.cli);
   m.cli.mode = "expandable";
   int parsed = micro_parse(argc, argv, &m);

@@ -15,7 +15,7 @@ typedef struct xb_micro {
   xb_cli cli;
   xb_env env;
   const char *only;                 /* one benchmark, or NULL for all */
-  uint64_t pairs, live_max, rounds, seed;
+  uint64_t pairs, live_min, live_max, rounds, seed;
   bool expandable;
 } xb_micro;
 

@@ -2,9 +2,9 @@
  *
  * Both modes are one xseg_allocator per replay, created with the bench's
  * driver and expandable_segments set, then the user's --conf, parsed after
- * them (a key given twice takes its last value). Reserved bytes are the allocator's
- * own reserved_bytes gauge (mapped physical bytes); its peak is reset at each
- * sample so that the replay sees the peak of every window.
+ * them (a key given twice takes its last value). Reserved bytes are the
+ * allocator's own reserved_bytes gauge (mapped physical bytes); its peak is
+ * reset at each sample so that the replay sees the peak of every window.
  */
 #include <stdlib.h>
 

@@ -52,7 +52,10 @@ static uint64_t tick_step(uint64_t raw) {
   uint64_t unit = raw >= (1u << 20) ? (1u << 20) : 1024;
   uint64_t want = raw / unit + 1, mag = 1;
   while (mag * 10 <= want) mag *= 10;
-  uint64_t mult = want <= mag ? 1 : want <= 2 * mag ? 2 : want <= 5 * mag ? 5 : 10;
+  uint64_t mult = want <= mag       ? 1
+                  : want <= 2 * mag ? 2
+                  : want <= 5 * mag ? 5
+                                    : 10;
   return mult * mag * unit;
 }
 

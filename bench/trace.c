@@ -35,7 +35,8 @@ static bool trace_push(xb_trace *t, xb_event ev, xb_error *err) {
   if (t->n_events == t->cap_events) {
     size_t cap = t->cap_events ? t->cap_events * 2 : 4096;
     xb_event *p = realloc(t->events, cap * sizeof *p);
-    if (p == NULL) return xb_fail(err, "out of host memory for %zu events", cap);
+    if (p == NULL)
+      return xb_fail(err, "out of host memory for %zu events", cap);
     t->events = p;
     t->cap_events = cap;
   }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# callgrind.sh: instructions per cached malloc+free pair, counted by
+# valgrind's callgrind (time on a shared machine is noise; instructions are
+# not).
+#
+#   bench/callgrind.sh [XSEG_BENCH] [repeat | random LIVE] [N1 N2]
+#
+# XSEG_BENCH defaults to build/bench/xseg-bench. "repeat" (the default)
+# counts `xseg-bench micro --only cached-repeat` (one size, malloc then
+# free); "random LIVE" counts `--only cached-random` with LIVE blocks live
+# and random sizes. Each runs twice, with N1 and N2 pairs (default 20000 and
+# 60000), one round each. Only instructions executed inside xseg_malloc and
+# xseg_free are collected (--toggle-collect, inclusive of what they call),
+# so glibc's baseline loop is not counted; and the totals' difference
+# divided by N2 - N1 removes what both runs share (filling the live set,
+# the first pair that maps a granule), leaving the steady-state cost of one
+# pair. The emulated device is made 4 GiB: valgrind cannot map the
+# address space the allocator reserves for the default 80 GiB.
+set -euo pipefail
+
+bench=${1:-build/bench/xseg-bench}
+case=${2:-repeat}
+shift $(( $# > 2 ? 2 : $# ))
+if [ "$case" = random ]; then
+  live=${1:?"random needs LIVE, e.g. random 10000"}
+  shift
+  args=(--only cached-random --live-min "$live" --live-max "$live")
+else
+  args=(--only cached-repeat)
+fi
+n1=${1:-20000}
+n2=${2:-60000}
+
+command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind not found" >&2; exit 1; }
+[ -x "$bench" ] || { echo "callgrind.sh: $bench is not built" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Total instructions collected in one run with $1 pairs.
+count() {
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/out.$1" \
+    --toggle-collect=xseg_malloc --toggle-collect=xseg_free \
+    "$bench" micro "${args[@]}" --pairs "$1" --rounds 1 \
+    --device-memory 4G >/dev/null 2>"$tmp/log.$1" ||
+    { cat "$tmp/log.$1" >&2; exit 1; }
+  awk '/^(summary|totals):/ { print $2; exit }' "$tmp/out.$1"
+}
+
+i1=$(count "$n1")
+i2=$(count "$n2")
+per_pair=$(awk -v a="$i1" -v b="$i2" -v n1="$n1" -v n2="$n2" \
+  'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+echo "$case${live:+ (live $live)}: $per_pair instructions per malloc+free pair" \
+     "($i1 instructions for $n1 pairs, $i2 for $n2)"
