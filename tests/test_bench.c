@@ -134,6 +134,40 @@ XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
   xb_env_close(&env);
 }
 
+#ifdef XB_HAVE_ALLOCATOR
+/* The allocator's modes see the same workload: the same peak allocated, no
+   OOM, and every byte they map is at least what is live. */
+XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
+  xb_env env;
+  XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
+  char path[256];
+  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", small_trace, false));
+  xb_trace t;
+  xb_error err;
+  bool ok = xb_trace_load(path, &t, &err);
+  unlink(path);
+  XSEG_ASSERT_TRUE(ok);
+  const char *modes[2] = {"expandable", "classic"};
+  for (int i = 0; i < 2; i++) {
+    const xb_policy *p = xb_policy_find(modes[i]);
+    XSEG_ASSERT_TRUE(p != NULL);
+    xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = false};
+    xb_result r;
+    if (!xb_replay(&env, &t, p, &o, &r, &err)) {
+      XSEG_FAIL("%s: %s", modes[i], err.text);
+      continue;
+    }
+    XSEG_EXPECT_EQ(r.peak_allocated, SMALL_PEAK);
+    XSEG_EXPECT_GE(r.peak_reserved, SMALL_PEAK);
+    XSEG_EXPECT_EQ(r.ooms, 0);
+    XSEG_EXPECT_GT(r.vmm_calls, 0);
+    xb_result_release(&r);
+  }
+  xb_trace_release(&t);
+  xb_env_close(&env);
+}
+#endif
+
 typedef struct bad_case {
   const char *line, *reason;
 } bad_case;
@@ -306,4 +340,39 @@ XSEG_TEST(bench, replay_json_parses_and_has_contract_fields) {
     if (strstr(text, contract_fields[i]) == NULL)
       XSEG_FAIL("JSON lacks %s:\n%s", contract_fields[i], text);
   free(text);
+}
+
+/* The default run over a folder of one trace: every built mode, a
+   {"runs": [...]} JSON that parses, and an SVG document. */
+XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
+  const char *tmp = getenv("TMPDIR");
+  char dir[256], trace[300], json[300], svg[300];
+  snprintf(dir, sizeof dir, "%s/xseg_bench_XXXXXX",
+           tmp != NULL && tmp[0] ? tmp : "/tmp");
+  XSEG_ASSERT_TRUE(mkdtemp(dir) != NULL);
+  snprintf(trace, sizeof trace, "%s/small.csv", dir);
+  snprintf(json, sizeof json, "%s/out.json", dir);
+  snprintf(svg, sizeof svg, "%s/out.svg", dir);
+  FILE *f = fopen(trace, "w");
+  XSEG_ASSERT_TRUE(f != NULL);
+  fputs(small_trace, f);
+  fclose(f);
+  char *argv[] = {"xseg-bench", "--traces", dir, "--json", json, "--svg",
+                  svg, "--driver", (char *)test_driver(), NULL};
+  XSEG_EXPECT_EQ(xb_cmd_default(9, argv), 0);
+  char *j = file_read(json), *s = file_read(svg);
+  XSEG_EXPECT_TRUE(j != NULL && json_valid(j));
+  XSEG_EXPECT_TRUE(j != NULL && strncmp(j, "{\"runs\": [", 10) == 0 &&
+                   strstr(j, "\"mode\": \"exact\"") != NULL);
+  if (j != NULL && xb_allocator_built())
+    XSEG_EXPECT_TRUE(strstr(j, "\"mode\": \"expandable\"") != NULL);
+  XSEG_EXPECT_TRUE(s != NULL && strncmp(s, "<svg ", 5) == 0 &&
+                   strstr(s, "</svg>") != NULL &&
+                   strstr(s, "<polyline") != NULL);
+  free(j);
+  free(s);
+  unlink(trace);
+  unlink(json);
+  unlink(svg);
+  rmdir(dir);
 }
