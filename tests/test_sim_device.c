@@ -303,3 +303,26 @@ XSEG_TEST(SimDevice, get_proc_address_finds_versioned_names) {
   XSEG_EXPECT_CU(cuGetProcAddress("cuserid", &pfn, 13000, 0, &st));
   XSEG_EXPECT_TRUE(pfn == NULL);
 }
+
+/* Every driver function a caller may look up by its cuda.h base name comes
+   back as the versioned symbol cuda.h's macros name at CUDA 13, for the
+   memory copies and sets as much as for the VMM calls. */
+XSEG_TEST(SimDevice, get_proc_address_serves_copy_and_set_versions) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(st_setup() > 0);
+  static const char *const pairs[][2] = {
+      {"cuMemcpyDtoD", "cuMemcpyDtoD_v2"},
+      {"cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2"},
+      {"cuMemsetD32", "cuMemsetD32_v2"},
+      {"cuMemsetD8", "cuMemsetD8_v2"},
+      {"cuStreamDestroy", "cuStreamDestroy_v2"},
+  };
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    void *pfn = NULL;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    XSEG_EXPECT_CU(cuGetProcAddress(pairs[i][0], &pfn, 13000, 0, &st));
+    Dl_info info;
+    XSEG_ASSERT_TRUE(pfn != NULL && dladdr(pfn, &info) && info.dli_sname);
+    XSEG_EXPECT_STREQ(info.dli_sname, pairs[i][1]);
+  }
+}
