@@ -151,10 +151,14 @@ xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s) {
 /* The placement in unmapped block u for `size` bytes, if it has room. */
 static bool pool_place_in(xs_block *u, size_t size, xs_place *out) {
   size_t g = u->seg->granule;
+  /* The free block below the hole merges with the new space whatever its
+     size, so it must never be harvested meanwhile (harvesting it could
+     merge the hole away); it only counts towards the size when it is
+     smaller than the request. */
   xs_block *keep = u->prev;
-  if (keep != NULL && (keep->allocated || keep->size >= size)) keep = NULL;
-  size_t missing = size - (keep != NULL ? keep->size : 0);
-  size_t n = (missing + g - 1) / g;
+  if (keep != NULL && keep->allocated) keep = NULL;
+  size_t have = keep != NULL && keep->size < size ? keep->size : 0;
+  size_t n = (size - have + g - 1) / g;
   if (n * g > u->size) return false;
   *out = (xs_place){.seg = u->seg, .hole = u, .keep = keep, .n = n};
   return true;

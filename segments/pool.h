@@ -54,7 +54,8 @@ xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s);
 
 /* Where growth maps: n granules at the start of unmapped block `hole`,
    after which the new space merges with `keep` (the free mapped block just
-   below the hole, or NULL) into a block of at least the size asked for. */
+   below the hole, or NULL; never harvested while growing) into a block of
+   at least the size asked for. */
 typedef struct xs_place {
   xs_segment *seg;
   xs_block *hole;
