@@ -189,7 +189,8 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
         break;
       }
       size_t g = b->seg->granule;
-      bytes += release_block(p, b, SIZE_MAX, NULL, &st) * g;
+      size_t want = goal == SIZE_MAX ? SIZE_MAX : (goal - bytes + g - 1) / g;
+      bytes += release_block(p, b, want, NULL, &st) * g;
       if (first == XSEG_OK) first = st;
     }
     b = next;

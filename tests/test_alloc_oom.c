@@ -1,0 +1,126 @@
+/* Out of memory on the emulator: the retry after freeing cached pages, the
+   PyTorch-style message, no live data lost, the memory-fraction cap and the
+   garbage-collection threshold. */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc_helpers.h"
+
+XSEG_TEST(alloc_oom, message_and_no_lost_data_and_smaller_succeeds) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 1 * GiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  enum { MAX = 64 };
+  void *p[MAX];
+  size_t n = 0;
+  xseg_status st;
+  while (n < MAX && (st = xseg_malloc(a, 100 * MiB, NULL, &p[n])) == XSEG_OK) {
+    XSEG_ASSERT_TRUE(at_fill(p[n], 100 * MiB, (unsigned)n));
+    n++;
+  }
+  XSEG_ASSERT_EQ(st, XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_EQ(n, 10);
+  const char *msg = xseg_last_error();
+  XSEG_EXPECT_TRUE(strstr(msg, "out of memory") != NULL);
+  XSEG_EXPECT_TRUE(strstr(msg, "Tried to allocate 100.00 MiB") != NULL);
+  XSEG_EXPECT_TRUE(strstr(msg, "total capacity of 1.00 GiB") != NULL);
+  XSEG_EXPECT_TRUE(strstr(msg, "1000.00 MiB is allocated by xseg") != NULL);
+  XSEG_EXPECT_TRUE(strstr(msg, "reserved by xseg but unallocated") != NULL);
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_ooms, 1);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 1);
+  XSEG_EXPECT_OK(xseg_check(a));
+  void *small;
+  XSEG_ASSERT_OK(xseg_malloc(a, 10 * MiB, NULL, &small));
+  for (size_t i = 0; i < n; i++) {
+    XSEG_EXPECT_TRUE(at_verify(p[i], 100 * MiB, (unsigned)i));
+    XSEG_EXPECT_OK(xseg_free(a, p[i]));
+  }
+  XSEG_EXPECT_OK(xseg_free(a, small));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* Cached memory of another stream (another pool) is released and retried
+   before the allocator gives up. */
+XSEG_TEST(alloc_oom, cached_pages_are_released_before_failing) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 1 * GiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  xseg_allocator *a = at_create(NULL);
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 800 * MiB, s1, &p));
+  XSEG_ASSERT_OK(xseg_free(a, p));      /* cached on s1 */
+  XSEG_ASSERT_OK(xseg_malloc(a, 600 * MiB, NULL, &q));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 1);
+  XSEG_EXPECT_EQ(s.num_ooms, 0);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, 600 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+XSEG_TEST(alloc_oom, memory_fraction_caps_what_is_mapped) {
+  xseg_allocator *a = at_create("xseg_memory_fraction:0.001");  /* 80 MiB */
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &p));
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 30 * MiB, NULL, &q),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "memory fraction") != NULL);
+  XSEG_ASSERT_OK(xseg_set_memory_fraction(a, 0.5));
+  XSEG_ASSERT_OK(xseg_malloc(a, 30 * MiB, NULL, &q));
+  XSEG_EXPECT_STATUS(xseg_set_memory_fraction(a, 0.0),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_set_memory_fraction(a, 1.5),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+}
+
+/* With garbage_collection_threshold, a failed growth first releases only
+   down to the threshold, and that is enough here. */
+XSEG_TEST(alloc_oom, garbage_collection_threshold_releases_first) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 1 * GiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  xseg_allocator *a = at_create("garbage_collection_threshold:0.5");
+  void *p[3], *q;
+  for (int i = 0; i < 3; i++)
+    XSEG_ASSERT_OK(xseg_malloc(a, 300 * MiB, s1, &p[i]));
+  for (int i = 0; i < 3; i++) XSEG_ASSERT_OK(xseg_free(a, p[i]));
+  XSEG_ASSERT_OK(xseg_malloc(a, 200 * MiB, NULL, &q));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 1);
+  /* Down to 512 MiB, then the 200 MiB: some of the cache survived. */
+  XSEG_EXPECT_GT(s.reserved_bytes.current, 200 * MiB);
+  XSEG_EXPECT_LE(s.reserved_bytes.current, 712 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+XSEG_TEST(alloc_oom, classic_mode_oom_releases_free_segments) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 1 * GiB);
+  xseg_allocator *a = at_create("expandable_segments:False");
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 700 * MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 800 * MiB, NULL, &q));
+  XSEG_EXPECT_EQ(at_stats(a).segment.current, 1);
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 800 * MiB, NULL, &p),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+}
