@@ -41,7 +41,11 @@ static xseg_status grow_cap_error(const xseg_allocator *a, size_t bytes) {
 static void grow_release(xseg_allocator *a, const uint64_t *handles,
                          size_t n) {
   for (size_t i = 0; i < n; i++) {
-    XS_DRV(a->vmm.drv, cuMemRelease, (CUmemGenericAllocationHandle)handles[i]);
+    /* Around the message-setting wrappers: the growth's own failure is the
+       message. A failed release is tried once more (see release.c). */
+    CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];
+    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS)
+      XS_DRV(a->vmm.drv, cuMemRelease, h);
     a->stats.counter[XS_COUNTER_num_device_free]++;
   }
 }

@@ -50,6 +50,19 @@ static xseg_status release_sync(xs_pool *p, bool *synced) {
   return xs_vmm_stream_sync(p->vmm, p->stream);
 }
 
+/* Releases one handle. A failed cuMemRelease is tried once more: the
+   handle is already unmapped, and giving up would leak its memory for the
+   life of the process. The first failure is still reported. */
+static xseg_status release_handle(xs_pool *p, uint64_t h) {
+  xseg_status st = xs_vmm_handle_release(p->vmm, h);
+  if (st != XSEG_OK &&
+      XS_DRV(p->vmm->drv, cuMemRelease, (CUmemGenericAllocationHandle)h) !=
+          CUDA_SUCCESS)
+    xs_error(st, "%s (and again on retry)", xseg_last_error());
+  p->stats->counter[XS_COUNTER_num_device_free]++;
+  return st;
+}
+
 /* Driver side of cutting [lo, lo + n granules): one unmap, then, unless the
    handles are kept for reuse, one release per handle. A failed unmap
    changed nothing and is returned; a failed release after a good unmap
@@ -61,10 +74,9 @@ static xseg_status release_driver(xs_pool *p, xs_segment *s, uint64_t lo,
   if (st != XSEG_OK || keep_handles) return st;
   size_t g = xs_segment_granule_of(s, lo);
   for (size_t i = 0; i < n; i++) {
-    st = xs_vmm_handle_release(p->vmm, s->handle[g + i]);
+    st = release_handle(p, s->handle[g + i]);
     if (st != XSEG_OK && *late == XSEG_OK) *late = st;
   }
-  p->stats->counter[XS_COUNTER_num_device_free] += (int64_t)n;
   return XSEG_OK;
 }
 
@@ -210,10 +222,13 @@ static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
     if (!s->mapped[g]) { g++; continue; }
     size_t run = 1;
     while (g + run < s->n_granules && s->mapped[g + run]) run++;
-    xseg_status st = xs_vmm_unmap_run(p->vmm, s->base + g * s->granule,
-                                      s->granule, run, &s->handle[g]);
+    xseg_status st = xs_vmm_unmap(p->vmm, s->base + g * s->granule,
+                                  run * s->granule);
+    for (size_t i = 0; st == XSEG_OK && i < run; i++) {
+      xseg_status rs = release_handle(p, s->handle[g + i]);
+      if (first == XSEG_OK) first = rs;
+    }
     if (first == XSEG_OK) first = st;
-    p->stats->counter[XS_COUNTER_num_device_free] += (int64_t)run;
     g += run;
   }
   xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);

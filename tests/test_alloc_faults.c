@@ -1,0 +1,132 @@
+/* Fault injection at every driver call site of growth and release: each
+   failing call leaves the allocator consistent (xseg_check), loses no live
+   block, and leaks no handle, mapping or reservation (the fixture checks). */
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc_helpers.h"
+
+enum { LIVE = 8 };
+
+typedef struct fault_run {
+  xseg_allocator *a;
+  void *live[LIVE];
+  int n;
+  int failures;
+} fault_run;
+
+static void fault_check(fault_run *r, xseg_status st) {
+  if (st != XSEG_OK) {
+    r->failures++;
+    XSEG_EXPECT_TRUE(xseg_last_error()[0] != '\0');
+  }
+  if (xseg_check(r->a) != XSEG_OK) XSEG_FAIL("%s", xseg_last_error());
+}
+
+static void fault_malloc(fault_run *r, size_t size) {
+  void *p = NULL;
+  xseg_status st = xseg_malloc(r->a, size, NULL, &p);
+  if (st == XSEG_OK) {
+    XSEG_EXPECT_TRUE(at_fill(p, size, 3));
+    r->live[r->n++] = p;
+  }
+  fault_check(r, st);
+}
+
+static void fault_free(fault_run *r, int i) {
+  if (i >= r->n || r->live[i] == NULL) return;
+  fault_check(r, xseg_free(r->a, r->live[i]));
+  r->live[i] = NULL;
+}
+
+/* Growth that reuses handles and creates more, release, a new segment. */
+static int fault_scenario(const char *conf) {
+  fault_run r = {0};
+  r.a = at_create(conf);
+  if (r.a == NULL) return 0;
+  fault_malloc(&r, 8 * MiB);
+  fault_malloc(&r, 2 * MiB);
+  fault_free(&r, 0);
+  fault_malloc(&r, 10 * MiB);       /* harvests the hole, creates more */
+  fault_malloc(&r, 4096);           /* the small pool's first segment */
+  fault_malloc(&r, 3 * MiB);
+  fault_free(&r, 1);
+  fault_check(&r, xseg_empty_cache(r.a));
+  fault_malloc(&r, 6 * MiB);
+  for (int i = 0; i < r.n; i++) fault_free(&r, i);
+  fault_check(&r, xseg_empty_cache(r.a));
+  xsim_reset();        /* an injection not yet reached must not hit destroy */
+  xseg_destroy(r.a);
+  return r.failures;
+}
+
+static void fault_sweep(const char *name, CUresult err, const char *conf) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xsim_reset();
+  fault_scenario(conf);
+  uint64_t calls = xsim_call_count(name);
+  for (uint64_t nth = 1; nth <= calls + 1; nth++) {
+    xsim_reset();
+    xsim_fail_call(name, nth, err);
+    int failures = fault_scenario(conf);
+    if (nth <= calls && failures == 0 && err != CUDA_ERROR_OUT_OF_MEMORY)
+      XSEG_FAIL("%s #%llu failing was not reported by any call", name,
+                (unsigned long long)nth);
+  }
+}
+
+#define FAULT_TEST(fn, err)                                                 \
+  XSEG_TEST(alloc_faults, fn##_expandable) {                                \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep(#fn, err, NULL);                                            \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_classic) {                                   \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep(#fn, err, "expandable_segments:False");                     \
+  }
+
+FAULT_TEST(cuMemAddressReserve, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuMemCreate, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuMemMap, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuMemSetAccess, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuMemUnmap, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuMemRelease, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuStreamSynchronize, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuCtxGetCurrent, CUDA_ERROR_UNKNOWN)
+
+/* Out of memory from cuMemCreate is retried after releasing the cache. */
+XSEG_TEST(alloc_faults, create_out_of_memory_is_retried) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  fault_sweep("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, NULL);
+  xseg_allocator *a = at_create(NULL);
+  xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 5 * MiB, NULL, &p));
+  XSEG_EXPECT_EQ(at_stats(a).num_alloc_retries, 1);
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* A failure in the middle of a growth rolls back every granule it mapped. */
+XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL);
+  xsim_live before;
+  xsim_get_live(&before);
+  xsim_fail_call("cuMemMap", 3, CUDA_ERROR_UNKNOWN);
+  void *p;
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 9 * MiB, NULL, &p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuMemMap") != NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "CUDA_ERROR_UNKNOWN") != NULL);
+  xsim_live after;
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.mappings, before.mappings);
+  XSEG_EXPECT_EQ(after.handles, before.handles);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, 9 * MiB, NULL, &p));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  xseg_destroy(a);
+}
