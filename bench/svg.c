@@ -13,7 +13,7 @@
 
 #include "bench.h"
 
-enum { XB_W = 960, XB_PANEL_H = 340, XB_PLOT_X = 90, XB_PLOT_Y = 40,
+enum { XB_W = 1000, XB_PANEL_H = 340, XB_PLOT_X = 90, XB_PLOT_Y = 40,
        XB_PLOT_W = 620, XB_PLOT_H = 240 };
 
 static const char *const xb_colors[] = {"#1f77b4", "#d62728", "#2ca02c",
