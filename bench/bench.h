@@ -4,8 +4,7 @@
  * policy and reports what the policy reserved against what the workload had
  * live. A workload comes from an RMM replay-log CSV (trace.c) or a synthetic
  * generator (varbatch.c); a policy is exact mode on vmm/ (policy_exact.c) or
- * the allocator through the public API (policy_xseg.c, built once the
- * allocator exists). Everything driver-specific goes through env.c, so one
+ * the allocator through the public API (policy_xseg.c). Everything driver-specific goes through env.c, so one
  * binary runs on the emulator and on a real GPU.
  */
 #ifndef XB_BENCH_H
@@ -159,16 +158,13 @@ typedef struct xb_policy {
 } xb_policy;
 
 extern const xb_policy xb_policy_exact;
-/* The policy called `name`, or NULL if unknown or not built. */
+/* The policy called `name`, or NULL. */
 const xb_policy *xb_policy_find(const char *name);
-/* Modes in report order, and whether the allocator's modes are built. */
+/* Modes in report order. */
 extern const char *const xb_modes[3];
-bool xb_allocator_built(void);
-#ifdef XB_HAVE_ALLOCATOR
 /* An allocator on env's driver, expandable or classic, then `conf`. */
 xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
                            xseg_allocator **out);
-#endif
 
 /* ---- replay.c: a workload through a policy ---------------------------- */
 

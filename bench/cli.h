@@ -42,8 +42,8 @@ void xb_cli_defaults(xb_cli *c);
 int xb_cli_option(xb_cli *c, int opt, const char *arg);
 /* Opens the driver and applies --device-memory; prints why on failure. */
 bool xb_cli_env_open(const xb_cli *c, xb_env *env);
-/* The policies --mode names, in report order: all built ones for "all".
-   Prints why and returns 0 for a mode that is unknown or not built. */
+/* The policies --mode names, in report order: all three for "all".
+   Prints why and returns 0 for an unknown mode. */
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
 /* Writes --json and --svg if given; prints why on failure. */
 bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n);
@@ -54,9 +54,7 @@ bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);
 int xb_cmd_default(int argc, char **argv);
 int xb_cmd_replay(int argc, char **argv);
 int xb_cmd_varbatch(int argc, char **argv);
-#ifdef XB_HAVE_ALLOCATOR
 int xb_cmd_micro(int argc, char **argv);
-#endif
 /* Replays a built workload in the modes of c, as the default run does. */
 int xb_run_trace(const xb_cli *c, const xb_trace *t);
 

@@ -16,15 +16,11 @@
 #define XB_TRACE_DIR "bench/traces"
 #endif
 
-static void print_intro(FILE *out, xb_env *env, size_t n_policies) {
+static void print_intro(FILE *out, xb_env *env) {
   char mem[32];
   fprintf(out, "driver: %s (%s), granularity %s\n", env->driver,
           xb_env_is_sim(env) ? "emulator" : "no emulator control",
           xb_format_bytes(env->vmm.granularity, mem, sizeof mem));
-  if (!xb_allocator_built())
-    fprintf(out, "note: expandable and classic modes are not built yet (the "
-            "allocator, xseg_malloc, has not landed): only exact mode is "
-            "shown%s\n", n_policies ? "" : "; nothing to run");
 }
 
 /* Shows "[k/n] trace mode" on stderr when someone is watching it. */
@@ -91,9 +87,9 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n) {
                              .snapshot = c->svg != NULL};
   b->tty = isatty(STDERR_FILENO);
   b->n_policies = xb_cli_policies(c->mode, b->policies);
-  if (b->n_policies == 0 && strcmp(c->mode, "all") != 0) return 2;
+  if (b->n_policies == 0) return 2;
   if (!xb_cli_env_open(c, &b->env)) return 1;
-  print_intro(stdout, &b->env, b->n_policies);
+  print_intro(stdout, &b->env);
   b->cap_results = n * b->n_policies;
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
   if (b->results != NULL) return -1;

@@ -48,15 +48,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "replay") == 0) return xb_cmd_replay(argc - 1, argv + 1);
     if (strcmp(cmd, "varbatch") == 0)
       return xb_cmd_varbatch(argc - 1, argv + 1);
-#ifdef XB_HAVE_ALLOCATOR
     if (strcmp(cmd, "micro") == 0) return xb_cmd_micro(argc - 1, argv + 1);
-#else
-    if (strcmp(cmd, "micro") == 0) {
-      fprintf(stderr, "xseg-bench micro: the allocator (xseg_malloc) is not "
-              "built yet; micro measures nothing else\n");
-      return 1;
-    }
-#endif
     fprintf(stderr, "xseg-bench: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -9,8 +9,6 @@
 
 #include "cli.h"
 
-#ifdef XB_HAVE_ALLOCATOR
-
 typedef struct xb_micro {
   xb_cli cli;
   xb_env env;
@@ -50,5 +48,4 @@ bool xb_micro_threads(xb_micro *m, xb_threads_row *row);
    of an unused pointer is a pair GCC may delete. */
 #define XB_ESCAPE(p) __asm__ volatile("" : : "r"(p) : "memory")
 
-#endif /* XB_HAVE_ALLOCATOR */
 #endif /* XB_MICRO_H */

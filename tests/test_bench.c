@@ -134,7 +134,6 @@ XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
   xb_env_close(&env);
 }
 
-#ifdef XB_HAVE_ALLOCATOR
 /* The allocator's modes see the same workload: the same peak allocated, no
    OOM, and every byte they map is at least what is live. */
 XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
@@ -166,7 +165,6 @@ XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
   xb_trace_release(&t);
   xb_env_close(&env);
 }
-#endif
 
 typedef struct bad_case {
   const char *line, *reason;
@@ -364,8 +362,8 @@ XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
   XSEG_EXPECT_TRUE(j != NULL && json_valid(j));
   XSEG_EXPECT_TRUE(j != NULL && strncmp(j, "{\"runs\": [", 10) == 0 &&
                    strstr(j, "\"mode\": \"exact\"") != NULL);
-  if (j != NULL && xb_allocator_built())
-    XSEG_EXPECT_TRUE(strstr(j, "\"mode\": \"expandable\"") != NULL);
+  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"expandable\"") &&
+                   strstr(j, "\"mode\": \"classic\""));
   XSEG_EXPECT_TRUE(s != NULL && strncmp(s, "<svg ", 5) == 0 &&
                    strstr(s, "</svg>") != NULL &&
                    strstr(s, "<polyline") != NULL);
