@@ -2,11 +2,11 @@
  *
  * The benchmark replays a workload (a list of allocate/free events) through a
  * policy and reports what the policy reserved against what the workload had
- * live. A workload comes from an RMM replay-log CSV (trace_csv.c, building
- * with trace.c) or a synthetic generator (varbatch.c); a policy is exact mode on vmm/ (policy_exact.c) or
- * the allocator through the public API (policy_xseg.c). Everything
- * driver-specific goes through env.c, so one binary runs on the emulator and
- * on a real GPU.
+ * live. A workload comes from an RMM replay-log CSV (trace_csv.c, built with
+ * trace.c) or a synthetic generator (varbatch.c); a policy is exact mode on
+ * vmm/ (policy_exact.c) or the allocator through the public API
+ * (policy_xseg.c). Everything driver-specific goes through env.c, so one
+ * binary runs on the emulator and on a real GPU.
  */
 #ifndef XB_BENCH_H
 #define XB_BENCH_H
