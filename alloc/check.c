@@ -91,12 +91,14 @@ static int check_cmp_u64(const void *x, const void *y) {
 
 /* No reservation overlaps another; no handle is mapped twice. */
 static bool check_disjoint(check_ctx *c) {
+  if (c->segments == 0) return true;   /* qsort wants a non-NULL array */
   /* range holds (base, end) pairs: sort the pairs by base. */
   qsort(c->range, c->segments, 2 * sizeof *c->range, check_cmp_u64);
   for (size_t i = 1; i < c->segments; i++)
     if (c->range[2 * i - 1] > c->range[2 * i])
       CHECK_FAIL(c, "reservations overlap at 0x%llx",
                  (unsigned long long)c->range[2 * i]);
+  if (c->handles == 0) return true;
   qsort(c->handle, c->handles, sizeof *c->handle, check_cmp_u64);
   for (size_t i = 1; i < c->handles; i++)
     if (c->handle[i] == c->handle[i - 1])
