@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "alloc/allocator.h"
+#include "streams/stream_set.h"
 #include "vmm/error.h"
 
 /* Larger requests cannot be rounded to granules without overflow. */
@@ -43,28 +44,58 @@ const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
   return buf;
 }
 
+/* segment_unmap entries for the trace. */
+static void alloc_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
+                              size_t size) {
+  xs_trace_record(ctx, XS_TRACE_SEGMENT_UNMAP, addr, size, p->stream);
+}
+
+xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
+                                            struct CUstream_st *stream,
+                                            xseg_pool_id private_id) {
+  xs_stream_pools *sp = calloc(1, sizeof *sp);
+  if (sp == NULL) return NULL;
+  sp->stream = stream;
+  sp->private_id = private_id;
+  for (int k = 0; k < 2; k++) {
+    xs_pool *p = &sp->pool[k];
+    xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &a->blocks, &a->stats);
+    p->safe_epoch = 0;           /* the guard vouches for nothing yet */
+    p->on_unmap = alloc_trace_unmap;
+    p->on_unmap_ctx = &a->trace;
+  }
+  sp->next = a->streams;
+  a->streams = sp;
+  return sp;
+}
+
+void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
+  assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
+  xs_guard_drop(&sp->guard, &a->events);
+  xs_stream_pools **link = &a->streams;
+  while (*link != sp) link = &(*link)->next;
+  *link = sp->next;
+  free(sp);
+}
+
 xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
                                        struct CUstream_st *stream,
                                        xs_stream_pools **out) {
   xs_stream_pools **link = &a->streams;
   for (; *link != NULL; link = &(*link)->next)
-    if ((*link)->stream == stream) break;
+    if ((*link)->stream == stream && (*link)->private_id == 0) break;
   xs_stream_pools *sp = *link;
-  if (sp != NULL) {
-    *link = sp->next;            /* most recently used goes first */
-  } else {
-    sp = calloc(1, sizeof *sp);
+  if (sp == NULL) {
+    sp = xs_stream_pools_new_locked(a, stream, 0);
     if (sp == NULL)
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                       "out of host memory for the pools of stream %p",
                       (void *)stream);
-    sp->stream = stream;
-    for (int k = 0; k < 2; k++)
-      xs_pool_init(&sp->pool[k], (xs_pool_kind)k, stream, &a->vmm,
-                   &a->blocks, &a->stats);
+  } else if (sp != a->streams) {
+    *link = sp->next;            /* most recently used goes first */
+    sp->next = a->streams;
+    a->streams = sp;
   }
-  sp->next = a->streams;
-  a->streams = sp;
   *out = sp;
   return XSEG_OK;
 }
@@ -113,6 +144,8 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
     free(a);
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
+  xs_event_pool_init(&a->events, &a->vmm);
+  xs_pending_init(&a->pending, &a->events);
   pthread_mutex_init(&a->lock, NULL);
   *out = a;
   return XSEG_OK;
@@ -134,6 +167,22 @@ static void alloc_report_live(xseg_allocator *a) {
            (long long)bytes, a->vmm.device);
 }
 
+/* Pending frees still wait on recorded work that may use their memory:
+   wait for it (on the events alone) before everything is unmapped. Block
+   structs go with the pools; their recorded-stream arrays go here. */
+static void alloc_destroy_pending(xseg_allocator *a, bool entered) {
+  if (!xs_alloc_has_pending(a)) return;
+  if (entered) {
+    a->n_captures = 0;          /* nothing captures into a dying allocator */
+    xs_alloc_process_pending_locked(a, true);
+  }
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2; k++)
+      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
+        for (xs_block *b = s->first; b != NULL; b = b->next)
+          xs_stream_set_clear(&b->uses);
+}
+
 void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_lock(a);
@@ -141,13 +190,20 @@ void xseg_destroy(xseg_allocator *a) {
   HASH_CLEAR(hh, a->live);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
+  alloc_destroy_pending(a, entered);
   while (a->streams != NULL) {
     xs_stream_pools *sp = a->streams;
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
-    a->streams = sp->next;
-    free(sp);
+    xs_stream_pools_free_locked(a, sp);
   }
-  if (entered) xs_vmm_ctx_leave(&a->vmm, saved);
+  if (entered) {
+    xs_pending_destroy(&a->pending);
+    xs_event_pool_destroy(&a->events);
+    xs_vmm_ctx_leave(&a->vmm, saved);
+  }
+  free(a->deferred);
+  free(a->captures);
+  xs_trace_resize(&a->trace, 0);
   xs_blocks_destroy(&a->blocks);
   xs_vmm_close(&a->vmm);
   xs_alloc_unlock(a);
@@ -155,15 +211,37 @@ void xseg_destroy(xseg_allocator *a) {
   free(a);
 }
 
-static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
+void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign) {
   xs_pool_kind k = b->seg->pool->kind;
-  int64_t size = sign * (int64_t)b->size;
   xs_stats_move(&a->stats, XS_GAUGE_allocation, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, k, size);
-  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, size);
+  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, k,
+                sign * (int64_t)b->size);
   xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
                 sign * (int64_t)b->requested);
+}
+
+void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
+                             int sign) {
+  xs_pool_kind k = b->seg->pool->kind;
+  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
+  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size);
+}
+
+static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
+  xs_alloc_account_live(a, b, sign);
+  xs_alloc_account_active(a, b, sign);
+}
+
+/* The pools a request on `stream` draws from: a private pool while the
+   stream captures into one (one counter load when nothing captures). */
+static xseg_status alloc_pools_locked(xseg_allocator *a,
+                                      struct CUstream_st *stream,
+                                      xs_stream_pools **out) {
+  if (xs_alloc_capturing(a)) {
+    xs_stream_pools *sp = xs_capture_pools_locked(a, stream);
+    if (sp != NULL) return *out = sp, XSEG_OK;
+  }
+  return xs_stream_pools_get_locked(a, stream, out);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -171,11 +249,11 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       struct CUstream_st *stream,
                                       xs_block **out) {
   xs_stream_pools *sp;
-  xseg_status st = xs_stream_pools_get_locked(a, stream, &sp);
+  xseg_status st = alloc_pools_locked(a, stream, &sp);
   if (st != XSEG_OK) return st;
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
-  if (b == NULL) st = xs_alloc_grow_locked(a, p, rounded, size, &b);
+  if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
   if (st != XSEG_OK) return st;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
   b->requested = size;
@@ -187,6 +265,7 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                     "out of host memory for the pointer table");
   }
   alloc_account(a, b, +1);
+  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
   *out = b;
   return XSEG_OK;
 }
@@ -202,6 +281,11 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
                     "to blocks and granules", size);
   xs_alloc_lock(a);
+  /* Frees waiting on other streams are settled first, as PyTorch's
+     process_events; a counter check when none waits. A failed query only
+     leaves them waiting: the allocation goes on. */
+  if (__builtin_expect(xs_alloc_has_pending(a), 0))
+    xs_alloc_process_pending_locked(a, false);
   xs_block *b = NULL;
   xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
   xs_alloc_unlock(a);
@@ -209,13 +293,28 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   return st;
 }
 
-/* The one way a block stops being live. Cross-stream frees will defer
-   here (until the streams that used it are past the free) instead of
-   giving the block back at once. */
-static void alloc_release_block_locked(xseg_allocator *a, xs_block *b) {
+void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
-  alloc_account(a, b, -1);
+  b->free_epoch = ++a->free_clock;
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
   xs_pool_give(b->seg->pool, b);
+}
+
+/* The one way a block stops being live. A block used on other streams
+   (xseg_record_stream) waits, pending, until the work they had queued at
+   this free is done (deferred.c); any other goes back to its pool at once,
+   where its own stream may reuse it (stream order makes that safe). */
+static xseg_status alloc_release_block_locked(xseg_allocator *a,
+                                              xs_block *b) {
+  XS_ASSERT_LOCKED(a);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
+                  b->stream);
+  if (__builtin_expect(b->uses.n != 0, 0))
+    return xs_alloc_defer_free_locked(a, b);
+  alloc_account(a, b, -1);
+  xs_alloc_give_locked(a, b);
+  return XSEG_OK;
 }
 
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
@@ -235,7 +334,12 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                     "the start of a block)", ptr, a->vmm.device);
   }
   HASH_DELETE(hh, a->live, b);
-  alloc_release_block_locked(a, b);
+  xseg_status st = alloc_release_block_locked(a, b);
+  if (st != XSEG_OK) {
+    /* Still live, as the caller sees it: back in the table, which keeps
+       its buckets, so this add allocates nothing. */
+    HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
+  }
   xs_alloc_unlock(a);
-  return XSEG_OK;
+  return st;
 }

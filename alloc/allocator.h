@@ -13,9 +13,13 @@
 #include <stddef.h>
 
 #include "alloc/config.h"
+#include "alloc/trace.h"
 #include "segments/block.h"
 #include "segments/pool.h"
 #include "segments/stats.h"
+#include "streams/event_pool.h"
+#include "streams/guard.h"
+#include "streams/pending.h"
 #include "vmm/vmm.h"
 #include "xseg.h"
 
@@ -25,12 +29,40 @@
    worth splitting off in expandable mode. */
 #define XS_MIN_BLOCK ((size_t)512)
 
-/* The two pools of one stream. */
+/* The two pools of one stream, or of one private pool (graph capture:
+   private_id != 0; its blocks may be used by any stream the graph runs on,
+   and its guard follows the stream that first captured into it). */
 typedef struct xs_stream_pools {
   struct CUstream_st *stream;
+  xseg_pool_id private_id;            /* 0: the stream's own pools */
+  bool released;                      /* private: xseg_release_pool called */
+  xs_guard guard;                     /* unmap guard; sets safe_epoch */
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;
 } xs_stream_pools;
+
+/* Whose memory a release pass may take: a stream's own pools, and private
+   pools once released; never a private pool still in use. */
+static inline bool xs_pools_reclaimable(const xs_stream_pools *sp) {
+  return sp->private_id == 0 || sp->released;
+}
+
+/* The pair a pool belongs to. */
+static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
+  return (xs_stream_pools *)((char *)(p - p->kind) -
+                             offsetof(xs_stream_pools, pool));
+}
+
+/* Allocations on `stream` go to private pool `pool` (graph capture): one
+   entry per xseg_begin_allocate_to_pool, or per unannounced capture seen by
+   cuStreamGetCaptureInfo (implicit). While any entry exists, no event is
+   queried, no stream synchronised and nothing unmapped. */
+typedef struct xs_capture {
+  struct CUstream_st *stream;
+  xseg_pool_id pool;
+  uint64_t capture_id;                /* implicit: the driver's id */
+  bool implicit;
+} xs_capture;
 
 struct xseg_allocator {
   pthread_mutex_t lock;
@@ -44,6 +76,19 @@ struct xseg_allocator {
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
   size_t cap;                         /* memory_fraction * device memory */
+  /* Cross-stream safety (alloc/deferred.c, alloc/reclaim.c). */
+  xs_event_pool events;               /* pending frees' and guards' events */
+  xs_pending pending;                 /* frees waiting on recorded streams */
+  uint64_t free_clock;                /* stamps every free: free_epoch */
+  size_t pending_blocks;              /* blocks in state pending */
+  int64_t pending_bytes;
+  xs_block **deferred;                /* pending, events not recorded yet
+                                         (freed during a capture) */
+  size_t n_deferred, cap_deferred;
+  /* Graph capture (alloc/capture.c). */
+  xs_capture *captures;
+  size_t n_captures, cap_captures, n_implicit;
+  xs_trace trace;                     /* device_traces ring (snapshot) */
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;
@@ -64,6 +109,71 @@ void xs_alloc_unlock(xseg_allocator *a);
 xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
                                        struct CUstream_st *stream,
                                        xs_stream_pools **out);
+/* A new pair (private_id 0: a stream's), linked first; NULL on host OOM. */
+xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
+                                            struct CUstream_st *stream,
+                                            xseg_pool_id private_id);
+/* Unlinks and frees a pair that holds no segment. */
+void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
+
+/* Stats of a block becoming live (+1) or no longer live (-1) for the
+   caller (allocation, allocated and requested bytes), and active (+1/-1)
+   until its memory may really be reused (active, active_bytes). */
+void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
+void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
+/* Gives a block whose last use is over back to its pool, stamped with the
+   free clock. */
+void xs_alloc_give_locked(xseg_allocator *a, xs_block *b);
+
+/* Deferred frees (deferred.c). xseg_free of a block with recorded streams:
+   parks it pending. Fails (block still live, nothing changed) only when
+   the events cannot be recorded or host memory runs out. */
+xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
+/* Frees every pending block whose events fired; `wait` blocks on them
+   (cuEventSynchronize). Records the events of frees made during a capture
+   once none is under way; does nothing while one is. Enters the context. */
+xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
+static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
+  return a->pending.entries != 0 || a->n_deferred != 0;
+}
+
+/* Graph capture (capture.c). */
+static inline bool xs_alloc_capturing(const xseg_allocator *a) {
+  return a->n_captures != 0;
+}
+/* The private pools that allocations on `stream` go to, or NULL. */
+xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
+                                         struct CUstream_st *stream);
+/* Slow path: an unannounced capture on `stream` (cuStreamGetCaptureInfo)
+   becomes an implicit entry, whose private pools are returned in *out
+   (NULL when the stream does not capture). Context current. */
+xseg_status xs_capture_detect_locked(xseg_allocator *a,
+                                     struct CUstream_st *stream,
+                                     xs_stream_pools **out);
+/* Drops implicit entries whose capture ended. Context current. */
+xseg_status xs_capture_refresh_locked(xseg_allocator *a);
+/* Before releasing memory: drops implicit entries whose capture ended and
+   detects unannounced captures on every stream with pools. Context
+   current. */
+xseg_status xs_capture_sweep_locked(xseg_allocator *a);
+
+/* Reclaiming memory (reclaim.c). All need the context current and do
+   nothing (XSEG_OK) while a capture is under way. */
+/* Moves sp's guard towards its newest unsafe free (one query or one
+   event at most; see streams/guard.h). */
+xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
+                                       xs_stream_pools *sp, bool wait);
+/* Advances the guard of every reclaimable pair with unsafe free blocks. */
+xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
+/* Whole free granules of other streams' pools, safe to move, for growth
+   in p at the device limit: at most `want` handles of `granule` bytes. */
+size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
+                                    size_t granule, size_t want,
+                                    uint64_t *handles);
+/* garbage_collection_threshold: releases free granules, oldest free first,
+   until what is mapped is under the threshold's share of the cap. False
+   when it is off or had nothing to do. */
+bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
 
 /* Policy (policy.c): PyTorch's pool choice, fit and split rules. */
 xs_pool_kind xs_alloc_kind(size_t rounded);
@@ -73,14 +183,19 @@ bool xs_alloc_should_split(const xseg_allocator *a, const xs_pool *p,
                            const xs_block *b, size_t rounded);
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded);
 
-/* Growth and the out-of-memory path (grow.c): makes a free mapped block of
-   at least `rounded` bytes in p. Enters the device's context itself. */
-xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool *p,
-                                 size_t rounded, size_t requested,
-                                 xs_block **out);
-/* Releases whole free granules of every pool until `goal` bytes are gone
-   (SIZE_MAX: all). The context must be current. */
-xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal);
+/* The slow path of malloc (grow.c): a free block of at least `rounded`
+   bytes for a request on `stream` from *p, which an unannounced capture
+   detected here turns into a private pool's; growth and the out-of-memory
+   path. Enters the device's context itself. */
+xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
+                                 struct CUstream_st *stream, size_t rounded,
+                                 size_t requested, xs_block **out);
+/* Releases whole free granules of every reclaimable pool until `goal`
+   bytes are gone (SIZE_MAX: all): pending frees processed and guards
+   advanced first, `wait`ing on their events or not (reclaim.c). Nothing
+   while a capture is under way. The context must be current. */
+xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
+                                    bool wait);
 
 /* Formats bytes as PyTorch does ("20.00 MiB") into buf. */
 const char *xs_format_bytes(size_t bytes, char *buf, size_t size);

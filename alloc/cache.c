@@ -1,23 +1,41 @@
 /* cache.c: what the caller may ask of the cache as a whole: give back every
- * free granule (empty_cache), cap the device memory xseg maps
- * (set_memory_fraction), and let a peer device reach every mapping.
+ * free granule (empty_cache, and its blocking form), cap the device memory
+ * xseg maps (set_memory_fraction), and let a peer device reach every
+ * mapping.
  */
 #include "alloc/allocator.h"
 #include "vmm/error.h"
+
+static xseg_status cache_empty(xseg_allocator *a, bool wait) {
+  xs_alloc_lock(a);
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
+  if (st == XSEG_OK) {
+    st = xs_alloc_release_locked(a, SIZE_MAX, wait);
+    /* The blocking form promises everything: a capture prevents that. */
+    if (st == XSEG_OK && wait && xs_alloc_capturing(a))
+      st = xs_error(XSEG_ERR_CAPTURE,
+                    "xseg_empty_cache_blocking: a graph capture is under way "
+                    "on device %d; nothing may be unmapped until it ends",
+                    a->vmm.device);
+    xs_vmm_ctx_leave(&a->vmm, saved);
+  }
+  xs_alloc_unlock(a);
+  return st;
+}
 
 xseg_status xseg_empty_cache(xseg_allocator *a) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_empty_cache: allocator "
                     "is NULL");
-  xs_alloc_lock(a);
-  CUcontext saved;
-  xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
-  if (st == XSEG_OK) {
-    st = xs_alloc_release_locked(a, SIZE_MAX);
-    xs_vmm_ctx_leave(&a->vmm, saved);
-  }
-  xs_alloc_unlock(a);
-  return st;
+  return cache_empty(a, false);
+}
+
+xseg_status xseg_empty_cache_blocking(xseg_allocator *a) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_empty_cache_blocking: allocator is NULL");
+  return cache_empty(a, true);
 }
 
 xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction) {

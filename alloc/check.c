@@ -111,8 +111,9 @@ static bool check_table(check_ctx *c, xseg_allocator *a) {
   size_t n = 0;
   for (xs_block *b = a->live; b != NULL; b = b->hh.next) {
     if (b == &a->anchor) continue;
-    if (!b->allocated) CHECK_FAIL(c, "free block 0x%llx is in the pointer "
-                                  "table", (unsigned long long)b->addr);
+    if (!b->allocated || b->pending)
+      CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
+                 b->pending ? "pending" : "free", (unsigned long long)b->addr);
     n++;
   }
   if (n != c->walk.allocated)
@@ -130,9 +131,14 @@ static bool check_table(check_ctx *c, xseg_allocator *a) {
 static bool check_stats(check_ctx *c, xseg_allocator *a) {
   const xs_segment_walk *w = &c->walk;
   CHECK_STAT(c, a, allocation, w->allocated);
-  CHECK_STAT(c, a, active, w->allocated);
+  CHECK_STAT(c, a, active, w->allocated + w->pending);
   CHECK_STAT(c, a, allocated_bytes, w->allocated_bytes);
-  CHECK_STAT(c, a, active_bytes, w->allocated_bytes);
+  CHECK_STAT(c, a, active_bytes, w->allocated_bytes + w->pending_bytes);
+  if (a->pending_blocks != w->pending ||
+      a->pending_bytes != (int64_t)w->pending_bytes)
+    CHECK_FAIL(c, "%zu pending blocks (%lld bytes) counted, the walk finds "
+               "%zu (%zu bytes)", a->pending_blocks,
+               (long long)a->pending_bytes, w->pending, w->pending_bytes);
   CHECK_STAT(c, a, requested_bytes, w->requested_bytes);
   CHECK_STAT(c, a, inactive_split, w->split_free);
   CHECK_STAT(c, a, inactive_split_bytes, w->split_free_bytes);
@@ -148,12 +154,47 @@ static bool check_stats(check_ctx *c, xseg_allocator *a) {
   return true;
 }
 
+/* A block's recorded streams and events agree with its state. */
+static bool check_block_streams(check_ctx *c, const xs_block *b,
+                                uint64_t *events, size_t *parked) {
+  if (!b->allocated && (b->uses.n != 0 || b->pending_events != 0))
+    CHECK_FAIL(c, "free block 0x%llx still has recorded streams",
+               (unsigned long long)b->addr);
+  if (b->pending && b->pending_events > b->uses.n)
+    CHECK_FAIL(c, "pending block 0x%llx waits on %u events for %u streams",
+               (unsigned long long)b->addr, b->pending_events, b->uses.n);
+  if (!b->pending && b->pending_events != 0)
+    CHECK_FAIL(c, "live block 0x%llx has events",
+               (unsigned long long)b->addr);
+  *events += b->pending_events;
+  *parked += b->pending && b->pending_events == 0;
+  return true;
+}
+
+/* Every queued event belongs to one pending block; a pending block without
+   events is parked until no capture is under way. */
+static bool check_pending(check_ctx *c, xseg_allocator *a) {
+  uint64_t events = 0;
+  size_t parked = 0;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2; k++)
+      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
+        for (xs_block *b = s->first; b != NULL; b = b->next)
+          if (!check_block_streams(c, b, &events, &parked)) return false;
+  if (events != a->pending.entries || parked != a->n_deferred)
+    CHECK_FAIL(c, "blocks wait on %llu events and %zu are parked; the queues "
+               "hold %llu events and %zu parked", (unsigned long long)events,
+               parked, (unsigned long long)a->pending.entries, a->n_deferred);
+  return true;
+}
+
 static bool check_all(check_ctx *c, xseg_allocator *a) {
   size_t rcap = 0;
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       if (!check_pool(c, &sp->pool[k], &rcap)) return false;
-  return check_disjoint(c) && check_table(c, a) && check_stats(c, a);
+  return check_disjoint(c) && check_table(c, a) && check_stats(c, a) &&
+         check_pending(c, a);
 }
 
 xseg_status xseg_check(xseg_allocator *a) {

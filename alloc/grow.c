@@ -6,17 +6,23 @@
  * block touching the mapped end needs only the missing granules), with the
  * fewest granules. The physical handles come first from whole free granules
  * elsewhere in the same stream's pools (unmapped and mapped again: two calls
- * per run plus one map per granule, and no new device memory), and only the
- * rest from cuMemCreate. So the device memory held tracks the live bytes,
- * and the cached blocks that fit later requests are kept as long as nothing
- * else is needed.
+ * per run plus one map per granule, and no new device memory), then from
+ * cuMemCreate; at the device limit (the memory-fraction cap, or cuMemCreate
+ * out of memory) from other streams' free granules whose guards have
+ * passed (reclaim.c): physical memory moves between streams without a
+ * release and re-create and without a host sync. Only free blocks whose
+ * stream's guard has passed their free are unmapped (segments/release.c).
  *
  * Classic growth (expandable_segments:False) reserves and maps one new
  * segment of PyTorch's size with a single physical allocation.
  *
- * On CUDA_ERROR_OUT_OF_MEMORY or the memory-fraction cap: release cached
- * granules (down to garbage_collection_threshold first, when it is set; then
- * everything free), retry, and only then fail with PyTorch's message.
+ * Before growing, garbage_collection_threshold releases the oldest free
+ * granules while what is mapped exceeds its share of the cap. On running
+ * out: settle pending frees and collect garbage, retry; release every safe
+ * free granule, retry; wait (on the guards' and pending frees' events,
+ * never on a stream or the device) and retry; release all, retry; and only
+ * then fail with PyTorch's message. While a graph capture is under way
+ * nothing is unmapped: growth creates fresh memory or fails.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -50,12 +56,16 @@ static void grow_release(xseg_allocator *a, const uint64_t *handles,
   }
 }
 
-/* Whole free granules of the same size from the pools of p's stream. */
+/* Whole free granules of the same size from p and its sibling pool (the
+   same stream's, or the same private pool's), once the guard has passed
+   them; nothing while a capture is under way (no unmap then). */
 static size_t grow_harvest(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                            uint64_t *handles) {
-  xs_stream_pools *sp;
+  xs_stream_pools *sp = xs_pools_of(p);
   size_t g = pl->seg->granule, got = 0;
-  if (xs_stream_pools_get_locked(a, p->stream, &sp) != XSEG_OK) return 0;
+  if (xs_alloc_capturing(a)) return 0;
+  /* A failed guard only means fewer reused handles. */
+  xs_alloc_guard_pair_locked(a, sp, false);
   for (int k = 0; k < 2 && got < pl->n; k++) {
     xs_pool *donor = k == 0 ? p : &sp->pool[!p->kind];
     xseg_status st;
@@ -78,14 +88,27 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                     "out of host memory for %zu handles", pl->n);
   size_t have = grow_harvest(a, p, pl, handles);
   xseg_status st = XSEG_OK;
-  if (have < pl->n && !grow_within_cap(a, (pl->n - have) * g))
-    st = grow_cap_error(a, (pl->n - have) * g);
+  if (have < pl->n && !grow_within_cap(a, (pl->n - have) * g)) {
+    have += xs_alloc_take_foreign_locked(a, p, g, pl->n - have,
+                                         handles + have);
+    if (have < pl->n && !grow_within_cap(a, (pl->n - have) * g))
+      st = grow_cap_error(a, (pl->n - have) * g);
+  }
   for (; st == XSEG_OK && have < pl->n; have++) {
     st = xs_vmm_handle_create(&a->vmm, g, false, &handles[have]);
     if (st != XSEG_OK) break;
     a->stats.counter[XS_COUNTER_num_device_alloc]++;
   }
+  if (st == XSEG_ERR_OUT_OF_MEMORY && have < pl->n) {
+    have += xs_alloc_take_foreign_locked(a, p, g, pl->n - have,
+                                         handles + have);
+    if (have == pl->n) st = XSEG_OK;
+  }
+  uint64_t at = pl->hole->addr;  /* the hole may merge away in the map */
   if (st == XSEG_OK) st = xs_pool_map(p, pl, handles, out);
+  if (st == XSEG_OK)
+    xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, at, pl->n * g,
+                    p->stream);
   if (st != XSEG_OK) grow_release(a, handles, have);
   free(handles);
   return st;
@@ -122,6 +145,8 @@ static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
     xs_place pl = {.seg = s, .hole = s->first, .keep = NULL, .n = 1};
     st = xs_pool_map(p, &pl, &handle, out);
     if (st != XSEG_OK) grow_release(a, &handle, 1);
+    else xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, s->base, size,
+                         p->stream);
   }
   if (st != XSEG_OK) xs_pool_drop_segment(p, s);
   return st;
@@ -131,33 +156,6 @@ static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
                              xs_block **out) {
   return a->cfg.expandable_segments ? grow_expandable(a, p, rounded, out)
                                     : grow_classic(a, p, rounded, out);
-}
-
-xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal) {
-  xseg_status first = XSEG_OK;
-  size_t done = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    for (int k = 0; k < 2 && done < goal; k++) {
-      size_t bytes = 0;
-      xseg_status st = xs_pool_release(&sp->pool[k], goal - done, &bytes);
-      if (first == XSEG_OK) first = st;
-      done += bytes;
-    }
-  return first;
-}
-
-/* garbage_collection_threshold: release cached granules until what is
-   mapped is under the threshold's share of the cap. False when it is off
-   or had nothing to do. */
-static bool grow_collect_garbage(xseg_allocator *a) {
-  double t = a->cfg.garbage_collection_threshold;
-  if (t <= 0) return false;
-  size_t target = (size_t)(t * (double)a->cap);
-  size_t reserved =
-      (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
-  if (reserved <= target) return false;
-  xs_alloc_release_locked(a, reserved - target);
-  return true;
 }
 
 /* PyTorch's message: what was asked, what the device has, what xseg holds,
@@ -187,22 +185,61 @@ static xseg_status grow_oom(xseg_allocator *a, size_t requested) {
       cause);
 }
 
-xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool *p,
-                                 size_t rounded, size_t requested,
-                                 xs_block **out) {
+/* The slow path's first step, only here so the cached path makes no
+   extra driver call: an unannounced capture on `stream` sends the request
+   to its private pool, where a cached block may already fit. */
+static xseg_status grow_route(xseg_allocator *a, xs_pool **p,
+                              struct CUstream_st *stream, size_t rounded,
+                              xs_block **out) {
+  *out = NULL;
+  if (xs_pools_of(*p)->private_id != 0) return XSEG_OK;
+  xs_stream_pools *priv;
+  xseg_status st = xs_capture_detect_locked(a, stream, &priv);
+  if (st != XSEG_OK || priv == NULL) return st;
+  *p = &priv->pool[(*p)->kind];
+  *out = xs_alloc_find_free(a, *p, rounded);
+  return XSEG_OK;
+}
+
+/* After a failed growth: each step frees more, at a higher price. */
+static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
+                              xs_block **out) {
+  a->stats.counter[XS_COUNTER_num_alloc_retries]++;
+  xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
+  if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
+  xs_alloc_process_pending_locked(a, false);
+  if (xs_alloc_collect_garbage_locked(a)) st = grow_once(a, p, rounded, out);
+  if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
+  xs_alloc_release_locked(a, SIZE_MAX, false);
+  st = grow_once(a, p, rounded, out);
+  if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
+  /* Wait for the recorded work that still guards free memory (its events
+     only), then let growth take it, and last release everything. */
+  xs_alloc_process_pending_locked(a, true);
+  a->stats.counter[XS_COUNTER_num_sync_all_streams]++;
+  xs_alloc_guards_locked(a, true);
+  st = grow_once(a, p, rounded, out);
+  if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
+  xs_alloc_release_locked(a, SIZE_MAX, false);
+  return grow_once(a, p, rounded, out);
+}
+
+xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
+                                 struct CUstream_st *stream, size_t rounded,
+                                 size_t requested, xs_block **out) {
   XS_ASSERT_LOCKED(a);
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st != XSEG_OK) return st;
-  st = grow_once(a, p, rounded, out);
-  if (st == XSEG_ERR_OUT_OF_MEMORY) {
-    a->stats.counter[XS_COUNTER_num_alloc_retries]++;
-    if (grow_collect_garbage(a)) st = grow_once(a, p, rounded, out);
-  }
-  if (st == XSEG_ERR_OUT_OF_MEMORY) {
-    xs_alloc_release_locked(a, SIZE_MAX);
-    st = grow_once(a, p, rounded, out);
-    if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_oom(a, requested);
+  st = grow_route(a, p, stream, rounded, out);
+  if (st == XSEG_OK && *out == NULL) {
+    xs_alloc_collect_garbage_locked(a);
+    st = grow_once(a, *p, rounded, out);
+    if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+    if (st == XSEG_ERR_OUT_OF_MEMORY) {
+      st = grow_oom(a, requested);
+      xs_trace_record(&a->trace, XS_TRACE_OOM, 0, requested, stream);
+    }
   }
   xs_vmm_ctx_leave(&a->vmm, saved);
   return st;

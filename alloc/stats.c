@@ -20,7 +20,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
   XS_STAT_COUNTERS(XS_STATS_COUNTER_)
 #undef XS_STATS_COUNTER_
   out->mapped_bytes = out->reserved_bytes.current;
-  out->pending_free_bytes = 0;   /* no deferred frees yet */
+  out->pending_free_bytes = a->pending_bytes;
   xs_alloc_unlock(a);
   return XSEG_OK;
 }

@@ -50,9 +50,25 @@ void        xseg_destroy(xseg_allocator *a);
    size 0 gives a unique 512-byte block. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr);
-/* NULL is ignored, as by free(). */
+/* NULL is ignored, as by free(). A block that xseg_record_stream tagged
+   with other streams becomes pending (stats: pending_free_bytes) and is
+   reused only after the work those streams had queued at this free. */
 xseg_status xseg_free(xseg_allocator *a, void *ptr);
+/* Marks the live block at ptr as used by work on `stream` (PyTorch's
+   recordStream); its own allocation stream is ignored. A pointer that is
+   not the start of a live block gives XSEG_ERR_UNKNOWN_POINTER. */
+xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
+                               struct CUstream_st *stream);
+/* Unmaps and releases every whole free granule whose recorded work is
+   done, without waiting on the host: a granule whose stream may still use
+   it stays mapped, and a later call (or the out-of-memory path) releases
+   it. Does nothing while a graph capture is under way. */
 xseg_status xseg_empty_cache(xseg_allocator *a);
+/* As xseg_empty_cache, but first waits for the work that guards free
+   memory (on its events alone, never on whole streams or the device), so
+   that every whole free granule is released on return. Counts one
+   num_sync_all_streams. XSEG_ERR_CAPTURE during a graph capture. */
+xseg_status xseg_empty_cache_blocking(xseg_allocator *a);
 xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction);
 /* Every current and future mapping becomes accessible from peer_device. */
 xseg_status xseg_enable_peer_access(xseg_allocator *a, int peer_device);
@@ -75,6 +91,31 @@ xseg_status xseg_check(xseg_allocator *a);
 
 /* PyTorch's memory_stats() as JSON, with its key names. */
 xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
+
+/* Private pools (CUDA graph capture), as PyTorch's beginAllocateToPool /
+   endAllocateToPool / releasePool. Between begin and end, allocations on
+   `stream` come from private pool `pool` (not 0), which no other allocation
+   uses and no release takes from until xseg_release_pool (after which its
+   free memory goes back with the next empty_cache or growth at the device
+   limit). While any stream allocates to a pool, xseg queries no event,
+   synchronises nothing and unmaps nothing, as a global-mode capture
+   requires. A capture that was not announced is detected when the
+   allocation cannot be served from the cache (cuStreamGetCaptureInfo) and
+   gets pool XSEG_CAPTURE_POOL(capture id); announce captures so that cached
+   blocks are kept out of them too. */
+typedef uint64_t xseg_pool_id;
+#define XSEG_CAPTURE_POOL(capture_id)                                        \
+  ((xseg_pool_id)1 << 63 | (xseg_pool_id)(capture_id))
+xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
+                                        struct CUstream_st *stream);
+xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool);
+xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool);
+
+/* Records the last `max_entries` allocator events (alloc, free_requested,
+   free_completed, segment_map, segment_unmap, oom) for the snapshot's
+   device_traces, as torch.cuda.memory._record_memory_history; 0 stops and
+   forgets. Off by default: the cached path then pays one branch. */
+xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
  *     merged at once, and mapped never merges with unmapped.
  *   - A free mapped block is in its pool's free tree, a (free) unmapped block
  *     in its pool's unmapped tree; an allocated block is in neither, and is
- *     in the allocator's pointer table instead.
+ *     in the allocator's pointer table instead, unless it is pending (freed
+ *     by the caller, waiting on work recorded on other streams): then it is
+ *     in no tree and no table, and still never merges.
  * All of this is host-side metadata: nothing is ever stored in device memory.
  */
 #ifndef XS_SEGMENTS_BLOCK_H
@@ -39,6 +41,17 @@
 struct CUstream_st;
 struct xs_segment;
 
+/* The streams other than its own that a live block was used on
+ * (xseg_record_stream). Most blocks are used on one or two other streams at
+ * most, so two fit inline and only a third makes a heap array (streams/
+ * stream_set.c owns the operations). */
+enum { XS_STREAM_SET_INLINE = 2 };
+typedef struct xs_stream_set {
+  struct CUstream_st *inline_[XS_STREAM_SET_INLINE];
+  struct CUstream_st **more;   /* n - XS_STREAM_SET_INLINE of them */
+  uint32_t n, cap_more;
+} xs_stream_set;
+
 typedef struct xs_block xs_block;
 struct xs_block {
   uint64_t addr;
@@ -50,7 +63,17 @@ struct xs_block {
   xs_block *prev, *next;       /* address neighbours; NULL at the ends */
   RB_ENTRY(xs_block) link;     /* free or unmapped tree, while free */
   UT_hash_handle hh;           /* pointer table, while allocated */
-  bool allocated;
+  xs_stream_set uses;          /* recorded streams, while live */
+  /* The allocator's free clock when the block (or the newest of the blocks
+     merged into it) was last freed; 0 if never allocated. A merge keeps the
+     larger. Unmapping or handing the block to another stream waits until a
+     guard on its stream has passed this epoch (streams/guard.h); the
+     oldest epochs go first under garbage collection. */
+  uint64_t free_epoch;
+  uint32_t pending_events;     /* events of a deferred free not yet fired */
+  bool allocated;              /* live or pending: in no tree */
+  bool pending;                /* freed, waiting on recorded streams
+                                  (active_pending_free); implies allocated */
   bool mapped;
 };
 

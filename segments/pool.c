@@ -19,6 +19,7 @@ void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
   p->vmm = vmm;
   p->blocks = blocks;
   p->stats = stats;
+  p->safe_epoch = UINT64_MAX;
 }
 
 /* inactive_split counts a free mapped block while it is indexed: a block's
@@ -197,6 +198,7 @@ xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
   xs_pool_unindex(p, u);
   if (spare != NULL) xs_pool_index(p, xs_segment_split(pl->seg, u, len, spare));
   u->mapped = true;
+  u->free_epoch = 0;            /* fresh memory: no stream has used it */
   xs_segment_record_map(pl->seg, u->addr, pl->n, handles);
   xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind, (int64_t)len);
   *out = xs_pool_coalesce(p, u);

@@ -18,6 +18,12 @@
 #include "segments/stats.h"
 #include "vmm/vmm.h"
 
+struct xs_pool;
+/* Told of every range release.c unmaps (the allocator's segment_unmap
+   trace); NULL: nobody listens. */
+typedef void (*xs_pool_unmap_fn)(void *ctx, const struct xs_pool *p,
+                                 uint64_t addr, size_t size);
+
 typedef struct xs_pool {
   xs_freetree free;             /* free mapped blocks */
   xs_freetree unmapped;         /* unmapped blocks (all free) */
@@ -27,6 +33,13 @@ typedef struct xs_pool {
   xs_vmm *vmm;
   xs_blocks *blocks;            /* the allocator's block struct cache */
   xs_stats *stats;              /* the allocator's stats */
+  /* Free blocks stamped at or below it (xs_block.free_epoch) are past the
+     work queued on the stream before their free, and only they may be
+     unmapped (streams/guard.h keeps it). UINT64_MAX after xs_pool_init:
+     a pool used without the streams layer trusts every free block. */
+  uint64_t safe_epoch;
+  xs_pool_unmap_fn on_unmap;
+  void *on_unmap_ctx;
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -72,16 +85,30 @@ bool xs_pool_place(xs_pool *p, size_t size, xs_place *out);
 xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
                         const uint64_t *handles, xs_block **out);
 
-/* Unmaps whole free granules (release.c). Handles either come out through
-   handles_out (reuse: at most `want`) or, when handles_out is NULL, are
-   released to the driver. Each returns the granule count. */
+/* Page-granular release (release.c). Only free blocks that
+   xs_pool_block_releasable accepts are touched: whole granules inside, and
+   a free epoch the stream's guard has passed (p->safe_epoch); the others
+   stay mapped for a later pass. Nothing here waits on the host. */
+bool xs_pool_block_releasable(const xs_pool *p, const xs_block *b);
+/* Largest free epoch of a free block with a whole granule that the guard
+   has not passed yet (0: none): how far the guard must get. */
+uint64_t xs_pool_unsafe_epoch(xs_pool *p);
+/* Unmaps whole free granules, largest blocks first. Handles either come
+   out through handles_out (reuse: at most `want`) or, when handles_out is
+   NULL, are released to the driver. Returns the granule count. */
 size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
                        const xs_block *keep, uint64_t *handles_out,
                        xseg_status *st);
+/* Releases up to `want` whole granules of releasable block b to the
+   driver; returns how many (garbage collection picks blocks by age). */
+size_t xs_pool_release_block(xs_pool *p, xs_block *b, size_t want,
+                             xseg_status *st);
 /* Releases whole free granules, largest free blocks first, until at least
    `goal` bytes are released (SIZE_MAX: all), then gives back every segment
    left without a mapped granule. */
 xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released);
+/* Gives back every segment without a mapped granule. */
+xseg_status xs_pool_drop_empty(xs_pool *p);
 /* Unmaps and releases everything, live blocks included, and gives back
    every reservation (xseg_destroy). */
 xseg_status xs_pool_destroy(xs_pool *p);

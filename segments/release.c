@@ -21,9 +21,13 @@
  *
  * hd and tl go back to the free tree; mid merges with unmapped neighbours
  * (never with hd or tl: mapped never merges with unmapped) and goes to the
- * unmapped tree, where growth can map it again. Unmapping does not wait for
- * work in flight, so the pool's stream is synchronized first (PyTorch's
- * expandable segments do the same); cross-stream deferral hooks in above.
+ * unmapped tree, where growth can map it again.
+ *
+ * Unmapping does not wait for work in flight. PyTorch's expandable segments
+ * synchronize the stream before every unmap; here nothing waits: a block is
+ * cut only when its stream's guard has passed its free epoch
+ * (p->safe_epoch, kept by streams/guard.c), and the others stay mapped
+ * until a later pass finds them safe.
  */
 #include <assert.h>
 #include <stdint.h>
@@ -41,13 +45,6 @@ static void release_span(const xs_block *b, uint64_t *lo, size_t *n) {
                                 s->granule;
   *lo = first;
   *n = last > first ? (size_t)((last - first) / s->granule) : 0;
-}
-
-/* Stream work may still use the granules: wait for it once per pass. */
-static xseg_status release_sync(xs_pool *p, bool *synced) {
-  if (*synced) return XSEG_OK;
-  *synced = true;
-  return xs_vmm_stream_sync(p->vmm, p->stream);
 }
 
 /* Releases one handle. A failed cuMemRelease is tried once more: the
@@ -100,6 +97,7 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
   }
   mid->mapped = false;
   xs_segment_record_unmap(s, lo, n, handles_out);
+  if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind,
                 -(int64_t)(n * s->granule));
   xs_pool_coalesce(p, mid);
@@ -151,20 +149,34 @@ static bool release_worthwhile(const xs_block *b) {
   return n > 0;
 }
 
+bool xs_pool_block_releasable(const xs_pool *p, const xs_block *b) {
+  assert(!b->allocated && b->mapped && "a free mapped block");
+  return b->free_epoch <= p->safe_epoch && release_worthwhile(b);
+}
+
+uint64_t xs_pool_unsafe_epoch(xs_pool *p) {
+  uint64_t newest = 0;
+  xs_block *b = xs_freetree_largest(&p->free);
+  for (; b != NULL && b->size >= p->vmm->granularity;
+       b = xs_freetree_smaller(&p->free, b))
+    if (b->free_epoch > p->safe_epoch && b->free_epoch > newest &&
+        release_worthwhile(b))
+      newest = b->free_epoch;
+  return newest;
+}
+
 size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
                        const xs_block *keep, uint64_t *handles_out,
                        xseg_status *st) {
   size_t got = 0;
-  bool synced = false;
   *st = XSEG_OK;
   xs_block *b = xs_freetree_largest(&p->free);
   while (b != NULL && got < want && b->size >= granule) {
     /* Cutting b only touches b and unmapped neighbours, so the next
        smaller block stays valid. */
     xs_block *next = xs_freetree_smaller(&p->free, b);
-    if (b != keep && b->seg->granule == granule && release_worthwhile(b)) {
-      *st = release_sync(p, &synced);
-      if (*st != XSEG_OK) break;
+    if (b != keep && b->seg->granule == granule &&
+        xs_pool_block_releasable(p, b)) {
       got += release_block(p, b, want - got, handles_out + got, st);
       if (*st != XSEG_OK) break;
     }
@@ -173,7 +185,14 @@ size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
   return got;
 }
 
-static xseg_status release_empty_segments(xs_pool *p) {
+size_t xs_pool_release_block(xs_pool *p, xs_block *b, size_t want,
+                             xseg_status *st) {
+  assert(xs_pool_block_releasable(p, b));
+  *st = XSEG_OK;
+  return release_block(p, b, want, NULL, st);
+}
+
+xseg_status xs_pool_drop_empty(xs_pool *p) {
   xseg_status first = XSEG_OK;
   xs_segment *s = p->segments;
   while (s != NULL) {
@@ -189,17 +208,12 @@ static xseg_status release_empty_segments(xs_pool *p) {
 
 xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
   size_t bytes = 0;
-  bool synced = false;
   xseg_status first = XSEG_OK;
   xs_block *b = xs_freetree_largest(&p->free);
   while (b != NULL && bytes < goal && b->size >= p->vmm->granularity) {
     xs_block *next = xs_freetree_smaller(&p->free, b);
-    if (release_worthwhile(b)) {
-      xseg_status st = release_sync(p, &synced);
-      if (st != XSEG_OK) {
-        first = st;
-        break;
-      }
+    if (xs_pool_block_releasable(p, b)) {
+      xseg_status st = XSEG_OK;
       size_t g = b->seg->granule;
       size_t want = goal == SIZE_MAX ? SIZE_MAX : (goal - bytes + g - 1) / g;
       bytes += release_block(p, b, want, NULL, &st) * g;
@@ -207,7 +221,7 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
     }
     b = next;
   }
-  xseg_status st = release_empty_segments(p);
+  xseg_status st = xs_pool_drop_empty(p);
   if (first == XSEG_OK) first = st;
   if (released != NULL) *released = bytes;
   return first;

@@ -19,6 +19,7 @@ xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
   spare->mapped = b->mapped;
   spare->allocated = false;
   spare->requested = 0;
+  spare->free_epoch = b->free_epoch;   /* the spare was free as part of b */
   spare->prev = b;
   spare->next = b->next;
   if (b->next != NULL)
@@ -35,6 +36,8 @@ xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b) {
   assert(n != NULL && !n->allocated && !b->allocated);
   assert(n->mapped == b->mapped && "mapped never merges with unmapped");
   b->size += n->size;
+  /* The merged block is as recently freed as its newest part. */
+  if (n->free_epoch > b->free_epoch) b->free_epoch = n->free_epoch;
   b->next = n->next;
   if (n->next != NULL)
     n->next->prev = b;
@@ -99,6 +102,9 @@ static bool segment_block_valid(const xs_segment *s, const xs_block *b,
   if (b->size == 0 || b->size % 512 != 0 || b->addr % 512 != 0)
     SEG_FAIL("block 0x%llx+%zu is not 512-byte aligned",
              (unsigned long long)b->addr, b->size);
+  if (b->pending && !b->allocated)
+    SEG_FAIL("pending block 0x%llx is not allocated",
+             (unsigned long long)b->addr);
   if (b->allocated && !b->mapped)
     SEG_FAIL("allocated block 0x%llx is not mapped",
              (unsigned long long)b->addr);
@@ -117,7 +123,10 @@ static bool segment_block_valid(const xs_segment *s, const xs_block *b,
 }
 
 static void segment_walk_add(xs_segment_walk *w, const xs_block *b) {
-  if (b->allocated) {
+  if (b->pending) {
+    w->pending++;
+    w->pending_bytes += b->size;
+  } else if (b->allocated) {
     w->allocated++;
     w->allocated_bytes += b->size;
     w->requested_bytes += b->requested;

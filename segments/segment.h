@@ -60,7 +60,8 @@ void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
 /* Walks the blocks and the page map; `msg` gets the first broken rule.
    Adds the segment's blocks to the counts in *walk. */
 typedef struct xs_segment_walk {
-  size_t allocated, allocated_bytes, requested_bytes;
+  size_t allocated, allocated_bytes, requested_bytes;  /* live blocks */
+  size_t pending, pending_bytes;          /* freed, waiting on streams */
   size_t free_mapped, unmapped;           /* blocks */
   size_t split_free, split_free_bytes;    /* inactive_split */
   size_t mapped_bytes;

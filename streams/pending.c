@@ -68,6 +68,63 @@ xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
   return XSEG_OK;
 }
 
+static void pending_queue_push(xs_pending *p, xs_pending_queue *q,
+                               CUevent ev, void *block) {
+  assert(q->count < q->cap && "room was made first");
+  q->ring[(q->head + q->count) % q->cap] = (xs_pending_entry){ev, block};
+  q->count++;
+  p->entries++;
+}
+
+/* Room for one more entry on the queue of every stream of the set. Queues
+   may move (realloc), so nothing is kept but the room. */
+static xseg_status pending_make_room(xs_pending *p, const xs_stream_set *set) {
+  for (uint32_t i = 0; i < set->n; i++) {
+    struct CUstream_st *s = xs_stream_set_at(set, i);
+    xs_pending_queue *q = pending_queue_find(p, s);
+    if (q == NULL || (q->count == q->cap && pending_queue_grow(q) != 0))
+      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                      "out of host memory queueing a free on stream %p",
+                      (void *)s);
+  }
+  return XSEG_OK;
+}
+
+/* Takes an event and records it on s. */
+static xseg_status pending_record(xs_pending *p, struct CUstream_st *s,
+                                  CUevent *out) {
+  xseg_status st = xs_event_pool_take(p->events, out);
+  if (st != XSEG_OK) return st;
+  xs_driver *drv = p->events->vmm->drv;
+  CUresult r = XS_DRV(drv, cuEventRecord, *out, (CUstream)s);
+  if (r == CUDA_SUCCESS) return XSEG_OK;
+  xs_event_pool_give(p->events, *out);
+  return xs_driver_error(drv, r, "cuEventRecord(stream %p)", (void *)s);
+}
+
+xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
+                               void *block) {
+  enum { ON_STACK = 8 };
+  CUevent stack[ON_STACK], *ev = stack;
+  if (streams->n > ON_STACK && (ev = malloc(streams->n * sizeof *ev)) == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for events");
+  xseg_status st = pending_make_room(p, streams);
+  uint32_t done = 0;          /* events taken and recorded */
+  while (st == XSEG_OK && done < streams->n) {
+    st = pending_record(p, xs_stream_set_at(streams, done), &ev[done]);
+    if (st == XSEG_OK) done++;
+  }
+  if (st != XSEG_OK) {
+    while (done-- > 0) xs_event_pool_give(p->events, ev[done]);
+  } else {
+    for (uint32_t i = 0; i < streams->n; i++)
+      pending_queue_push(p, pending_queue_find(p, xs_stream_set_at(streams, i)),
+                         ev[i], block);
+  }
+  if (ev != stack) free(ev);
+  return st;
+}
+
 /* Pops the head of q, which has fired, and reports it. */
 static void pending_queue_pop(xs_pending *p, xs_pending_queue *q,
                               xs_pending_ready_fn ready, void *ctx) {

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "streams/event_pool.h"
+#include "streams/stream_set.h"
 
 typedef struct xs_pending_entry {
   CUevent event;
@@ -55,6 +56,12 @@ void xs_pending_destroy(xs_pending *p);
    message names the failing call. */
 xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
                            void *block);
+
+/* As xs_pending_add for every stream of `streams`, all or nothing: on
+   failure nothing is queued and every event taken is back in the pool (an
+   event already recorded is simply recorded again when it is reused). */
+xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
+                               void *block);
 
 /* Pops, per stream, every head entry whose event has fired, calling `ready`
    for each; returns how many fired. Queries the driver only (never waits).

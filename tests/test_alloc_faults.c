@@ -91,7 +91,7 @@ FAULT_TEST(cuMemMap, CUDA_ERROR_UNKNOWN)
 FAULT_TEST(cuMemSetAccess, CUDA_ERROR_UNKNOWN)
 FAULT_TEST(cuMemUnmap, CUDA_ERROR_UNKNOWN)
 FAULT_TEST(cuMemRelease, CUDA_ERROR_UNKNOWN)
-FAULT_TEST(cuStreamSynchronize, CUDA_ERROR_UNKNOWN)
+FAULT_TEST(cuStreamQuery, CUDA_ERROR_UNKNOWN)
 FAULT_TEST(cuCtxGetCurrent, CUDA_ERROR_UNKNOWN)
 
 /* Out of memory from cuMemCreate is retried after releasing the cache. */

@@ -1,0 +1,210 @@
+/* capture.c: allocation during CUDA graph capture, into private pools
+ * (PyTorch's beginAllocateToPool / endAllocateToPool / releasePool).
+ *
+ * A graph replays the addresses it captured, so the memory a capture
+ * allocates must stay the graph's: a private pool (a pair of pools keyed by
+ * the pool id, xs_stream_pools.private_id) that no other allocation draws
+ * from and no release pass takes from, until xseg_release_pool. Then its
+ * free memory is released (or moved to other streams) like any other, and
+ * the pair goes away once it holds nothing.
+ *
+ * The caller announces a capture with xseg_begin_allocate_to_pool, as
+ * PyTorch requires. An unannounced capture is detected on the slow path
+ * only (cuStreamGetCaptureInfo before growing), so the cached path makes no
+ * extra driver call: it becomes an implicit entry whose pool id is
+ * XSEG_CAPTURE_POOL(capture id). Blocks handed out from the stream's own
+ * cache before that detection are not in the private pool: announce.
+ *
+ * While any entry exists, nothing queries an event, synchronises or unmaps
+ * (CUDA forbids the first two during a global-mode capture, and a graph may
+ * use any cached block); frees that need events wait in a->deferred.
+ */
+#include <assert.h>
+#include <stdlib.h>
+
+#include "alloc/allocator.h"
+#include "vmm/error.h"
+
+static xs_stream_pools *capture_pair_find(xseg_allocator *a,
+                                          xseg_pool_id id) {
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    if (sp->private_id == id && !sp->released) return sp;
+  return NULL;
+}
+
+static xs_capture *capture_of_stream(xseg_allocator *a,
+                                     struct CUstream_st *stream) {
+  for (size_t i = 0; i < a->n_captures; i++)
+    if (a->captures[i].stream == stream) return &a->captures[i];
+  return NULL;
+}
+
+xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
+                                         struct CUstream_st *stream) {
+  xs_capture *c = capture_of_stream(a, stream);
+  return c != NULL ? capture_pair_find(a, c->pool) : NULL;
+}
+
+/* A new entry; its private pair is found or created. */
+static xseg_status capture_add(xseg_allocator *a, xs_capture c,
+                               xs_stream_pools **out) {
+  if (a->n_captures == a->cap_captures) {
+    size_t cap = a->cap_captures ? 2 * a->cap_captures : 4;
+    xs_capture *arr = realloc(a->captures, cap * sizeof *arr);
+    if (arr == NULL) goto oom;
+    a->captures = arr;
+    a->cap_captures = cap;
+  }
+  xs_stream_pools *sp = capture_pair_find(a, c.pool);
+  if (sp == NULL && (sp = xs_stream_pools_new_locked(a, c.stream, c.pool)) ==
+                        NULL)
+    goto oom;
+  a->captures[a->n_captures++] = c;
+  a->n_implicit += c.implicit;
+  if (out != NULL) *out = sp;
+  return XSEG_OK;
+oom:
+  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                  "out of host memory for private pool %llu",
+                  (unsigned long long)c.pool);
+}
+
+static void capture_remove(xseg_allocator *a, size_t i) {
+  assert(i < a->n_captures);
+  a->n_implicit -= a->captures[i].implicit;
+  a->captures[i] = a->captures[--a->n_captures];
+}
+
+/* cuStreamGetCaptureInfo: *active when `stream` is in a capture (an
+   invalidated one still is, until it ends), with its id. */
+static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
+                                 bool *active, uint64_t *id) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t cid = 0;
+  CUresult r = XS_DRV(a->vmm.drv, cuStreamGetCaptureInfo, (CUstream)s,
+                      &status, &cid, NULL, NULL, NULL, NULL);
+  if (r != CUDA_SUCCESS)
+    return xs_driver_error(a->vmm.drv, r, "cuStreamGetCaptureInfo(stream %p)",
+                           (void *)s);
+  *active = status != CU_STREAM_CAPTURE_STATUS_NONE;
+  *id = cid;
+  return XSEG_OK;
+}
+
+xseg_status xs_capture_detect_locked(xseg_allocator *a,
+                                     struct CUstream_st *stream,
+                                     xs_stream_pools **out) {
+  *out = NULL;
+  bool active;
+  uint64_t id;
+  xseg_status st = capture_query(a, stream, &active, &id);
+  if (st != XSEG_OK || !active) return st;
+  xs_capture c = {.stream = stream, .pool = XSEG_CAPTURE_POOL(id),
+                  .capture_id = id, .implicit = true};
+  return capture_add(a, c, out);
+}
+
+xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
+  size_t i = 0;
+  while (i < a->n_captures) {
+    xs_capture *c = &a->captures[i];
+    bool active = false;
+    uint64_t id = 0;
+    if (!c->implicit) { i++; continue; }
+    xseg_status st = capture_query(a, c->stream, &active, &id);
+    if (st != XSEG_OK) return st;
+    if (active && id == c->capture_id)
+      i++;
+    else
+      capture_remove(a, i);     /* ended: its pool stays private */
+  }
+  return XSEG_OK;
+}
+
+xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
+  xseg_status st = xs_capture_refresh_locked(a);
+  for (xs_stream_pools *sp = a->streams; st == XSEG_OK && sp != NULL;
+       sp = sp->next) {
+    if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
+      continue;
+    xs_stream_pools *ignored;
+    st = xs_capture_detect_locked(a, sp->stream, &ignored);
+  }
+  return st;
+}
+
+/* ---- the public calls ---------------------------------------------------- */
+
+xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
+                                        struct CUstream_st *stream) {
+  if (a == NULL || pool == 0)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_begin_allocate_to_pool(%llu, stream %p): %s",
+                    (unsigned long long)pool, (void *)stream,
+                    a == NULL ? "allocator is NULL" : "pool id 0 is no pool");
+  xs_alloc_lock(a);
+  xs_capture *c = capture_of_stream(a, stream);
+  xseg_status st;
+  if (c != NULL && !c->implicit)
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_begin_allocate_to_pool(%llu, stream %p): the stream "
+                  "already allocates to pool %llu", (unsigned long long)pool,
+                  (void *)stream, (unsigned long long)c->pool);
+  else {
+    if (c != NULL) capture_remove(a, (size_t)(c - a->captures));
+    st = capture_add(a, (xs_capture){.stream = stream, .pool = pool}, NULL);
+  }
+  xs_alloc_unlock(a);
+  return st;
+}
+
+xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_end_allocate_to_pool(%llu): allocator is NULL",
+                    (unsigned long long)pool);
+  xs_alloc_lock(a);
+  size_t ended = 0;
+  for (size_t i = 0; i < a->n_captures;)
+    if (a->captures[i].pool == pool && !a->captures[i].implicit)
+      capture_remove(a, i), ended++;
+    else
+      i++;
+  xs_alloc_unlock(a);
+  if (ended == 0)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_end_allocate_to_pool(%llu): no stream allocates to "
+                    "that pool", (unsigned long long)pool);
+  return XSEG_OK;
+}
+
+static bool capture_pool_in_use(const xseg_allocator *a, xseg_pool_id pool) {
+  for (size_t i = 0; i < a->n_captures; i++)
+    if (a->captures[i].pool == pool) return true;
+  return false;
+}
+
+xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_release_pool(%llu): allocator is NULL",
+                    (unsigned long long)pool);
+  xs_alloc_lock(a);
+  xs_stream_pools *sp = capture_pair_find(a, pool);
+  xseg_status st = XSEG_OK;
+  if (sp == NULL)
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_release_pool(%llu): no such private pool (never "
+                  "used, or already released)", (unsigned long long)pool);
+  else if (capture_pool_in_use(a, pool))
+    st = xs_error(XSEG_ERR_CAPTURE,
+                  "xseg_release_pool(%llu): a stream still allocates to it "
+                  "(xseg_end_allocate_to_pool first)",
+                  (unsigned long long)pool);
+  else
+    sp->released = true;   /* as PyTorch's releasePool: the next release
+                              pass (empty_cache, garbage collection, growth
+                              at the device limit) takes its free memory */
+  xs_alloc_unlock(a);
+  return st;
+}

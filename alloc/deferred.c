@@ -1,0 +1,145 @@
+/* deferred.c: frees of blocks used on other streams (xseg_record_stream).
+ *
+ * A block may still be read or written by work queued on the streams it
+ * was recorded on. Its free records one pooled event on each of them (the
+ * point each had reached) and parks the block pending: it is no longer the
+ * caller's (allocation and allocated_bytes drop), but stays active, out of
+ * every tree, until every one of its events has fired. Work queued on those
+ * streams after the free does not delay it.
+ *
+ * Pending blocks are settled at the start of the next malloc (when any
+ * wait), by empty_cache and on the out-of-memory path: each stream's queue
+ * is polled in order up to its first unfired event (streams/pending.h), so
+ * a slow stream holds back only its own frees.
+ *
+ * While a graph capture is under way no event may be queried, and events
+ * recorded into a capture would describe the graph, not the work: frees
+ * then only park the block in a->deferred, and its events are recorded
+ * once no capture is under way (PyTorch's
+ * needs_events_deferred_until_no_capture).
+ */
+#include <assert.h>
+#include <stdlib.h>
+
+#include "alloc/allocator.h"
+#include "streams/stream_set.h"
+#include "vmm/error.h"
+
+xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
+                               struct CUstream_st *stream) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_record_stream(%p): allocator is NULL", ptr);
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xs_alloc_lock(a);
+  xs_block *b = NULL;
+  if (ptr != NULL) HASH_FIND(hh, a->live, &addr, sizeof addr, b);
+  xseg_status st = XSEG_OK;
+  if (b == NULL || b == &a->anchor)
+    st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                  "xseg_record_stream(%p, stream %p): not the start of a live "
+                  "block of the allocator of device %d", ptr, (void *)stream,
+                  a->vmm.device);
+  else if (stream != b->stream)      /* its own stream orders itself */
+    st = xs_stream_set_add(&b->uses, stream);
+  xs_alloc_unlock(a);
+  return st;
+}
+
+/* The last event of a pending block fired: it is free. */
+static void deferred_complete(xseg_allocator *a, xs_block *b) {
+  assert(b->pending && b->pending_events == 0);
+  b->pending = false;
+  xs_stream_set_clear(&b->uses);
+  a->pending_blocks--;
+  a->pending_bytes -= (int64_t)b->size;
+  xs_alloc_account_active(a, b, -1);
+  xs_alloc_give_locked(a, b);
+}
+
+static void deferred_fired(void *ctx, void *block) {
+  xs_block *b = block;
+  assert(b->pending_events > 0 && "one event per recorded stream");
+  if (--b->pending_events == 0) deferred_complete(ctx, b);
+}
+
+/* Queues the events of b (pending) on its recorded streams. */
+static xseg_status deferred_record(xseg_allocator *a, xs_block *b) {
+  xseg_status st = xs_pending_add_all(&a->pending, &b->uses, b);
+  if (st == XSEG_OK) b->pending_events = b->uses.n;
+  return st;
+}
+
+static xseg_status deferred_park(xseg_allocator *a, xs_block *b) {
+  if (a->n_deferred == a->cap_deferred) {
+    size_t cap = a->cap_deferred ? 2 * a->cap_deferred : 16;
+    xs_block **d = realloc(a->deferred, cap * sizeof *d);
+    if (d == NULL)
+      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                      "out of host memory deferring the free of %p",
+                      (void *)(uintptr_t)b->addr);
+    a->deferred = d;
+    a->cap_deferred = cap;
+  }
+  a->deferred[a->n_deferred++] = b;
+  return XSEG_OK;
+}
+
+xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
+  XS_ASSERT_LOCKED(a);
+  assert(b->allocated && !b->pending && b->uses.n > 0);
+  xseg_status st;
+  if (xs_alloc_capturing(a)) {
+    st = deferred_park(a, b);
+  } else {
+    CUcontext saved;
+    st = xs_vmm_ctx_enter(&a->vmm, &saved);
+    if (st != XSEG_OK) return st;
+    st = deferred_record(a, b);
+    xs_vmm_ctx_leave(&a->vmm, saved);
+  }
+  if (st != XSEG_OK) return st;
+  b->pending = true;
+  a->pending_blocks++;
+  a->pending_bytes += (int64_t)b->size;
+  xs_alloc_account_live(a, b, -1);
+  return XSEG_OK;
+}
+
+/* Records the events of frees made during a capture. One that fails stays
+   parked for the next call; the first failure is returned. */
+static xseg_status deferred_record_parked(xseg_allocator *a) {
+  xseg_status first = XSEG_OK;
+  size_t kept = 0;
+  for (size_t i = 0; i < a->n_deferred; i++) {
+    xseg_status st = deferred_record(a, a->deferred[i]);
+    if (st != XSEG_OK) a->deferred[kept++] = a->deferred[i];
+    if (first == XSEG_OK) first = st;
+  }
+  a->n_deferred = kept;
+  return first;
+}
+
+xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
+  XS_ASSERT_LOCKED(a);
+  /* An announced capture lasts until xseg_end_allocate_to_pool; only a
+     detected one must be asked whether it is still going on. */
+  if (!xs_alloc_has_pending(a) || a->n_captures > a->n_implicit)
+    return XSEG_OK;
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
+  if (st != XSEG_OK) return st;
+  if (a->n_implicit != 0) st = xs_capture_refresh_locked(a);
+  if (st != XSEG_OK || xs_alloc_capturing(a)) {
+    xs_vmm_ctx_leave(&a->vmm, saved);
+    return st;
+  }
+  if (a->n_deferred != 0) st = deferred_record_parked(a);
+  xseg_status qs;
+  if (wait)
+    xs_pending_drain(&a->pending, deferred_fired, a, &qs);
+  else
+    xs_pending_poll(&a->pending, deferred_fired, a, &qs);
+  xs_vmm_ctx_leave(&a->vmm, saved);
+  return st != XSEG_OK ? st : qs;
+}

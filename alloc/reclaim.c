@@ -1,0 +1,170 @@
+/* reclaim.c: taking free physical memory back — release passes
+ * (empty_cache, the out-of-memory path), garbage collection, and moving
+ * another stream's free granules to a stream that must grow at the device
+ * limit.
+ *
+ * Every pass first makes sure no graph capture is under way (announced, or
+ * seen by cuStreamGetCaptureInfo on a stream with pools): a capture forbids
+ * the queries below and may use any cached block. Then it settles pending
+ * frees and advances the unmap guard of each pair of pools that has unsafe
+ * free memory (streams/guard.h): an idle stream costs one cuStreamQuery, a
+ * busy one a recorded event that a later pass finds fired. Only blocks
+ * whose free the guard has passed are cut (segments/release.c). Nothing
+ * waits on the host unless the caller asks for the blocking form, which
+ * waits on those events alone, never on a stream or the device.
+ */
+#include <assert.h>
+#include <stdlib.h>
+
+#include "alloc/allocator.h"
+#include "vmm/error.h"
+
+xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
+                                       xs_stream_pools *sp, bool wait) {
+  uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
+  uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
+  if (t1 > target) target = t1;
+  if (target == 0) return XSEG_OK;
+  xseg_status st = xs_guard_advance(&sp->guard, &a->events, sp->stream,
+                                    target, a->free_clock, wait);
+  for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
+  return st;
+}
+
+xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
+  xseg_status first = XSEG_OK;
+  if (xs_alloc_capturing(a)) return first;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (!xs_pools_reclaimable(sp)) continue;
+    xseg_status st = xs_alloc_guard_pair_locked(a, sp, wait);
+    if (first == XSEG_OK) first = st;
+  }
+  return first;
+}
+
+/* What every pass does first (see the top). False when a capture is under
+   way, or the capture state could not be read (*st then says why). */
+static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
+  *st = xs_capture_sweep_locked(a);
+  if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
+  if (wait) a->stats.counter[XS_COUNTER_num_sync_all_streams]++;
+  *st = xs_alloc_process_pending_locked(a, wait);
+  xseg_status gs = xs_alloc_guards_locked(a, wait);
+  if (*st == XSEG_OK) *st = gs;
+  return true;
+}
+
+/* Released private pools that hold nothing any more go away. */
+static void reclaim_drop_released(xseg_allocator *a) {
+  xs_stream_pools *sp = a->streams;
+  while (sp != NULL) {
+    xs_stream_pools *next = sp->next;
+    if (sp->released && sp->pool[0].segments == NULL &&
+        sp->pool[1].segments == NULL)
+      xs_stream_pools_free_locked(a, sp);
+    sp = next;
+  }
+}
+
+xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
+                                    bool wait) {
+  XS_ASSERT_LOCKED(a);
+  xseg_status first;
+  if (!reclaim_prepare(a, wait, &first)) return first;
+  size_t done = 0;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2 && done < goal && xs_pools_reclaimable(sp); k++) {
+      size_t bytes = 0;
+      xseg_status st = xs_pool_release(&sp->pool[k], goal - done, &bytes);
+      if (first == XSEG_OK) first = st;
+      done += bytes;
+    }
+  reclaim_drop_released(a);
+  return first;
+}
+
+size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
+                                    size_t granule, size_t want,
+                                    uint64_t *handles) {
+  XS_ASSERT_LOCKED(a);
+  size_t got = 0;
+  xseg_status st = xs_capture_sweep_locked(a);
+  if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
+  xs_alloc_process_pending_locked(a, false);
+  xs_stream_pools *own = xs_pools_of((xs_pool *)p);
+  for (xs_stream_pools *sp = a->streams; sp != NULL && got < want;
+       sp = sp->next) {
+    if (sp == own || !xs_pools_reclaimable(sp)) continue;
+    /* An idle donor proves itself with one query; a busy one gets a guard
+       event and gives what was already safe. */
+    xs_alloc_guard_pair_locked(a, sp, false);
+    for (int k = 0; k < 2 && got < want; k++)
+      got += xs_pool_harvest(&sp->pool[k], granule, want - got, NULL,
+                             handles + got, &st);
+  }
+  return got;
+}
+
+/* ---- garbage collection ------------------------------------------------- */
+
+typedef struct gc_candidate {
+  xs_pool *pool;
+  xs_block *block;
+} gc_candidate;
+
+static int gc_older(const void *x, const void *y) {
+  uint64_t a = ((const gc_candidate *)x)->block->free_epoch;
+  uint64_t b = ((const gc_candidate *)y)->block->free_epoch;
+  return a < b ? -1 : a > b;
+}
+
+/* Every releasable free block of every reclaimable pool; NULL when there
+   are none or host memory ran out. */
+static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
+  size_t cap = 0;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    cap += sp->pool[0].free.count + sp->pool[1].free.count;
+  gc_candidate *c = cap ? malloc(cap * sizeof *c) : NULL;
+  *n = 0;
+  if (c == NULL) return NULL;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2 && xs_pools_reclaimable(sp); k++) {
+      xs_pool *p = &sp->pool[k];
+      for (xs_block *b = xs_freetree_largest(&p->free); b != NULL;
+           b = xs_freetree_smaller(&p->free, b))
+        if (xs_pool_block_releasable(p, b)) c[(*n)++] = (gc_candidate){p, b};
+    }
+  return c;
+}
+
+/* Releases the oldest free blocks' granules until `goal` bytes went.
+   Cutting a block only touches it and unmapped neighbours, so the other
+   candidates (free mapped blocks) stay valid. */
+static size_t gc_release_oldest(xseg_allocator *a, size_t goal) {
+  size_t n, done = 0;
+  gc_candidate *c = gc_candidates(a, &n);
+  if (n > 0) qsort(c, n, sizeof *c, gc_older);   /* never qsort(NULL) */
+  for (size_t i = 0; i < n && done < goal; i++) {
+    size_t g = c[i].block->seg->granule;
+    xseg_status st;
+    done += xs_pool_release_block(c[i].pool, c[i].block,
+                                  (goal - done + g - 1) / g, &st) * g;
+  }
+  free(c);
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2; k++) xs_pool_drop_empty(&sp->pool[k]);
+  reclaim_drop_released(a);
+  return done;
+}
+
+bool xs_alloc_collect_garbage_locked(xseg_allocator *a) {
+  double t = a->cfg.garbage_collection_threshold;
+  if (t <= 0) return false;
+  size_t target = (size_t)(t * (double)a->cap);
+  size_t reserved =
+      (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+  if (reserved <= target) return false;
+  xseg_status st;
+  if (!reclaim_prepare(a, false, &st)) return false;
+  return gc_release_oldest(a, reserved - target) > 0;
+}
