@@ -237,6 +237,16 @@ static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
 static xseg_status alloc_pools_locked(xseg_allocator *a,
                                       struct CUstream_st *stream,
                                       xs_stream_pools **out) {
+  if (__builtin_expect(a->n_implicit != 0, 0)) {
+    /* Nothing announces the end of a capture found by the driver: ask,
+       lest the stream keep allocating to its pool after it ended. */
+    CUcontext saved;
+    xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
+    if (st != XSEG_OK) return st;
+    st = xs_capture_refresh_locked(a);
+    xs_vmm_ctx_leave(&a->vmm, saved);
+    if (st != XSEG_OK) return st;
+  }
   if (xs_alloc_capturing(a)) {
     xs_stream_pools *sp = xs_capture_pools_locked(a, stream);
     if (sp != NULL) return *out = sp, XSEG_OK;

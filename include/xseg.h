@@ -67,7 +67,8 @@ xseg_status xseg_empty_cache(xseg_allocator *a);
 /* As xseg_empty_cache, but first waits for the work that guards free
    memory (on its events alone, never on whole streams or the device), so
    that every whole free granule is released on return. Counts one
-   num_sync_all_streams. XSEG_ERR_CAPTURE during a graph capture. */
+   num_sync_all_streams. Other calls on this allocator wait meanwhile.
+   XSEG_ERR_CAPTURE during a graph capture. */
 xseg_status xseg_empty_cache_blocking(xseg_allocator *a);
 xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction);
 /* Every current and future mapping becomes accessible from peer_device. */

@@ -1,6 +1,7 @@
 /* pending.c: per-stream queues of recorded frees; see pending.h. */
 #include <assert.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "streams/pending.h"
 #include "vmm/error.h"
@@ -11,11 +12,16 @@ void xs_pending_init(xs_pending *p, xs_event_pool *events) {
 
 void xs_pending_destroy(xs_pending *p) {
   assert(p->entries == 0 && "pending frees were drained before destroy");
-  for (size_t i = 0; i < p->n_queues; i++) free(p->queues[i].ring);
+  for (size_t i = 0; i < p->n_queues; i++) {
+    free(p->queues[i].events);
+    free(p->queues[i].blocks);
+  }
   free(p->queues);
   *p = (xs_pending){.events = p->events};
 }
 
+/* The queue of `stream`, made on first use; NULL on host OOM. Queues may
+   move (realloc): callers keep indices, not pointers, across calls. */
 static xs_pending_queue *pending_queue_find(xs_pending *p,
                                             struct CUstream_st *stream) {
   for (size_t i = 0; i < p->n_queues; i++)
@@ -32,74 +38,86 @@ static xs_pending_queue *pending_queue_find(xs_pending *p,
   return q;
 }
 
-/* Doubles the ring, unrolling it so that head is 0. */
-static int pending_queue_grow(xs_pending_queue *q) {
-  size_t cap = q->cap ? 2 * q->cap : 16;
-  xs_pending_entry *ring = malloc(cap * sizeof *ring);
-  if (ring == NULL) return -1;
-  for (size_t i = 0; i < q->count; i++)
-    ring[i] = q->ring[(q->head + i) % q->cap];
-  free(q->ring);
-  q->ring = ring;
-  q->head = 0;
-  q->cap = cap;
-  return 0;
+/* Doubles a ring of `size`-byte items, unrolling it so that head is 0. */
+static bool pending_ring_grow(void **ring, size_t size, size_t *head,
+                              size_t count, size_t *cap) {
+  size_t nc = *cap ? 2 * *cap : 16;
+  char *n = malloc(nc * size), *old = *ring;
+  if (n == NULL) return false;
+  for (size_t i = 0; i < count; i++)
+    memcpy(n + i * size, old + ((*head + i) % *cap) * size, size);
+  free(old);
+  *ring = n;
+  *head = 0;
+  *cap = nc;
+  return true;
 }
 
-xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
-                           void *block) {
-  xs_pending_queue *q = pending_queue_find(p, stream);
-  if (q == NULL || (q->count == q->cap && pending_queue_grow(q) != 0))
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                    "out of host memory queueing a free on stream %p",
-                    (void *)stream);
-  CUevent ev;
-  xseg_status st = xs_event_pool_take(p->events, &ev);
-  if (st != XSEG_OK) return st;
+/* Room for one more block, and one more event unless at the bound. */
+static bool pending_queue_room(xs_pending_queue *q) {
+  if (q->bcount == q->bcap &&
+      !pending_ring_grow((void **)&q->blocks, sizeof *q->blocks, &q->bhead,
+                         q->bcount, &q->bcap))
+    return false;
+  return q->count < q->cap || q->count >= XS_PENDING_MAX_EVENTS ||
+         pending_ring_grow((void **)&q->events, sizeof *q->events, &q->head,
+                           q->count, &q->cap);
+}
+
+static xs_pending_event *pending_tail(xs_pending_queue *q) {
+  assert(q->count > 0);
+  return &q->events[(q->head + q->count - 1) % q->cap];
+}
+
+/* Marks the point `q`'s stream has reached: a new event in *fresh, or, at
+   the bound, the newest event recorded again (*fresh NULL). */
+static xseg_status pending_mark(xs_pending *p, xs_pending_queue *q,
+                                CUevent *fresh) {
   xs_driver *drv = p->events->vmm->drv;
-  CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)stream);
-  if (r != CUDA_SUCCESS) {
-    xs_event_pool_give(p->events, ev);
-    return xs_driver_error(drv, r, "cuEventRecord(stream %p)", (void *)stream);
+  *fresh = NULL;
+  CUevent ev;
+  if (q->count >= XS_PENDING_MAX_EVENTS) {
+    ev = pending_tail(q)->event;
+  } else {
+    xseg_status st = xs_event_pool_take(p->events, &ev);
+    if (st != XSEG_OK) return st;
   }
-  q->ring[(q->head + q->count) % q->cap] = (xs_pending_entry){ev, block};
-  q->count++;
-  p->entries++;
+  CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)q->stream);
+  if (r != CUDA_SUCCESS) {
+    if (q->count < XS_PENDING_MAX_EVENTS) xs_event_pool_give(p->events, ev);
+    return xs_driver_error(drv, r, "cuEventRecord(stream %p)",
+                           (void *)q->stream);
+  }
+  if (q->count < XS_PENDING_MAX_EVENTS) *fresh = ev;
   return XSEG_OK;
 }
 
-static void pending_queue_push(xs_pending *p, xs_pending_queue *q,
-                               CUevent ev, void *block) {
-  assert(q->count < q->cap && "room was made first");
-  q->ring[(q->head + q->count) % q->cap] = (xs_pending_entry){ev, block};
-  q->count++;
+/* Queues block behind the mark (room was made first). */
+static void pending_push(xs_pending *p, xs_pending_queue *q, CUevent fresh,
+                         void *block) {
+  if (fresh != NULL) {
+    assert(q->count < q->cap);
+    q->events[(q->head + q->count++) % q->cap] =
+        (xs_pending_event){fresh, 0};
+  }
+  pending_tail(q)->n_blocks++;
+  assert(q->bcount < q->bcap);
+  q->blocks[(q->bhead + q->bcount++) % q->bcap] = block;
   p->entries++;
 }
 
-/* Room for one more entry on the queue of every stream of the set. Queues
-   may move (realloc), so nothing is kept but the room. */
-static xseg_status pending_make_room(xs_pending *p, const xs_stream_set *set) {
+/* Makes every stream's queue and room first: queues may move meanwhile. */
+static xseg_status pending_make_room(xs_pending *p,
+                                     const xs_stream_set *set) {
   for (uint32_t i = 0; i < set->n; i++) {
     struct CUstream_st *s = xs_stream_set_at(set, i);
     xs_pending_queue *q = pending_queue_find(p, s);
-    if (q == NULL || (q->count == q->cap && pending_queue_grow(q) != 0))
+    if (q == NULL || !pending_queue_room(q))
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                       "out of host memory queueing a free on stream %p",
                       (void *)s);
   }
   return XSEG_OK;
-}
-
-/* Takes an event and records it on s. */
-static xseg_status pending_record(xs_pending *p, struct CUstream_st *s,
-                                  CUevent *out) {
-  xseg_status st = xs_event_pool_take(p->events, out);
-  if (st != XSEG_OK) return st;
-  xs_driver *drv = p->events->vmm->drv;
-  CUresult r = XS_DRV(drv, cuEventRecord, *out, (CUstream)s);
-  if (r == CUDA_SUCCESS) return XSEG_OK;
-  xs_event_pool_give(p->events, *out);
-  return xs_driver_error(drv, r, "cuEventRecord(stream %p)", (void *)s);
 }
 
 xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
@@ -109,42 +127,57 @@ xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
   if (streams->n > ON_STACK && (ev = malloc(streams->n * sizeof *ev)) == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for events");
   xseg_status st = pending_make_room(p, streams);
-  uint32_t done = 0;          /* events taken and recorded */
+  uint32_t done = 0;          /* streams marked */
   while (st == XSEG_OK && done < streams->n) {
-    st = pending_record(p, xs_stream_set_at(streams, done), &ev[done]);
+    xs_pending_queue *q = pending_queue_find(p, xs_stream_set_at(streams, done));
+    st = pending_mark(p, q, &ev[done]);
     if (st == XSEG_OK) done++;
   }
-  if (st != XSEG_OK) {
-    while (done-- > 0) xs_event_pool_give(p->events, ev[done]);
-  } else {
-    for (uint32_t i = 0; i < streams->n; i++)
-      pending_queue_push(p, pending_queue_find(p, xs_stream_set_at(streams, i)),
-                         ev[i], block);
-  }
+  /* Undo: fresh events go back; one recorded again only waits longer. */
+  for (uint32_t i = 0; st != XSEG_OK && i < done; i++)
+    if (ev[i] != NULL) xs_event_pool_give(p->events, ev[i]);
+  for (uint32_t i = 0; st == XSEG_OK && i < streams->n; i++)
+    pending_push(p, pending_queue_find(p, xs_stream_set_at(streams, i)),
+                 ev[i], block);
   if (ev != stack) free(ev);
   return st;
 }
 
-/* Pops the head of q, which has fired, and reports it. */
-static void pending_queue_pop(xs_pending *p, xs_pending_queue *q,
-                              xs_pending_ready_fn ready, void *ctx) {
+xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
+                           void *block) {
+  xs_stream_set one = {.inline_ = {stream}, .n = 1};
+  return xs_pending_add_all(p, &one, block);
+}
+
+/* Pops the head event of q, which has fired, and reports its blocks. */
+static size_t pending_queue_pop(xs_pending *p, xs_pending_queue *q,
+                                xs_pending_ready_fn ready, void *ctx) {
   assert(q->count > 0);
-  xs_pending_entry e = q->ring[q->head];
+  xs_pending_event e = q->events[q->head];
   q->head = (q->head + 1) % q->cap;
   q->count--;
-  p->entries--;
   xs_event_pool_give(p->events, e.event);
-  ready(ctx, e.block);
+  assert(e.n_blocks > 0 && e.n_blocks <= q->bcount);
+  for (size_t i = 0; i < e.n_blocks; i++) {
+    void *b = q->blocks[q->bhead];
+    q->bhead = (q->bhead + 1) % q->bcap;
+    q->bcount--;
+    p->entries--;
+    ready(ctx, b);
+  }
+  return e.n_blocks;
 }
 
 /* Drains one queue; `wait` synchronises on each head instead of querying. */
-static size_t pending_queue_drain(xs_pending *p, xs_pending_queue *q,
-                                  bool wait, xs_pending_ready_fn ready,
-                                  void *ctx, xseg_status *error) {
+static size_t pending_queue_drain(xs_pending *p, size_t qi, bool wait,
+                                  xs_pending_ready_fn ready, void *ctx,
+                                  xseg_status *error) {
   xs_driver *drv = p->events->vmm->drv;
   size_t fired = 0;
+  /* `ready` may free blocks but never adds entries: q stays put. */
+  xs_pending_queue *q = &p->queues[qi];
   while (q->count > 0) {
-    CUevent ev = q->ring[q->head].event;
+    CUevent ev = q->events[q->head].event;
     CUresult r = wait ? XS_DRV(drv, cuEventSynchronize, ev)
                       : XS_DRV(drv, cuEventQuery, ev);
     if (r == CUDA_ERROR_NOT_READY) break;
@@ -155,8 +188,7 @@ static size_t pending_queue_drain(xs_pending *p, xs_pending_queue *q,
                                  (void *)q->stream);
       break;
     }
-    pending_queue_pop(p, q, ready, ctx);
-    fired++;
+    fired += pending_queue_pop(p, q, ready, ctx);
   }
   return fired;
 }
@@ -167,7 +199,7 @@ static size_t pending_drain_all(xs_pending *p, bool wait,
   *error = XSEG_OK;
   size_t fired = 0;
   for (size_t i = 0; i < p->n_queues; i++)
-    fired += pending_queue_drain(p, &p->queues[i], wait, ready, ctx, error);
+    fired += pending_queue_drain(p, i, wait, ready, ctx, error);
   return fired;
 }
 

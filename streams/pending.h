@@ -2,7 +2,7 @@
  *
  * When a block that xseg_record_stream tagged with streams S1..Sk is freed,
  * one event is recorded on each Si (at the point each stream has reached at
- * the free) and an entry (event, block) is appended to Si's queue. The block
+ * the free) and the block is appended to Si's queue behind it. The block
  * may be reused once every one of its k entries has fired; the allocator
  * keeps that count on the block, this module only reports each entry that
  * fires.
@@ -11,6 +11,14 @@
  * a stream runs its work in order, so if the head has not fired, nothing
  * behind it has. Polling therefore stops at the first pending head of each
  * stream, and one slow stream never holds back another's entries.
+ *
+ * Bounded events: a queue holds at most XS_PENDING_MAX_EVENTS events. When
+ * frees outrun a stream (its events pile up unfired), the next free
+ * records the newest event again instead of taking another, and its block
+ * joins that event's blocks: those blocks then also wait for the work
+ * queued up to the newest free — later than their own free, never earlier.
+ * So a steady state creates no events beyond that bound per stream,
+ * whatever the free rate.
  *
  * Not thread-safe: the allocator's mutex guards it. Needs the device's
  * context current.
@@ -25,23 +33,30 @@
 #include "streams/event_pool.h"
 #include "streams/stream_set.h"
 
-typedef struct xs_pending_entry {
-  CUevent event;
-  void *block;
-} xs_pending_entry;
+enum { XS_PENDING_MAX_EVENTS = 32 };
 
-/* One stream's entries, a ring buffer: [head, head+count) modulo cap. */
+/* An event and how many blocks (the next ones of the block ring) wait on
+   it. */
+typedef struct xs_pending_event {
+  CUevent event;
+  size_t n_blocks;
+} xs_pending_event;
+
+/* One stream's queue: two rings, [head, head+count) modulo cap, of events
+   and of the blocks behind them, in order. */
 typedef struct xs_pending_queue {
   struct CUstream_st *stream;
-  xs_pending_entry *ring;
+  xs_pending_event *events;
   size_t head, count, cap;
+  void **blocks;
+  size_t bhead, bcount, bcap;
 } xs_pending_queue;
 
 typedef struct xs_pending {
   xs_event_pool *events;
   xs_pending_queue *queues;   /* one per stream that ever had an entry */
   size_t n_queues, cap_queues;
-  uint64_t entries;           /* sum of the queues' counts */
+  uint64_t entries;           /* blocks queued, over every queue */
 } xs_pending;
 
 /* Called once per entry whose event has fired, in each stream's order. */
@@ -51,12 +66,12 @@ void xs_pending_init(xs_pending *p, xs_event_pool *events);
 /* Frees the queues; every entry must have fired and been drained. */
 void xs_pending_destroy(xs_pending *p);
 
-/* Records an event on `stream` and queues (event, block) behind it. On
-   failure nothing is queued, the event (if any) is back in the pool and the
-   message names the failing call. */
+/* Records an event on `stream` (or records its newest event again, at the
+   bound) and queues `block` behind it. On failure nothing is queued, the
+   event (if any) is back in the pool and the message names the failing
+   call. */
 xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
                            void *block);
-
 /* As xs_pending_add for every stream of `streams`, all or nothing: on
    failure nothing is queued and every event taken is back in the pool (an
    event already recorded is simply recorded again when it is reused). */

@@ -167,3 +167,30 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   fixture_close(&f);
 }
+
+/* Frees that outrun a held stream share its newest event past the bound:
+   no more events than XS_PENDING_MAX_EVENTS, every block still reported,
+   in order. */
+XSEG_TEST(streams_pending, events_per_stream_are_bounded) {
+  fixture f;
+  XSEG_ASSERT_TRUE(fixture_open(&f));
+  CUstream s = stream_new();
+  xt_latch *latch = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(s, latch));
+  static int blocks[100];
+  for (int i = 0; i < 100; i++)
+    XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &blocks[i]));
+  XSEG_EXPECT_EQ(f.events.created, XS_PENDING_MAX_EVENTS);
+  XSEG_EXPECT_EQ(f.pending.entries, 100);
+  fired_log log = {0};
+  xseg_status err;
+  XSEG_EXPECT_EQ(xs_pending_poll(&f.pending, log_fired, &log, &err), 0);
+  xt_latch_open(latch);
+  XSEG_EXPECT_EQ(xs_pending_drain(&f.pending, log_fired, &log, &err), 100);
+  XSEG_EXPECT_OK(err);
+  for (int i = 0; i < 64; i++) XSEG_EXPECT_TRUE(log.blocks[i] == &blocks[i]);
+  XSEG_EXPECT_EQ(f.events.in_flight, 0);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(latch);
+  fixture_close(&f);
+}
