@@ -1,0 +1,226 @@
+/* Graph capture: allocations during a capture land in a private pool, no
+   call that CUDA forbids during a global-mode capture is made (the emulator
+   fails them and invalidates the capture, so a capture that ends cleanly
+   proves it), and a private pool's memory is reused by others only after
+   xseg_release_pool. */
+#include <string.h>
+
+#include "alloc_helpers.h"
+
+static CUstream stream_new(void) {
+  CUstream s = NULL;
+  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
+  return s;
+}
+
+static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
+
+/* Calls CUDA forbids during a global capture, and unmaps. */
+static const char *const forbidden[] = {
+    "cuEventQuery", "cuEventSynchronize", "cuStreamQuery",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuMemUnmap", "cuMemRelease"};
+enum { N_FORBIDDEN = sizeof forbidden / sizeof *forbidden };
+
+static void forbidden_counts(uint64_t out[N_FORBIDDEN]) {
+  for (int i = 0; i < N_FORBIDDEN; i++) out[i] = xsim_call_count(forbidden[i]);
+}
+
+static void expect_none_since(const uint64_t before[N_FORBIDDEN]) {
+  for (int i = 0; i < N_FORBIDDEN; i++)
+    if (xsim_call_count(forbidden[i]) != before[i])
+      XSEG_FAIL("%s was called during the capture", forbidden[i]);
+}
+
+XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = stream_new(), s0 = stream_new(), s1 = stream_new();
+  enum { SIZE = 3 * 1024 * 1024 };
+  void *cached, *pend, *p, *p2, *tmp, *after;
+  /* A cached block of s, and a free pending on s1's work. */
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &cached));
+  XSEG_ASSERT_OK(xseg_free(a, cached));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &pend));
+  XSEG_ASSERT_OK(xseg_record_stream(a, pend, s1));
+  XSEG_ASSERT_OK(xseg_free(a, pend));
+
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 42, s));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  uint64_t before[N_FORBIDDEN];
+  forbidden_counts(before);
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &p));
+  XSEG_EXPECT_TRUE(p != cached);            /* not the stream's cache */
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x5A, SIZE, s));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &tmp));
+  XSEG_ASSERT_OK(xseg_free(a, tmp));        /* back to the private pool */
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &p2));
+  XSEG_EXPECT_TRUE(p2 == tmp);
+  XSEG_ASSERT_OK(xseg_record_stream(a, p2, s1));
+  XSEG_ASSERT_OK(xseg_free(a, p2));         /* parked: no event now */
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &tmp));   /* pending waits */
+  XSEG_ASSERT_OK(xseg_free(a, tmp));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));      /* does nothing */
+  XSEG_EXPECT_STATUS(xseg_empty_cache_blocking(a), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_STATUS(xseg_release_pool(a, 42), XSEG_ERR_CAPTURE);
+  xseg_stats st = at_stats(a);
+  XSEG_EXPECT_EQ(st.pending_free_bytes, 2 * 4096 + 0 * SIZE);
+  expect_none_since(before);
+  CUgraph g = NULL;
+  XSEG_ASSERT_CU(cuStreamEndCapture(s, &g));   /* not invalidated */
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 42));
+  XSEG_EXPECT_OK(xseg_check(a));
+
+  /* The graph's block stays the graph's: replay writes it. */
+  CUgraphExec x = NULL;
+  XSEG_ASSERT_CU(cuGraphInstantiate(&x, g, 0));
+  XSEG_ASSERT_CU(cuGraphLaunch(x, s));
+  XSEG_ASSERT_CU(cuStreamSynchronize(s));
+  unsigned char byte = 0;
+  XSEG_ASSERT_CU(cuMemcpyDtoH(&byte, dptr(p) + SIZE - 1, 1));
+  XSEG_EXPECT_EQ(byte, 0x5A);
+
+  /* Frees made during the capture get their events at the next malloc
+   (recorded after the capture, so they wait for s1's work from then). */
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &tmp));
+  XSEG_ASSERT_OK(xseg_free(a, tmp));
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &tmp));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_ASSERT_OK(xseg_free(a, tmp));
+
+  /* Freed, p stays in the private pool: s does not get it back. */
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &after));
+  XSEG_EXPECT_TRUE(after != p);
+  XSEG_ASSERT_OK(xseg_free(a, after));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  int64_t held = at_stats(a).reserved_bytes.current;
+  XSEG_EXPECT_GT(held, 0);                  /* the private pool's */
+  /* Released, its memory goes back. */
+  XSEG_ASSERT_OK(xseg_release_pool(a, 42));
+  XSEG_EXPECT_STATUS(xseg_release_pool(a, 42), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+/* After release, another stream growing at the device limit takes the
+   private pool's memory, its handles mapped again. */
+XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 64 * MiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = stream_new(), sb = stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 7, s));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, s, &p));
+  CUgraph g = NULL;
+  XSEG_ASSERT_CU(cuStreamEndCapture(s, &g));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 7));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  /* Not released yet: the private memory is not taken. */
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 48 * MiB, sb, &q), XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
+  uint64_t released = xsim_call_count("cuMemRelease");
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));
+  XSEG_EXPECT_EQ(xsim_call_count("cuMemRelease"), released);
+  XSEG_EXPECT_TRUE(at_fill(q, 48 * MiB, 4));
+  XSEG_EXPECT_TRUE(at_verify(q, 48 * MiB, 4));
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+}
+
+/* An unannounced capture is seen on the slow path: the allocation goes to
+   the capture's implicit pool, and nothing forbidden is called. */
+XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = stream_new(), s1 = stream_new();
+  void *warm, *p, *q, *pend;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, s, &warm));
+  XSEG_ASSERT_OK(xseg_free(a, warm));      /* s's cache holds 2 MiB */
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureStatus status;
+  cuuint64_t id = 0;
+  XSEG_ASSERT_CU(cuStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL,
+                                        NULL));
+  uint64_t before[N_FORBIDDEN];
+  forbidden_counts(before);
+  uint64_t infos = xsim_call_count("cuStreamGetCaptureInfo");
+  XSEG_ASSERT_OK(xseg_malloc(a, 16 * MiB, s, &p));   /* slow path */
+  XSEG_EXPECT_GT(xsim_call_count("cuStreamGetCaptureInfo"), infos);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &pend));
+  XSEG_ASSERT_OK(xseg_record_stream(a, pend, s1));
+  XSEG_ASSERT_OK(xseg_free(a, pend));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));      /* sees the capture: nothing */
+  XSEG_ASSERT_OK(xseg_malloc(a, 16 * MiB, s, &q));
+  XSEG_EXPECT_TRUE(q == p);                 /* the private pool's cache */
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  expect_none_since(before);
+  CUgraph g = NULL;
+  XSEG_ASSERT_CU(cuStreamEndCapture(s, &g));
+  /* Ended: s allocates from its own pools again; the pool stays private
+     until released by its id. */
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, s, &q));
+  XSEG_EXPECT_TRUE(q == warm);
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_GE(at_stats(a).reserved_bytes.current, 16 * MiB);
+  XSEG_ASSERT_OK(xseg_release_pool(a, XSEG_CAPTURE_POOL(id)));
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+XSEG_TEST(streams_capture, pool_calls_check_their_arguments) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = stream_new();
+  XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(a, 0, s),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(NULL, 1, s),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_end_allocate_to_pool(a, 1),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_release_pool(a, 1), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 1, s));
+  XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(a, 2, s),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_release_pool(a, 1), XSEG_ERR_CAPTURE);
+  /* Announced without a driver capture: still a private pool. */
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &p));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 1));
+  XSEG_ASSERT_OK(xseg_release_pool(a, 1));
+  XSEG_ASSERT_OK(xseg_free(a, p));          /* into the released pool */
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_EQ(at_stats(a).segment.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
