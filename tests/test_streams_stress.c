@@ -1,12 +1,18 @@
 /* Stress: 4 threads, each allocating on its own stream of 4, writing every
    block's pattern on that stream, handing blocks to random other streams
-   (record_stream) that write the same pattern again, some of them behind
-   delayed work (a host function that sleeps), and freeing them. A block
-   reused before the work of its previous owner's streams finished would
-   receive a stale pattern: every block is checked before it is freed. The
-   device is small, so memory also moves between streams (growth at the
-   limit) and empty_cache runs now and then. xseg_check at the end; no
-   deadlock (ctest's timeout); TSan in CI.
+   (record_stream, ordered after the owner's write by an event) that write
+   the same pattern again, some of them behind delayed work (a host function
+   that sleeps), and freeing them. A block reused before the work of its
+   previous owner's streams finished would receive a stale pattern: every
+   block is checked before it is freed. The device is small, so memory also
+   moves between streams (growth at the limit) and empty_cache runs now and
+   then. xseg_check at the end; no deadlock (ctest's timeout).
+
+   Under ThreadSanitizer the other streams read the block (a copy into a
+   scratch buffer of their own) instead of writing it: the emulator's device
+   memory is host memory, so the same-value writes racing with the check
+   would be reported, while a read racing with a new owner's write is
+   exactly the early reuse that TSan should then report.
 
    XSEG_STRESS_OPS sets the total operation count. The default is 10^5
    (about 6 s on 2 cores); sanitizer builds default to fewer (ASan 5*10^4,
@@ -31,7 +37,15 @@ typedef struct stress_thread {
   long ops;
   uint64_t seed;
   int errors;
+  CUevent written;                  /* orders other streams after ours */
+  void *scratch[STREAMS];           /* each written by its stream alone */
 } stress_thread;
+
+#if defined(__SANITIZE_THREAD__)
+#define STRESS_SHARE_READS 1
+#else
+#define STRESS_SHARE_READS 0
+#endif
 
 typedef struct stress_block {
   void *p;
@@ -75,16 +89,29 @@ static bool stress_verify(stress_block *b, CUstream own) {
   return true;
 }
 
-/* Another stream uses the block: maybe behind a delay, then the same
-   pattern, and the allocator is told. */
+/* The use of another stream: the pattern again, or (TSan) a read. */
+static bool stress_use(stress_thread *t, stress_block *b, int x) {
+  CUstream other = t->ctx->streams[x];
+  if (!STRESS_SHARE_READS) return stress_write(b, other);
+  size_t n = b->size < 1024 ? b->size : 1024;
+  return cuMemcpyDtoDAsync(dptr(t->scratch[x]), dptr(b->p), n, other) ==
+         CUDA_SUCCESS;
+}
+
+/* Another stream uses the block after the owner's write: maybe behind a
+   delay; and the allocator is told. */
 static bool stress_share(stress_thread *t, stress_block *b) {
-  CUstream other = t->ctx->streams[at_rand(&t->seed) % STREAMS];
+  int x = (int)(at_rand(&t->seed) % STREAMS);
+  CUstream own = t->ctx->streams[t->id], other = t->ctx->streams[x];
+  if (cuEventRecord(t->written, own) != CUDA_SUCCESS ||
+      cuStreamWaitEvent(other, t->written, 0) != CUDA_SUCCESS)
+    return false;
   if (at_rand(&t->seed) % 4 == 0 &&
       cuLaunchHostFunc(other, delay_host,
                        (void *)(uintptr_t)(50 + at_rand(&t->seed) % 300)) !=
           CUDA_SUCCESS)
     return false;
-  return stress_write(b, other) &&
+  return stress_use(t, b, x) &&
          xseg_record_stream(t->ctx->a, b->p, other) == XSEG_OK;
 }
 
@@ -112,9 +139,36 @@ static void stress_op(stress_thread *t, stress_block *slot) {
   }
 }
 
+/* The thread's event and scratch buffers (one per stream, on it). */
+static bool stress_thread_setup(stress_thread *t) {
+  if (xt_context(0) == NULL ||
+      cuEventCreate(&t->written, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    return false;
+  for (int x = 0; x < STREAMS; x++)
+    if (xseg_malloc(t->ctx->a, 1024, t->ctx->streams[x], &t->scratch[x]) !=
+        XSEG_OK)
+      return false;
+  return true;
+}
+
+static void stress_thread_teardown(stress_thread *t) {
+  for (int x = 0; x < STREAMS; x++) {
+    if (t->scratch[x] == NULL) continue;
+    /* Its stream's copies may still be writing into it. */
+    if (cuStreamSynchronize(t->ctx->streams[x]) != CUDA_SUCCESS ||
+        xseg_free(t->ctx->a, t->scratch[x]) != XSEG_OK)
+      t->errors++;
+  }
+  if (t->written != NULL) cuEventDestroy(t->written);
+}
+
 static void *stress_worker(void *arg) {
   stress_thread *t = arg;
-  if (xt_context(0) == NULL) return t->errors++, NULL;
+  if (!stress_thread_setup(t)) {
+    t->errors++;
+    stress_thread_teardown(t);
+    return NULL;
+  }
   stress_block slot[SLOTS];
   memset(slot, 0, sizeof slot);
   for (long op = 0; op < t->ops && t->errors == 0; op++) {
@@ -126,6 +180,7 @@ static void *stress_worker(void *arg) {
       if (!stress_verify(&slot[i], t->ctx->streams[t->id])) t->errors++;
       if (xseg_free(t->ctx->a, slot[i].p) != XSEG_OK) t->errors++;
     }
+  stress_thread_teardown(t);
   return NULL;
 }
 
