@@ -123,7 +123,12 @@ void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
 /* Gives a block whose last use is over back to its pool, stamped with the
    free clock. */
-void xs_alloc_give_locked(xseg_allocator *a, xs_block *b);
+static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+  b->free_epoch = ++a->free_clock;
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
+  xs_pool_give(b->seg->pool, b);
+}
 
 /* Deferred frees (deferred.c). xseg_free of a block with recorded streams:
    parks it pending. Fails (block still live, nothing changed) only when
@@ -133,8 +138,10 @@ xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
    (cuEventSynchronize). Records the events of frees made during a capture
    once none is under way; does nothing while one is. Enters the context. */
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
+/* Queued or parked, every pending free is counted in pending_blocks: one
+   load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
-  return a->pending.entries != 0 || a->n_deferred != 0;
+  return a->pending_blocks != 0;
 }
 
 /* Graph capture (capture.c). */
