@@ -4,10 +4,12 @@
  * Expandable growth maps at the placement xs_pool_place picks (a hole left
  * by an earlier release, or the end of the newest segment, where a free
  * block touching the mapped end needs only the missing granules), with the
- * fewest granules. The physical handles come first from whole free granules
+ * fewest granules. The physical handles come first from whole free handles
  * elsewhere in the same stream's pools (unmapped and mapped again: two calls
- * per run plus one map per granule, and no new device memory), then from
- * cuMemCreate; at the device limit (the memory-fraction cap, or cuMemCreate
+ * per run plus one map per handle, and no new device memory), then from
+ * cuMemCreate, one handle per run of fresh granules up to the handle
+ * policy's size (multi-granule handles: one create and one map for many
+ * granules, but a live block pins its whole handle); at the device limit (the memory-fraction cap, or cuMemCreate
  * out of memory) from other streams' free granules whose guards have
  * passed (reclaim.c): physical memory moves between streams without a
  * release and re-create and without a host sync. Only free blocks whose
