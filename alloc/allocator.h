@@ -172,10 +172,11 @@ xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
                                        xs_stream_pools *sp, bool wait);
 /* Advances the guard of every reclaimable pair with unsafe free blocks. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
-/* Whole free granules of other streams' pools, safe to move, for growth
-   in p at the device limit: at most `want` handles of `granule` bytes. */
+/* Whole free handles of other streams' pools, safe to move, for growth
+   in p at the device limit: at least `want` granules of `granule` bytes
+   if there are, never more than `max` (a handle is taken whole). */
 size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want,
+                                    size_t granule, size_t want, size_t max,
                                     uint64_t *handles);
 /* garbage_collection_threshold: releases free granules, oldest free first,
    until what is mapped is under the threshold's share of the cap. False

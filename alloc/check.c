@@ -59,9 +59,10 @@ static bool check_segment(check_ctx *c, const xs_pool *p, const xs_segment *s,
       !check_push(&c->range, &nr, rcap, s->base + s->size))
     CHECK_FAIL(c, "out of host memory");
   c->segments++;
+  /* One entry per handle (a run of granules shares one, segment.h). */
   for (size_t g = 0; g < s->n_granules; g++)
-    if (s->mapped[g] && !check_push(&c->handle, &c->handles, &c->cap,
-                                    s->handle[g]))
+    if (s->mapped[g] && xs_segment_handle_head(s, g) == g &&
+        !check_push(&c->handle, &c->handles, &c->cap, s->handle[g]))
       CHECK_FAIL(c, "out of host memory");
   return true;
 }

@@ -235,6 +235,30 @@ static xseg_status parse_pinned_threads(const xs_option *o, const char *value,
   return XSEG_OK;
 }
 
+/* xseg_handle_policy: granule, single or pow2 (config.h). */
+static xseg_status parse_handle_policy(const xs_option *o, const char *value,
+                                       const char **p, xs_config *c) {
+  (void)p;
+  static const char *const names[] = {"granule", "single", "pow2"};
+  for (int i = 0; i < 3; i++)
+    if (strcmp(value, names[i]) == 0) {
+      c->handle_policy = (xs_handle_policy)i;
+      return XSEG_OK;
+    }
+  return bad_value(o->key, value, "granule, single or pow2");
+}
+
+/* "<n>", an integer >= 0 (xseg_handle_max_part). */
+static xseg_status parse_count(const xs_option *o, const char *value,
+                               const char **p, xs_config *c) {
+  (void)p;
+  uint64_t v;
+  if (!to_u64(value, &v) || v > SIZE_MAX)
+    return bad_value(o->key, value, "an integer >= 0");
+  *(size_t *)field(c, o) = (size_t)v;
+  return XSEG_OK;
+}
+
 /* ---- roundup_power2_divisions ------------------------------------------ */
 
 /* A divisions count: a power of two (0 too where zero_ok: the list form
@@ -361,6 +385,10 @@ static const xs_option options[] = {
   {"xseg_small_granule_mb", parse_mb, XS_FIELD(small_granule), 1},
   {"xseg_large_granule_mb", parse_mb, XS_FIELD(large_granule), 1},
   {"xseg_reserve_mb", parse_mb, XS_FIELD(reserve_size), 0},
+  {"xseg_handle_policy", parse_handle_policy, XS_FIELD(handle_policy), 0},
+  {"xseg_grow_min_mb", parse_mb, XS_FIELD(grow_min), 0},
+  {"xseg_handle_max_mb", parse_mb, XS_FIELD(handle_max), 0},
+  {"xseg_handle_max_part", parse_count, XS_FIELD(handle_max_part), 0},
 };
 
 static const xs_option *option_find(const char *key) {
@@ -433,6 +461,11 @@ void xs_config_defaults(xs_config *c) {
   c->memory_fraction = 1.0;
   c->small_granule = 2 * XS_MB;
   c->large_granule = 2 * XS_MB;
+  /* Growth's handles: see alloc/grow.c and bench/README.md for the
+     numbers behind these. */
+  c->handle_policy = XS_HANDLES_SINGLE;
+  c->handle_max = 8 * XS_MB;
+  c->handle_max_part = 32;
 }
 
 xseg_status xs_config_parse(const char *conf, xs_config *c) {

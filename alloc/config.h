@@ -16,6 +16,16 @@
    (kRoundUpPowerOfTwoIntervals = 16, the last one open-ended). */
 enum { XS_ROUNDUP_INTERVALS = 16 };
 
+/* xseg_handle_policy: how growth cuts the fresh granules it maps into
+   physical handles. Fewer handles mean fewer cuMemCreate and cuMemMap
+   calls; smaller ones can be given back or moved where fewer granules are
+   free (the driver unmaps whole handles only). */
+typedef enum xs_handle_policy {
+  XS_HANDLES_GRANULE,          /* one handle per granule */
+  XS_HANDLES_SINGLE,           /* one handle per growth */
+  XS_HANDLES_POW2              /* power-of-two handles, largest first */
+} xs_handle_policy;
+
 typedef struct xs_config {
   bool   expandable_segments;           /* default true */
   size_t max_split_size;                /* bytes; SIZE_MAX = no limit */
@@ -33,6 +43,14 @@ typedef struct xs_config {
   size_t large_granule;                 /* xseg_large_granule_mb (bytes) */
   size_t reserve_size;                  /* xseg_reserve_mb; 0 = 9/8 of the
                                            device's memory */
+  xs_handle_policy handle_policy;       /* xseg_handle_policy */
+  size_t grow_min;                      /* xseg_grow_min_mb (bytes): least
+                                           fresh growth at a segment's end */
+  size_t handle_max;                    /* xseg_handle_max_mb (bytes): most
+                                           per fresh handle; 0 = no limit */
+  size_t handle_max_part;               /* xseg_handle_max_part: a fresh
+                                           handle is at most 1/N of the
+                                           mapped bytes; 0 = no limit */
 } xs_config;
 
 /* Defaults for every field. */

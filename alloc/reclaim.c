@@ -84,7 +84,7 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
 }
 
 size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want,
+                                    size_t granule, size_t want, size_t max,
                                     uint64_t *handles) {
   XS_ASSERT_LOCKED(a);
   size_t got = 0;
@@ -99,8 +99,8 @@ size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
        event and gives what was already safe. */
     xs_alloc_guard_pair_locked(a, sp, false);
     for (int k = 0; k < 2 && got < want; k++)
-      got += xs_pool_harvest(&sp->pool[k], granule, want - got, NULL,
-                             handles + got, &st);
+      got += xs_pool_harvest(&sp->pool[k], granule, want - got, max - got,
+                             NULL, handles + got, &st);
   }
   return got;
 }

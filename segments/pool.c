@@ -87,11 +87,7 @@ static xs_segment *pool_segment_new(size_t size, size_t granule) {
   s->size = size;
   s->granule = granule;
   s->n_granules = size / granule;
-  s->handle = calloc(s->n_granules, sizeof *s->handle);
-  s->mapped = calloc(s->n_granules, 1);
-  if (s->handle == NULL || s->mapped == NULL) {
-    free(s->handle);
-    free(s->mapped);
+  if (!xs_segment_alloc_page_map(s, s->n_granules)) {
     free(s);
     return NULL;
   }
@@ -99,8 +95,7 @@ static xs_segment *pool_segment_new(size_t size, size_t granule) {
 }
 
 static void pool_segment_free(xs_segment *s) {
-  free(s->handle);
-  free(s->mapped);
+  xs_segment_free_page_map(s);
   free(s);
 }
 

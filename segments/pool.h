@@ -79,31 +79,35 @@ typedef struct xs_place {
    the end of the newest segment's mapped part. False when no reservation
    has room. */
 bool xs_pool_place(xs_pool *p, size_t size, xs_place *out);
-/* Maps handles[0..pl->n) at the placement (one cuMemMap each, one
-   cuMemSetAccess) and returns the resulting free mapped block, indexed.
+/* Maps handles[0..pl->n) at the placement (one cuMemMap per handle, a
+   run of equal values being one handle; one cuMemSetAccess) and returns the resulting free mapped block, indexed.
    On failure nothing changed and the handles are still the caller's. */
 xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
                         const uint64_t *handles, xs_block **out);
 
 /* Page-granular release (release.c). Only free blocks that
-   xs_pool_block_releasable accepts are touched: whole granules inside, and
+   xs_pool_block_releasable accepts are touched: whole handles inside, and
    a free epoch the stream's guard has passed (p->safe_epoch); the others
    stay mapped for a later pass. Nothing here waits on the host. */
 bool xs_pool_block_releasable(const xs_pool *p, const xs_block *b);
-/* Largest free epoch of a free block with a whole granule that the guard
+/* Largest free epoch of a free block with a whole handle that the guard
    has not passed yet (0: none): how far the guard must get. */
 uint64_t xs_pool_unsafe_epoch(xs_pool *p);
-/* Unmaps whole free granules, largest blocks first. Handles either come
-   out through handles_out (reuse: at most `want`) or, when handles_out is
-   NULL, are released to the driver. Returns the granule count. */
-size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
+/* Unmaps whole free handles, largest blocks first, until at least `want`
+   granules (a handle is taken whole, so it may give more, but never more
+   than `max`). Handles either come out through handles_out (reuse; one
+   entry per granule, a run of equal values being one handle) or, when
+   handles_out is NULL, are released to the driver. Returns the granule
+   count. */
+size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
                        const xs_block *keep, uint64_t *handles_out,
                        xseg_status *st);
-/* Releases up to `want` whole granules of releasable block b to the
-   driver; returns how many (garbage collection picks blocks by age). */
+/* Releases whole handles of releasable block b to the driver until at
+   least `want` granules went; returns how many (garbage collection picks
+   blocks by age). */
 size_t xs_pool_release_block(xs_pool *p, xs_block *b, size_t want,
                              xseg_status *st);
-/* Releases whole free granules, largest free blocks first, until at least
+/* Releases whole free handles, largest free blocks first, until at least
    `goal` bytes are released (SIZE_MAX: all), then gives back every segment
    left without a mapped granule. */
 xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released);

@@ -14,8 +14,9 @@
  *                          ^ align_up(b->addr)      ^ align_down(end(b))
  *
  *   hd (mapped, free): b->addr .. align_up(b->addr), inside g0
- *   mid (unmapped):    the whole granules g1..g3 (at most `want` of them,
- *                      from the low end, when harvesting fewer)
+ *   mid (unmapped):    the whole granules g1..g3 (whole handles only, see
+ *                      release_span; from the low end when fewer are
+ *                      wanted)
  *   tl (mapped, free): the rest up to end(b), inside g4 — or more whole
  *                      granules when fewer were wanted
  *
@@ -36,15 +37,35 @@
 #include "segments/pool.h"
 #include "vmm/error.h"
 
-/* The whole granules inside b: [*lo, *lo + *n * granule). */
+/* The whole handles inside b: [*lo, *lo + *n * granule). A handle that
+   sticks out of b on either side stays (the driver unmaps whole handles):
+ *
+ *     handles:  |  A  A  |  B  |  C  C  C  |  D  D  |
+ *     block b:      [ free ..................... ]
+ *     span:            [ B ][  C  C  C  ]
+ */
 static void release_span(const xs_block *b, uint64_t *lo, size_t *n) {
   const xs_segment *s = b->seg;
-  uint64_t first = s->base + (b->addr - s->base + s->granule - 1) /
-                                 s->granule * s->granule;
-  uint64_t last = s->base + (xs_block_end(b) - s->base) / s->granule *
-                                s->granule;
-  *lo = first;
-  *n = last > first ? (size_t)((last - first) / s->granule) : 0;
+  size_t g0 = (size_t)((b->addr - s->base + s->granule - 1) / s->granule);
+  size_t g1 = (size_t)((xs_block_end(b) - s->base) / s->granule);
+  if (g0 < g1 && xs_segment_handle_head(s, g0) != g0)
+    g0 = xs_segment_handle_head(s, g0) + s->hlen[g0];
+  if (g0 < g1) {
+    size_t head = xs_segment_handle_head(s, g1 - 1);
+    if (head + s->hlen[g1 - 1] > g1) g1 = head;
+  }
+  *lo = s->base + g0 * s->granule;
+  *n = g1 > g0 ? g1 - g0 : 0;
+}
+
+/* How many granules of the span from granule g (n of them) to cut: whole
+   handles from its low end until at least `want`, never more than `max`. */
+static size_t release_take(const xs_segment *s, size_t g, size_t n,
+                           size_t want, size_t max) {
+  size_t took = 0;
+  while (took < n && took < want && took + s->hlen[g + took] <= max)
+    took += s->hlen[g + took];
+  return took;
 }
 
 /* Releases one handle. A failed cuMemRelease is tried once more: the
@@ -60,6 +81,17 @@ static xseg_status release_handle(xs_pool *p, uint64_t h) {
   return st;
 }
 
+/* Releases the handles mapped at granules [g, g + n) of s, one call per
+   handle (not per granule); the first failure goes to *late. */
+static void release_handles(xs_pool *p, const xs_segment *s, size_t g,
+                            size_t n, xseg_status *late) {
+  for (size_t i = g; i < g + n; i += s->hlen[i]) {
+    assert(s->hlen[i] > 0 && xs_segment_handle_head(s, i) == i);
+    xseg_status st = release_handle(p, s->handle[i]);
+    if (st != XSEG_OK && *late == XSEG_OK) *late = st;
+  }
+}
+
 /* Driver side of cutting [lo, lo + n granules): one unmap, then, unless the
    handles are kept for reuse, one release per handle. A failed unmap
    changed nothing and is returned; a failed release after a good unmap
@@ -69,11 +101,7 @@ static xseg_status release_driver(xs_pool *p, xs_segment *s, uint64_t lo,
                                   xseg_status *late) {
   xseg_status st = xs_vmm_unmap(p->vmm, lo, n * s->granule);
   if (st != XSEG_OK || keep_handles) return st;
-  size_t g = xs_segment_granule_of(s, lo);
-  for (size_t i = 0; i < n; i++) {
-    st = release_handle(p, s->handle[g + i]);
-    if (st != XSEG_OK && *late == XSEG_OK) *late = st;
-  }
+  release_handles(p, s, xs_segment_granule_of(s, lo), n, late);
   return XSEG_OK;
 }
 
@@ -108,14 +136,15 @@ static void release_put_spares(xs_pool *p, xs_block *spare[2]) {
     if (spare[i] != NULL) xs_blocks_put(p->blocks, spare[i]);
 }
 
-/* Unmaps up to `want` whole granules of free mapped block b; returns how
-   many. Failures leave b as it was and land in *st. */
-static size_t release_block(xs_pool *p, xs_block *b, size_t want,
+/* Unmaps whole handles of free mapped block b, from its low end, until at
+   least `want` granules (but never more than `max`); returns how many
+   granules. Failures leave b as it was and land in *st. */
+static size_t release_block(xs_pool *p, xs_block *b, size_t want, size_t max,
                             uint64_t *handles_out, xseg_status *st) {
   uint64_t lo;
   size_t n;
   release_span(b, &lo, &n);
-  if (n > want) n = want;
+  n = release_take(b->seg, xs_segment_granule_of(b->seg, lo), n, want, max);
   if (n == 0) return 0;
   uint64_t hi = lo + n * b->seg->granule;
   xs_block *spare[2] = {NULL, NULL};
@@ -141,7 +170,7 @@ static size_t release_block(xs_pool *p, xs_block *b, size_t want,
   return n;
 }
 
-/* Whether b has a whole granule to give. */
+/* Whether b has a whole handle to give. */
 static bool release_worthwhile(const xs_block *b) {
   uint64_t lo;
   size_t n;
@@ -165,7 +194,7 @@ uint64_t xs_pool_unsafe_epoch(xs_pool *p) {
   return newest;
 }
 
-size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
+size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
                        const xs_block *keep, uint64_t *handles_out,
                        xseg_status *st) {
   size_t got = 0;
@@ -177,7 +206,8 @@ size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want,
     xs_block *next = xs_freetree_smaller(&p->free, b);
     if (b != keep && b->seg->granule == granule &&
         xs_pool_block_releasable(p, b)) {
-      got += release_block(p, b, want - got, handles_out + got, st);
+      got += release_block(p, b, want - got, max - got, handles_out + got,
+                           st);
       if (*st != XSEG_OK) break;
     }
     b = next;
@@ -189,7 +219,7 @@ size_t xs_pool_release_block(xs_pool *p, xs_block *b, size_t want,
                              xseg_status *st) {
   assert(xs_pool_block_releasable(p, b));
   *st = XSEG_OK;
-  return release_block(p, b, want, NULL, st);
+  return release_block(p, b, want, SIZE_MAX, NULL, st);
 }
 
 xseg_status xs_pool_drop_empty(xs_pool *p) {
@@ -216,7 +246,7 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
       xseg_status st = XSEG_OK;
       size_t g = b->seg->granule;
       size_t want = goal == SIZE_MAX ? SIZE_MAX : (goal - bytes + g - 1) / g;
-      bytes += release_block(p, b, want, NULL, &st) * g;
+      bytes += release_block(p, b, want, SIZE_MAX, NULL, &st) * g;
       if (first == XSEG_OK) first = st;
     }
     b = next;
@@ -238,10 +268,7 @@ static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
     while (g + run < s->n_granules && s->mapped[g + run]) run++;
     xseg_status st = xs_vmm_unmap(p->vmm, s->base + g * s->granule,
                                   run * s->granule);
-    for (size_t i = 0; st == XSEG_OK && i < run; i++) {
-      xseg_status rs = release_handle(p, s->handle[g + i]);
-      if (first == XSEG_OK) first = rs;
-    }
+    if (st == XSEG_OK) release_handles(p, s, g, run, &first);
     if (first == XSEG_OK) first = st;
     g += run;
   }
@@ -260,8 +287,7 @@ xseg_status xs_pool_destroy(xs_pool *p) {
       xs_blocks_put(p->blocks, b);
     }
     p->segments = s->next;
-    free(s->handle);
-    free(s->mapped);
+    xs_segment_free_page_map(s);
     free(s);
   }
   xs_freetree_init(&p->free);

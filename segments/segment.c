@@ -4,6 +4,7 @@
  */
 #include <assert.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "segments/segment.h"
@@ -46,14 +47,38 @@ xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b) {
   return n;
 }
 
+bool xs_segment_alloc_page_map(xs_segment *s, size_t n) {
+  s->handle = calloc(n, sizeof *s->handle);
+  s->hlen = calloc(n, sizeof *s->hlen);
+  s->mapped = calloc(n, 1);
+  if (s->handle != NULL && s->hlen != NULL && s->mapped != NULL) return true;
+  xs_segment_free_page_map(s);
+  return false;
+}
+
+void xs_segment_free_page_map(xs_segment *s) {
+  free(s->handle);
+  free(s->hlen);
+  free(s->mapped);
+  s->handle = NULL;
+  s->hlen = NULL;
+  s->mapped = NULL;
+}
+
 void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
                            const uint64_t *handles) {
   size_t g = xs_segment_granule_of(s, addr);
   assert(addr % s->granule == s->base % s->granule && g + n <= s->n_granules);
-  for (size_t i = 0; i < n; i++) {
-    assert(!s->mapped[g + i] && "mapping over a mapping");
-    s->mapped[g + i] = 1;
-    s->handle[g + i] = handles[i];
+  assert((g == 0 || !s->mapped[g - 1] || s->handle[g - 1] != handles[0]) &&
+         "a handle is mapped at one place only");
+  for (size_t i = 0, run; i < n; i += run) {
+    for (run = 1; i + run < n && handles[i + run] == handles[i]; run++) {}
+    for (size_t j = i; j < i + run; j++) {
+      assert(!s->mapped[g + j] && "mapping over a mapping");
+      s->mapped[g + j] = 1;
+      s->handle[g + j] = handles[i];
+      s->hlen[g + j] = (uint32_t)run;
+    }
   }
   s->mapped_granules += n;
 }
@@ -62,11 +87,15 @@ void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
                              uint64_t *handles_out) {
   size_t g = xs_segment_granule_of(s, addr);
   assert(g + n <= s->n_granules && s->mapped_granules >= n);
+  assert(xs_segment_handle_head(s, g) == g && "unmapping part of a handle");
+  assert(xs_segment_handle_head(s, g + n - 1) + s->hlen[g + n - 1] ==
+             g + n && "unmapping part of a handle");
   for (size_t i = 0; i < n; i++) {
     assert(s->mapped[g + i] && "unmapping what is not mapped");
     s->mapped[g + i] = 0;
     if (handles_out != NULL) handles_out[i] = s->handle[g + i];
     s->handle[g + i] = 0;
+    s->hlen[g + i] = 0;
   }
   s->mapped_granules -= n;
 }
@@ -141,6 +170,35 @@ static void segment_walk_add(xs_segment_walk *w, const xs_block *b) {
   }
 }
 
+/* Each maximal run of equal handle values is one whole handle: its length
+   is the hlen every granule of it records (a partial unmap would leave a
+   shorter run). */
+static bool segment_handles_valid(const xs_segment *s, char *msg,
+                                  size_t msg_size) {
+  size_t g = 0;
+  while (g < s->n_granules) {
+    if (!s->mapped[g]) {
+      if (s->handle[g] != 0 || s->hlen[g] != 0)
+        SEG_FAIL("segment 0x%llx: unmapped granule %zu keeps a handle",
+                 (unsigned long long)s->base, g);
+      g++;
+      continue;
+    }
+    size_t run = 1;
+    while (g + run < s->n_granules && s->mapped[g + run] &&
+           s->handle[g + run] == s->handle[g])
+      run++;
+    for (size_t i = g; i < g + run; i++)
+      if (s->hlen[i] != run)
+        SEG_FAIL("segment 0x%llx: handle 0x%llx is mapped at %zu granules "
+                 "from granule %zu, but granule %zu says it has %u",
+                 (unsigned long long)s->base,
+                 (unsigned long long)s->handle[g], run, g, i, s->hlen[i]);
+    g += run;
+  }
+  return true;
+}
+
 bool xs_segment_is_valid(const xs_segment *s, xs_segment_walk *walk,
                          char *msg, size_t msg_size) {
   if (s->first == NULL || s->first->addr != s->base || s->first->prev != NULL)
@@ -151,6 +209,7 @@ bool xs_segment_is_valid(const xs_segment *s, xs_segment_walk *walk,
   if (mapped != s->mapped_granules)
     SEG_FAIL("segment 0x%llx: %zu granules mapped, %zu counted",
              (unsigned long long)s->base, mapped, s->mapped_granules);
+  if (!segment_handles_valid(s, msg, msg_size)) return false;
   const xs_block *b = s->first;
   for (; b->next != NULL; b = b->next)
     if (!segment_block_valid(s, b, msg, msg_size)) return false;

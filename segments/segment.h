@@ -1,13 +1,28 @@
 /* segment.h: an expandable segment, one reserved range of virtual addresses
  * whose granules are mapped and unmapped one physical handle at a time.
  *
+ * A handle may span several granules (growth creates one handle for a run
+ * of fresh granules: one cuMemCreate and one cuMemMap instead of one per
+ * granule). The driver maps and unmaps whole handles only, so the page map
+ * records which granules share one:
+ *
+ *     granule:   0    1    2    3    4    5    6    7
+ *     mapped:    1    1    1    1    1    0    0    1
+ *     handle:    A    A    A    B    C    0    0    D
+ *     hlen:      3    3    3    1    1    0    0    1
+ *                `-- one mapping --'
+ *
  * Invariants (checked by xs_segment_is_valid):
  *   - [base, base + size) is reserved; size is a multiple of granule.
  *   - Blocks tile [base, base + size) exactly (see block.h); `first` starts
  *     at base, `last` ends at base + size.
  *   - Granule i is mapped iff mapped[i]; then handle[i] is the physical
- *     allocation of granule bytes mapped there, owned by this segment and by
- *     no other; mapped_granules counts them.
+ *     allocation mapped there, owned by this segment and by no other;
+ *     mapped_granules counts them.
+ *   - A handle of k granules is mapped at k consecutive granules, each with
+ *     handle[i] == that handle and hlen[i] == k; handle values are unique,
+ *     so a maximal run of equal handle values is exactly one handle. Only
+ *     whole runs are ever unmapped.
  *   - Every granule touched by a mapped block is mapped; every granule of an
  *     unmapped block is unmapped.
  * A classic segment (expandable_segments:False) is the same thing with one
@@ -31,6 +46,7 @@ typedef struct xs_segment {
   size_t n_granules;            /* size / granule */
   size_t mapped_granules;
   uint64_t *handle;             /* page map: handle of each mapped granule */
+  uint32_t *hlen;               /* page map: granules in that handle */
   uint8_t *mapped;              /* page map: 1 where a granule is mapped */
   xs_block *first, *last;
   struct xs_pool *pool;
@@ -50,10 +66,24 @@ xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
    in a tree) and returns the struct that is no longer used. */
 xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b);
 
-/* Records n granules from `addr` as mapped to handles[0..n). */
+/* Allocates the page map of n granules (all unmapped); false on host
+   OOM. xs_segment_free_page_map frees it. */
+bool xs_segment_alloc_page_map(xs_segment *s, size_t n);
+void xs_segment_free_page_map(xs_segment *s);
+
+/* The first granule of the handle mapped at granule g. */
+static inline size_t xs_segment_handle_head(const xs_segment *s, size_t g) {
+  while (g > 0 && s->mapped[g - 1] && s->handle[g - 1] == s->handle[g]) g--;
+  return g;
+}
+
+/* Records n granules from `addr` as mapped to handles[0..n), one handle
+   per maximal run of equal values (a run of k is a handle of k granules,
+   given whole). */
 void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
                            const uint64_t *handles);
-/* Forgets n mapped granules from `addr`, copying their handles out. */
+/* Forgets n mapped granules from `addr` (whole handles), copying their
+   handles out as record_map takes them. */
 void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
                              uint64_t *handles_out);
 

@@ -83,6 +83,10 @@ static void fault_sweep(const char *name, CUresult err, const char *conf) {
   XSEG_TEST(alloc_faults, fn##_classic) {                                   \
     XT_REQUIRE_SIM();                                                       \
     fault_sweep(#fn, err, "expandable_segments:False");                     \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_multi_granule_handles) {                     \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep(#fn, err, "xseg_handle_max_mb:0,xseg_handle_max_part:0");   \
   }
 
 FAULT_TEST(cuMemAddressReserve, CUDA_ERROR_UNKNOWN)

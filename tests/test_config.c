@@ -264,6 +264,25 @@ XSEG_TEST(config, xseg_granules_and_reserve) {
 
 /* ---- syntax and number errors ------------------------------------------ */
 
+XSEG_TEST(config, xseg_handles_and_growth) {
+  xs_config d = parsed("");
+  XSEG_EXPECT_EQ(d.handle_policy, XS_HANDLES_SINGLE);
+  XSEG_EXPECT_EQ(d.handle_max, 8 * MiB);
+  XSEG_EXPECT_EQ(d.handle_max_part, 32);
+  XSEG_EXPECT_EQ(d.grow_min, 0);
+  xs_config c = parsed("xseg_handle_policy:pow2,xseg_handle_max_mb:0,"
+                       "xseg_handle_max_part:0,xseg_grow_min_mb:20");
+  XSEG_EXPECT_EQ(c.handle_policy, XS_HANDLES_POW2);
+  XSEG_EXPECT_EQ(c.handle_max, 0);
+  XSEG_EXPECT_EQ(c.handle_max_part, 0);
+  XSEG_EXPECT_EQ(c.grow_min, 20 * MiB);
+  XSEG_EXPECT_EQ(parsed("xseg_handle_policy:granule").handle_policy,
+                 XS_HANDLES_GRANULE);
+  EXPECT_INVALID("xseg_handle_policy:big", "xseg_handle_policy", "\"big\"");
+  EXPECT_INVALID("xseg_handle_max_part:-1", "xseg_handle_max_part", "-1");
+  EXPECT_INVALID("xseg_grow_min_mb:x", "xseg_grow_min_mb", "\"x\"");
+}
+
 XSEG_TEST(config, unknown_key) {
   EXPECT_INVALID("max_split_size_mb:64,no_such_key:1", "no_such_key", NULL);
   /* PyTorch keys with a meaning xseg does not implement are not ignored */

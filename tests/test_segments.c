@@ -134,8 +134,7 @@ static void fake_init(fake *f, size_t n, const uint8_t *map) {
   s->granule = 2u << 20;
   s->n_granules = n;
   s->size = n * s->granule;
-  s->handle = calloc(n, sizeof *s->handle);
-  s->mapped = calloc(n, 1);
+  xs_segment_alloc_page_map(s, n);
   s->pool = &f->pool;
   f->pool.segments = s;
   xs_block *prev = NULL;
@@ -162,8 +161,7 @@ static void fake_init(fake *f, size_t n, const uint8_t *map) {
 }
 
 static void fake_free(fake *f) {
-  free(f->seg.handle);
-  free(f->seg.mapped);
+  xs_segment_free_page_map(&f->seg);
   xs_blocks_destroy(&f->cache);
 }
 
@@ -235,10 +233,41 @@ XSEG_TEST(segments, validator_catches_broken_tiling_and_page_map) {
   f.seg.mapped[1] = 0;
   f.seg.mapped_granules--;
   mid->mapped = true;               /* two free mapped neighbours */
-  f.seg.mapped[1] = 1;
-  f.seg.mapped_granules++;
+  uint64_t h = 999;
+  xs_segment_record_map(&f.seg, f.seg.base + f.seg.granule, 1, &h);
   XSEG_EXPECT_FALSE(fake_valid(&f, msg, sizeof msg));
   XSEG_EXPECT_TRUE(strstr(msg, "should have merged") != NULL);
+  fake_free(&f);
+}
+
+/* The page map records which granules share a handle; a run shorter than
+   the handle (a partial unmap) is caught. */
+XSEG_TEST(segments, validator_checks_multi_granule_handles) {
+  fake f;
+  const uint8_t map[4] = {0, 0, 0, 0};
+  fake_init(&f, 4, map);
+  xs_segment *s = &f.seg;
+  const uint64_t h[3] = {7, 7, 7};          /* one handle of 3 granules */
+  xs_segment_record_map(s, s->base, 3, h);
+  XSEG_EXPECT_EQ(s->hlen[0], 3);
+  XSEG_EXPECT_EQ(s->hlen[2], 3);
+  XSEG_EXPECT_EQ(xs_segment_handle_head(s, 2), 0);
+  char msg[256];
+  xs_segment_walk w = {0};
+  /* Blocks disagree with the page map now, so check the map alone. */
+  s->mapped[2] = 0;                         /* a partial unmap */
+  s->handle[2] = 0;
+  s->hlen[2] = 0;
+  s->mapped_granules--;
+  XSEG_EXPECT_FALSE(xs_segment_is_valid(s, &w, msg, sizeof msg));
+  XSEG_EXPECT_TRUE(strstr(msg, "says it has 3") != NULL);
+  s->mapped[2] = 1;
+  s->handle[2] = 7;
+  s->hlen[2] = 3;
+  s->mapped_granules++;
+  uint64_t out[3];
+  xs_segment_record_unmap(s, s->base, 3, out);
+  XSEG_EXPECT_TRUE(out[0] == 7 && out[2] == 7 && s->mapped_granules == 0);
   fake_free(&f);
 }
 

@@ -208,14 +208,24 @@ xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
   return first;
 }
 
+/* Granules from handles[i] on that share its handle (a run of equal
+   values is one handle). */
+static size_t vmm_handle_run(const uint64_t *handles, size_t i, size_t n) {
+  size_t run = 1;
+  while (i + run < n && handles[i + run] == handles[i]) run++;
+  return run;
+}
+
 xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
                                size_t n, const uint64_t *handles) {
   assert(n > 0 && chunk % v->granularity == 0);
   size_t mapped = 0;
   xseg_status st = XSEG_OK;
-  for (; mapped < n; mapped++) {
-    st = xs_vmm_map(v, addr + mapped * chunk, chunk, handles[mapped]);
+  while (mapped < n) {
+    size_t run = vmm_handle_run(handles, mapped, n);
+    st = xs_vmm_map(v, addr + mapped * chunk, run * chunk, handles[mapped]);
     if (st != XSEG_OK) break;
+    mapped += run;
   }
   if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
   /* As in xs_vmm_map_run, the rollback keeps the failing call's message. */

@@ -76,9 +76,11 @@ xseg_status xs_vmm_map_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
 xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
                              const uint64_t *handles);
 
-/* Maps n existing handles of `chunk` bytes each at addr, addr+chunk, ...
-   (the allocator reuses handles it unmapped elsewhere) and grants access to
-   the whole run with one cuMemSetAccess. On failure whatever this call
+/* Maps existing handles at addr, addr+chunk, ...: handles[i] is the handle
+   of granule i (`chunk` bytes), and a run of k equal values is one handle
+   of k*chunk bytes, mapped with one cuMemMap (the allocator reuses handles
+   it unmapped elsewhere, and creates multi-granule ones). Grants access to
+   the whole range with one cuMemSetAccess. On failure whatever this call
    mapped is unmapped again; the handles stay the caller's either way. */
 xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
                                size_t n, const uint64_t *handles);
