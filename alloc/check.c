@@ -145,9 +145,14 @@ static bool check_stats(check_ctx *c, xseg_allocator *a) {
   CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes);
   CHECK_STAT(c, a, segment, c->segments);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
-    const xseg_stat *s = a->stats.gauge[g];
+    xseg_stat s[XS_STAT_SCOPES];
+    for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
+      s[sc] = xs_stats_get(&a->stats, (xs_gauge)g, sc);
+    bool peaks_ok = true;
+    for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
+      peaks_ok = peaks_ok && s[sc].peak >= s[sc].current;
     if (s[0].current != s[1].current + s[2].current ||
-        s[0].current != s[0].allocated - s[0].freed || s[0].peak < s[0].current)
+        s[0].current != s[0].allocated - s[0].freed || !peaks_ok)
       CHECK_FAIL(c, "gauge %d: all != small + large, or peak/allocated/"
                  "freed disagree with current", g);
   }
