@@ -135,11 +135,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
     return st;
   }
   alloc_sizes(a);
-  /* uthash frees its table when the last item goes and allocates it again
-     on the next add; an anchor entry (address 0, never a block) keeps the
-     table, so a malloc/free pair with nothing else live allocates nothing. */
-  HASH_ADD(hh, a->live, addr, sizeof a->anchor.addr, &a->anchor);
-  if (a->anchor.hh.tbl == NULL) {
+  if (!xs_ptrtable_init(&a->live)) {
     xs_vmm_close(&a->vmm);
     free(a);
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -153,9 +149,11 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
 
 /* Reports live blocks on stderr (a leak in the caller) before they go. */
 static void alloc_report_live(xseg_allocator *a) {
-  size_t n = HASH_COUNT(a->live) - 1;   /* less the anchor */
+  size_t n = a->live.count;
   if (n == 0) return;
-  xs_block *some = a->live == &a->anchor ? a->live->hh.next : a->live;
+  const xs_ptrtable_slot *slot = a->live.slot;
+  while (slot->addr == 0) slot++;
+  const xs_block *some = slot->block;
   int64_t bytes = xs_stats_current(&a->stats, XS_GAUGE_allocated_bytes);
   fprintf(stderr,
           "xseg_destroy: device %d still has %zu live blocks (%lld bytes), "
@@ -187,7 +185,7 @@ void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_lock(a);
   alloc_report_live(a);
-  HASH_CLEAR(hh, a->live);
+  xs_ptrtable_destroy(&a->live);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   alloc_destroy_pending(a, entered);
@@ -258,6 +256,9 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
                                       xs_block **out) {
+  if (!xs_ptrtable_reserve(&a->live))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for the pointer table");
   xs_stream_pools *sp;
   xseg_status st = alloc_pools_locked(a, stream, &sp);
   if (st != XSEG_OK) return st;
@@ -268,12 +269,7 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
   b->requested = size;
   b->stream = stream;
-  HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
-  if (b->hh.tbl == NULL) {
-    xs_pool_give(p, b);
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                    "out of host memory for the pointer table");
-  }
+  xs_ptrtable_add(&a->live, b);
   alloc_account(a, b, +1);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
   *out = b;
@@ -334,21 +330,21 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock(a);
-  xs_block *b;
-  HASH_FIND(hh, a->live, &addr, sizeof addr, b);
-  if (b == NULL || b == &a->anchor) {
+  size_t slot = xs_ptrtable_find(&a->live, addr);
+  if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);
     return xs_error(XSEG_ERR_UNKNOWN_POINTER,
                     "xseg_free(%p): not a live block of the allocator of "
                     "device %d (never allocated here, already freed, or not "
                     "the start of a block)", ptr, a->vmm.device);
   }
-  HASH_DELETE(hh, a->live, b);
+  xs_block *b = a->live.slot[slot].block;
+  xs_ptrtable_remove_at(&a->live, slot);
   xseg_status st = alloc_release_block_locked(a, b);
   if (st != XSEG_OK) {
-    /* Still live, as the caller sees it: back in the table, which keeps
-       its buckets, so this add allocates nothing. */
-    HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
+    /* Still live, as the caller sees it: back in the table, where the
+       slot just freed leaves room. */
+    xs_ptrtable_add(&a->live, b);
   }
   xs_alloc_unlock(a);
   return st;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "alloc/config.h"
+#include "alloc/ptrtable.h"
 #include "alloc/trace.h"
 #include "segments/block.h"
 #include "segments/pool.h"
@@ -70,8 +71,7 @@ struct xseg_allocator {
   xs_config cfg;
   xs_stats stats;
   xs_blocks blocks;                   /* block struct cache */
-  xs_block *live;                     /* pointer table (uthash on addr) */
-  xs_block anchor;                    /* keeps the table allocated (alloc.c) */
+  xs_ptrtable live;                   /* pointer table: every live block */
   xs_stream_pools *streams;           /* most recently used first */
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */

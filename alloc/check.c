@@ -108,17 +108,16 @@ static bool check_disjoint(check_ctx *c) {
 }
 
 static bool check_table(check_ctx *c, xseg_allocator *a) {
-  size_t n = 0;
-  for (xs_block *b = a->live; b != NULL; b = b->hh.next) {
-    if (b == &a->anchor) continue;
-    if (!b->allocated || b->pending)
+  if (!xs_ptrtable_is_valid(&a->live, c->msg, sizeof c->msg)) return false;
+  for (size_t i = 0; i <= a->live.mask; i++) {
+    const xs_block *b = a->live.slot[i].block;
+    if (b != NULL && (!b->allocated || b->pending))
       CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
                  b->pending ? "pending" : "free", (unsigned long long)b->addr);
-    n++;
   }
-  if (n != c->walk.allocated)
+  if (a->live.count != c->walk.allocated)
     CHECK_FAIL(c, "pointer table holds %zu blocks, segments %zu allocated",
-               n, c->walk.allocated);
+               a->live.count, c->walk.allocated);
   return true;
 }
 

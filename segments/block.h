@@ -24,19 +24,6 @@
 
 #include <bsd/sys/tree.h>
 
-/* The pointer table (uthash) is keyed by block address: a multiplicative
-   hash of the address over 512 (blocks are 512-aligned) spreads the low
-   bits, which pick the bucket; a library never exits on OOM. */
-#define HASH_NONFATAL_OOM 1
-#define HASH_FUNCTION(keyptr, keylen, hashv)                                 \
-  do {                                                                       \
-    (void)(keylen);                                                          \
-    uint64_t k_;                                                             \
-    memcpy(&k_, (keyptr), sizeof k_);                                        \
-    (hashv) = (unsigned)(((k_ >> 9) * 0x9E3779B97F4A7C15ull) >> 32);         \
-  } while (0)
-#include <string.h>
-#include <uthash.h>
 
 struct CUstream_st;
 struct xs_segment;
@@ -62,7 +49,6 @@ struct xs_block {
   struct xs_segment *seg;
   xs_block *prev, *next;       /* address neighbours; NULL at the ends */
   RB_ENTRY(xs_block) link;     /* free or unmapped tree, while free */
-  UT_hash_handle hh;           /* pointer table, while allocated */
   xs_stream_set uses;          /* recorded streams, while live */
   /* The allocator's free clock when the block (or the newest of the blocks
      merged into it) was last freed; 0 if never allocated. A merge keeps the
