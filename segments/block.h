@@ -18,6 +18,7 @@
 #ifndef XS_SEGMENTS_BLOCK_H
 #define XS_SEGMENTS_BLOCK_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -81,9 +82,26 @@ typedef struct xs_blocks {
   size_t live;                  /* blocks handed out and not put back */
 } xs_blocks;
 
-/* A zeroed block, or NULL when host memory is exhausted. */
-xs_block *xs_blocks_get(xs_blocks *c);
-void      xs_blocks_put(xs_blocks *c, xs_block *b);
-void      xs_blocks_destroy(xs_blocks *c);
+/* Adds a slab to the free list; false when host memory is exhausted. */
+bool xs_blocks_refill(xs_blocks *c);
+void xs_blocks_destroy(xs_blocks *c);
+
+/* A zeroed block, or NULL when host memory is exhausted. Inline: every
+   cached malloc that splits takes one. */
+static inline xs_block *xs_blocks_get(xs_blocks *c) {
+  if (c->free_list == NULL && !xs_blocks_refill(c)) return NULL;
+  xs_block *b = c->free_list;
+  c->free_list = b->next;
+  *b = (xs_block){.addr = 0};
+  c->live++;
+  return b;
+}
+
+static inline void xs_blocks_put(xs_blocks *c, xs_block *b) {
+  assert(c->live > 0 && "put without get");
+  c->live--;
+  b->next = c->free_list;
+  c->free_list = b;
+}
 
 #endif /* XS_SEGMENTS_BLOCK_H */

@@ -91,6 +91,22 @@ static inline void xs_stats_dec(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   s->all[g].current -= delta;
 }
 
+/* The same as xs_stats_dec(out) then xs_stats_inc(in), in one pass: one
+   block leaving an index and another entering it (a split or merge in
+   place). The value in between is at most the current one, so only the
+   end value can set a peak. */
+static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                 int64_t out, int64_t in) {
+  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+  p->current += in - out;
+  p->allocated += in;
+  a->current += in - out;
+  if (in > out) {
+    if (p->current > p->peak) p->peak = p->current;
+    if (a->current > a->peak) a->peak = a->current;
+  }
+}
+
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
