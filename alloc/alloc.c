@@ -17,21 +17,6 @@
 /* Larger requests cannot be rounded to granules without overflow. */
 #define XS_MAX_REQUEST ((size_t)1 << 62)
 
-void xs_alloc_lock(xseg_allocator *a) {
-  pthread_mutex_lock(&a->lock);
-#ifndef NDEBUG
-  a->owner = pthread_self();
-  a->owned = true;
-#endif
-}
-
-void xs_alloc_unlock(xseg_allocator *a) {
-#ifndef NDEBUG
-  a->owned = false;
-#endif
-  pthread_mutex_unlock(&a->lock);
-}
-
 const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
   static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)bytes;
@@ -78,9 +63,10 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   free(sp);
 }
 
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out) {
+/* The pools of `stream`, looked up in the list and moved to its front. */
+static xseg_status alloc_pools_lookup(xseg_allocator *a,
+                                      struct CUstream_st *stream,
+                                      xs_stream_pools **out) {
   xs_stream_pools **link = &a->streams;
   for (; *link != NULL; link = &(*link)->next)
     if ((*link)->stream == stream && (*link)->private_id == 0) break;
@@ -98,6 +84,16 @@ xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
   }
   *out = sp;
   return XSEG_OK;
+}
+
+xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
+                                       struct CUstream_st *stream,
+                                       xs_stream_pools **out) {
+  xs_stream_pools *sp = a->streams;
+  /* The common case: the same stream as last time, already first. */
+  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
+    return *out = sp, XSEG_OK;
+  return alloc_pools_lookup(a, stream, out);
 }
 
 /* Rounds a granule setting up to the device's granularity. */
@@ -142,7 +138,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
   }
   xs_event_pool_init(&a->events, &a->vmm);
   xs_pending_init(&a->pending, &a->events);
-  pthread_mutex_init(&a->lock, NULL);
+  atomic_init(&a->lock.state, 0);
   *out = a;
   return XSEG_OK;
 }
@@ -205,7 +201,6 @@ void xseg_destroy(xseg_allocator *a) {
   xs_blocks_destroy(&a->blocks);
   xs_vmm_close(&a->vmm);
   xs_alloc_unlock(a);
-  pthread_mutex_destroy(&a->lock);
   free(a);
 }
 
@@ -225,9 +220,27 @@ void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
   xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size);
 }
 
-static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
-  xs_alloc_account_live(a, b, sign);
-  xs_alloc_account_active(a, b, sign);
+/* The cached path's accounting: live and active together, the direction
+   known at compile time (no sign multiplications, decreases without peak
+   checks). The same moves as xs_alloc_account_live and _active. */
+static inline void alloc_account_malloc(xseg_allocator *a, const xs_block *b,
+                                        xs_pool_kind k) {
+  int64_t size = (int64_t)b->size;
+  xs_stats_inc(&a->stats, XS_GAUGE_allocation, k, 1);
+  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_inc(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+  xs_stats_inc(&a->stats, XS_GAUGE_active, k, 1);
+  xs_stats_inc(&a->stats, XS_GAUGE_active_bytes, k, size);
+}
+
+static inline void alloc_account_free(xseg_allocator *a, const xs_block *b) {
+  xs_pool_kind k = b->seg->pool->kind;
+  int64_t size = (int64_t)b->size;
+  xs_stats_dec(&a->stats, XS_GAUGE_allocation, k, 1);
+  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_dec(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+  xs_stats_dec(&a->stats, XS_GAUGE_active, k, 1);
+  xs_stats_dec(&a->stats, XS_GAUGE_active_bytes, k, size);
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -270,10 +283,20 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   b->requested = size;
   b->stream = stream;
   xs_ptrtable_add(&a->live, b);
-  alloc_account(a, b, +1);
+  alloc_account_malloc(a, b, p->kind);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
   *out = b;
   return XSEG_OK;
+}
+
+/* xs_config_round_size, with its common case inline: every size up to
+   1 MiB falls in the first roundup_power2_divisions interval, and without
+   divisions there it is rounded to 512 bytes. */
+static inline size_t alloc_round(const xs_config *c, size_t size) {
+  if (size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1)
+    return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
+                                : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
+  return xs_config_round_size(c, size);
 }
 
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
@@ -281,7 +304,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");
-  size_t rounded = xs_config_round_size(&a->cfg, size);
+  size_t rounded = alloc_round(&a->cfg, size);
   if (rounded == 0 || rounded > XS_MAX_REQUEST)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
@@ -318,7 +341,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
                   b->stream);
   if (__builtin_expect(b->uses.n != 0, 0))
     return xs_alloc_defer_free_locked(a, b);
-  alloc_account(a, b, -1);
+  alloc_account_free(a, b);
   xs_alloc_give_locked(a, b);
   return XSEG_OK;
 }

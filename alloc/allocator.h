@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "alloc/config.h"
+#include "alloc/lock.h"
 #include "alloc/ptrtable.h"
 #include "alloc/trace.h"
 #include "segments/block.h"
@@ -66,7 +67,7 @@ typedef struct xs_capture {
 } xs_capture;
 
 struct xseg_allocator {
-  pthread_mutex_t lock;
+  xs_lock lock;                       /* see alloc/lock.h for why not pthread */
   xs_vmm vmm;
   xs_config cfg;
   xs_stats stats;
@@ -95,8 +96,20 @@ struct xseg_allocator {
 #endif
 };
 
-void xs_alloc_lock(xseg_allocator *a);
-void xs_alloc_unlock(xseg_allocator *a);
+static inline void xs_alloc_lock(xseg_allocator *a) {
+  xs_lock_take(&a->lock);
+#ifndef NDEBUG
+  a->owner = pthread_self();
+  a->owned = true;
+#endif
+}
+
+static inline void xs_alloc_unlock(xseg_allocator *a) {
+#ifndef NDEBUG
+  a->owned = false;
+#endif
+  xs_lock_drop(&a->lock);
+}
 #ifndef NDEBUG
 #define XS_ASSERT_LOCKED(a)                                                  \
   assert((a)->owned && pthread_equal((a)->owner, pthread_self()) &&          \
