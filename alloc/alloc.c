@@ -163,11 +163,12 @@ static void alloc_report_live(xseg_allocator *a) {
 
 /* Pending frees still wait on recorded work that may use their memory:
    wait for it (on the events alone) before everything is unmapped. Block
-   structs go with the pools; their recorded-stream arrays go here. */
+   structs go with the pools; the recorded-stream arrays of pending and
+   live blocks go here. */
 static void alloc_destroy_pending(xseg_allocator *a, bool entered) {
-  if (!xs_alloc_has_pending(a)) return;
-  if (entered) {
+  if (entered && xs_alloc_has_pending(a)) {
     a->n_captures = 0;          /* nothing captures into a dying allocator */
+    a->n_implicit = 0;
     xs_alloc_process_pending_locked(a, true);
   }
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)

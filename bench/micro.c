@@ -7,7 +7,8 @@
  * and replaces a random one by a block of a random size (1..4096 B) per
  * pair. glibc's malloc/free runs the very same size and victim sequence in
  * the same process, round for round interleaved with xseg's, as the baseline
- * that is always there. Growth path and thread scaling: micro_growth.c.
+ * that is always there. Growth path and thread scaling: micro_growth.c;
+ * deferred (cross-stream) frees: micro_deferred.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +184,8 @@ typedef struct xb_micro_out {
   size_t n_growth;
   xb_threads_row threads;
   bool have_threads;
+  xb_deferred_row deferred;
+  bool have_deferred;
 } xb_micro_out;
 
 static bool run_cached(xb_micro *m, xb_micro_out *o) {
@@ -213,6 +216,8 @@ static bool run_all(xb_micro *m, xb_micro_out *o) {
                          &o->growth[o->n_growth++]);
   if (ok && xb_micro_selected(m, "threads"))
     ok = o->have_threads = xb_micro_threads(m, &o->threads);
+  if (ok && xb_micro_selected(m, "deferred"))
+    ok = o->have_deferred = xb_micro_deferred(m, &o->deferred);
   return ok;
 }
 
@@ -243,6 +248,16 @@ static void print_rest(const xb_micro_out *o) {
            "%.2f M pairs/s: %.2fx\n", o->threads.one_pairs_per_s * 1e-6,
            o->threads.two_pairs_per_s * 1e-6,
            o->threads.two_pairs_per_s / o->threads.one_pairs_per_s);
+  if (o->have_deferred) {
+    const xb_deferred_row *d = &o->deferred;
+    printf("deferred-free  malloc+record_stream+free %.1f ns, malloc+free "
+           "%.1f ns: %.1f ns per deferred free; %llu events for %llu frees, "
+           "%.2f cuEventRecord and %.2f cuEventQuery per free\n",
+           d->deferred_ns, d->plain_ns, d->deferred_ns - d->plain_ns,
+           (unsigned long long)d->events_created,
+           (unsigned long long)d->frees, d->records_per_free,
+           d->queries_per_free);
+  }
 }
 
 static void json_cached(FILE *f, const xb_micro_out *o) {
@@ -282,6 +297,18 @@ static void json_threads(FILE *f, const xb_micro_out *o) {
           t->two_pairs_per_s / t->one_pairs_per_s);
 }
 
+static void json_deferred(FILE *f, const xb_micro_out *o) {
+  if (!o->have_deferred) return;
+  const xb_deferred_row *d = &o->deferred;
+  fprintf(f, ",\n  \"deferred\": {\"frees\": %llu, "
+          "\"plain_ns_per_pair\": %.2f, \"deferred_ns_per_iteration\": %.2f, "
+          "\"ns_per_deferred_free\": %.2f, \"events_created\": %llu, "
+          "\"event_records_per_free\": %.3f, \"event_queries_per_free\": "
+          "%.3f}", (unsigned long long)d->frees, d->plain_ns, d->deferred_ns,
+          d->deferred_ns - d->plain_ns, (unsigned long long)d->events_created,
+          d->records_per_free, d->queries_per_free);
+}
+
 static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
   FILE *f = strcmp(m->cli.json, "-") == 0 ? stdout : fopen(m->cli.json, "w");
   if (f == NULL) {
@@ -295,6 +322,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
   json_cached(f, o);
   json_growth(f, o);
   json_threads(f, o);
+  json_deferred(f, o);
   fprintf(f, "\n}\n");
   bool ok = !ferror(f);
   if (f != stdout) ok = fclose(f) == 0 && ok;
@@ -310,7 +338,8 @@ static void micro_usage(FILE *out) {
   fprintf(out,
           "usage: xseg-bench micro [options] (and --driver, --conf, --mode "
           "expandable|classic, --json, --device-memory)\n"
-          "  --only NAME        cached-repeat, cached-random, growth, threads\n"
+          "  --only NAME        cached-repeat, cached-random, growth, threads,\n"
+          "                     deferred\n"
           "  --pairs N          malloc+free pairs per round (default 200000)\n"
           "  --live-min N       smallest live set for cached-random (default "
           "1000)\n"
@@ -335,9 +364,9 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
 
 static bool micro_valid(xb_micro *m) {
   static const char *const names[] = {"cached-repeat", "cached-random",
-                                      "growth", "threads"};
+                                      "growth", "threads", "deferred"};
   bool known = m->only == NULL;
-  for (size_t i = 0; i < 4 && !known; i++) known = !strcmp(m->only, names[i]);
+  for (size_t i = 0; i < 5 && !known; i++) known = !strcmp(m->only, names[i]);
   const char *mode = m->cli.mode;
   m->expandable = strcmp(mode, "expandable") == 0;
   bool mode_ok = m->expandable || strcmp(mode, "classic") == 0;

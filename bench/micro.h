@@ -2,7 +2,8 @@
  *
  * micro.c runs the cached-path loops (malloc+free pairs against glibc on the
  * same size sequence) and the command; micro_growth.c the growth path
- * (driver calls per GiB mapped) and the 1- vs 2-thread scaling.
+ * (driver calls per GiB mapped) and the 1- vs 2-thread scaling;
+ * micro_deferred.c the host cost of a deferred (cross-stream) free.
  */
 #ifndef XB_MICRO_H
 #define XB_MICRO_H
@@ -30,6 +31,15 @@ typedef struct xb_growth_row {
   double calls_per_gib, ns_per_malloc;
 } xb_growth_row;
 
+/* Deferred frees: malloc + record_stream(side stream) + free, against the
+   plain malloc + free pair, ns per iteration, median over rounds. */
+typedef struct xb_deferred_row {
+  uint64_t frees;                   /* deferred frees timed, all rounds */
+  double plain_ns, deferred_ns;
+  uint64_t events_created;          /* by the deferred loops */
+  double records_per_free, queries_per_free;   /* driver calls */
+} xb_deferred_row;
+
 typedef struct xb_threads_row {
   uint64_t pairs_per_thread;
   double one_pairs_per_s, two_pairs_per_s;
@@ -43,6 +53,7 @@ bool xb_micro_selected(const xb_micro *m, const char *name);
 bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
                      uint64_t max_size, uint64_t total, xb_growth_row *row);
 bool xb_micro_threads(xb_micro *m, xb_threads_row *row);
+bool xb_micro_deferred(xb_micro *m, xb_deferred_row *row);
 
 /* The pair loop's result must not be optimised away: glibc's malloc+free
    of an unused pointer is a pair GCC may delete. */

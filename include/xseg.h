@@ -87,6 +87,13 @@ typedef struct xseg_stats {
 xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out);
 xseg_status xseg_reset_peak_stats(xseg_allocator *a);
 
+/* JSON in the schema of torch.cuda.memory._snapshot(): {"segments":[...],
+   "device_traces":[[...]]} (DESIGN.md section 6). Each mapped run of a
+   reserved range is a segment; blocks are active_allocated,
+   active_pending_free or inactive; device_traces holds what
+   xseg_record_memory_history recorded (empty when it is off). */
+xseg_status xseg_snapshot_json(xseg_allocator *a, FILE *out);
+
 /* Walks every structure and checks every invariant; XSEG_OK or a message. */
 xseg_status xseg_check(xseg_allocator *a);
 
