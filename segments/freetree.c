@@ -84,13 +84,6 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
   t->bytes = t->bytes - old_size + repl->size;
 }
 
-xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
-  xs_block key;
-  key.size = size;
-  key.addr = 0;
-  return RB_NFIND(xs_freetree_rb, &t->root, &key);
-}
-
 xs_block *xs_freetree_largest(xs_freetree *t) {
   return RB_MAX(xs_freetree_rb, &t->root);
 }

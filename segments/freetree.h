@@ -38,8 +38,20 @@ bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
 void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl);
 /* The smallest block of at least `size` bytes (lowest address among equal
-   sizes), or NULL. */
-xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size);
+   sizes), or NULL: RB_NFIND of (size, 0), written out inline because every
+   cached malloc starts here. */
+static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
+  xs_block *b = RB_ROOT(&t->root), *fit = NULL;
+  while (b != NULL) {
+    if (b->size >= size) {
+      fit = b;                  /* (size, 0) <= b: b fits; look lower */
+      b = RB_LEFT(b, link);
+    } else {
+      b = RB_RIGHT(b, link);
+    }
+  }
+  return fit;
+}
 /* Largest first, then each next smaller (for reclaiming whole granules). */
 xs_block *xs_freetree_largest(xs_freetree *t);
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b);
