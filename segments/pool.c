@@ -40,8 +40,13 @@ static size_t pool_split_bytes(const xs_block *b) {
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
 static void pool_split_swap(xs_pool *p, size_t out, size_t in) {
-  xs_stats_swap(p->stats, XS_GAUGE_inactive_split, p->kind, out != 0,
-                in != 0);
+  /* Both counted (the usual case): the count's -1 then +1 only adds to
+     its total of increases. */
+  if (out != 0 && in != 0)
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated++;
+  else
+    xs_stats_swap(p->stats, XS_GAUGE_inactive_split, p->kind, out != 0,
+                  in != 0);
   xs_stats_swap(p->stats, XS_GAUGE_inactive_split_bytes, p->kind,
                 (int64_t)out, (int64_t)in);
 }
