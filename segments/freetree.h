@@ -31,8 +31,8 @@ bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr);
 /* `repl` takes the node of `old` (a block in t, whose size was old_size
    when it went in) without rebalancing: the cached path splits the front
-   off a free block and merges a freed block back into its free neighbour,
-   and in the usual case the piece left over sorts where the block was.
+   off a free block, and in the usual case the piece left over sorts where
+   the block was.
    xs_freetree_fits_at must have said so; repl may be old itself, resized.
    O(1). */
 void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
