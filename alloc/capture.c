@@ -127,8 +127,15 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
        sp = sp->next) {
     if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
       continue;
-    xs_stream_pools *ignored;
-    st = xs_capture_detect_locked(a, sp->stream, &ignored);
+    bool active;
+    uint64_t id;
+    /* A stream the caller has destroyed cannot be capturing: a failed
+       query only means this one is not, and must not stop the pass. */
+    if (capture_query(a, sp->stream, &active, &id) != XSEG_OK || !active)
+      continue;
+    xs_capture c = {.stream = sp->stream, .pool = XSEG_CAPTURE_POOL(id),
+                    .capture_id = id, .implicit = true};
+    st = capture_add(a, c, NULL);
   }
   return st;
 }
