@@ -17,21 +17,6 @@
 /* Larger requests cannot be rounded to granules without overflow. */
 #define XS_MAX_REQUEST ((size_t)1 << 62)
 
-void xs_alloc_lock(xseg_allocator *a) {
-  pthread_mutex_lock(&a->lock);
-#ifndef NDEBUG
-  a->owner = pthread_self();
-  a->owned = true;
-#endif
-}
-
-void xs_alloc_unlock(xseg_allocator *a) {
-#ifndef NDEBUG
-  a->owned = false;
-#endif
-  pthread_mutex_unlock(&a->lock);
-}
-
 const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
   static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)bytes;
@@ -78,9 +63,10 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   free(sp);
 }
 
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out) {
+/* The pools of `stream`, looked up in the list and moved to its front. */
+static xseg_status alloc_pools_lookup(xseg_allocator *a,
+                                      struct CUstream_st *stream,
+                                      xs_stream_pools **out) {
   xs_stream_pools **link = &a->streams;
   for (; *link != NULL; link = &(*link)->next)
     if ((*link)->stream == stream && (*link)->private_id == 0) break;
@@ -98,6 +84,16 @@ xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
   }
   *out = sp;
   return XSEG_OK;
+}
+
+xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
+                                       struct CUstream_st *stream,
+                                       xs_stream_pools **out) {
+  xs_stream_pools *sp = a->streams;
+  /* The common case: the same stream as last time, already first. */
+  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
+    return *out = sp, XSEG_OK;
+  return alloc_pools_lookup(a, stream, out);
 }
 
 /* Rounds a granule setting up to the device's granularity. */
@@ -135,27 +131,25 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
     return st;
   }
   alloc_sizes(a);
-  /* uthash frees its table when the last item goes and allocates it again
-     on the next add; an anchor entry (address 0, never a block) keeps the
-     table, so a malloc/free pair with nothing else live allocates nothing. */
-  HASH_ADD(hh, a->live, addr, sizeof a->anchor.addr, &a->anchor);
-  if (a->anchor.hh.tbl == NULL) {
+  if (!xs_ptrtable_init(&a->live)) {
     xs_vmm_close(&a->vmm);
     free(a);
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   }
   xs_event_pool_init(&a->events, &a->vmm);
   xs_pending_init(&a->pending, &a->events);
-  pthread_mutex_init(&a->lock, NULL);
+  atomic_init(&a->lock.state, 0);
   *out = a;
   return XSEG_OK;
 }
 
 /* Reports live blocks on stderr (a leak in the caller) before they go. */
 static void alloc_report_live(xseg_allocator *a) {
-  size_t n = HASH_COUNT(a->live) - 1;   /* less the anchor */
+  size_t n = a->live.count;
   if (n == 0) return;
-  xs_block *some = a->live == &a->anchor ? a->live->hh.next : a->live;
+  const xs_ptrtable_slot *slot = a->live.slot;
+  while (slot->addr == 0) slot++;
+  const xs_block *some = slot->block;
   int64_t bytes = xs_stats_current(&a->stats, XS_GAUGE_allocated_bytes);
   fprintf(stderr,
           "xseg_destroy: device %d still has %zu live blocks (%lld bytes), "
@@ -188,7 +182,7 @@ void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_lock(a);
   alloc_report_live(a);
-  HASH_CLEAR(hh, a->live);
+  xs_ptrtable_destroy(&a->live);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   alloc_destroy_pending(a, entered);
@@ -208,7 +202,6 @@ void xseg_destroy(xseg_allocator *a) {
   xs_blocks_destroy(&a->blocks);
   xs_vmm_close(&a->vmm);
   xs_alloc_unlock(a);
-  pthread_mutex_destroy(&a->lock);
   free(a);
 }
 
@@ -228,19 +221,6 @@ void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
   xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size);
 }
 
-/* Both at once: the cached path's form, kept in one body the compiler
-   inlines (two calls cost it about 18 instructions per pair). */
-static void alloc_account(xseg_allocator *a, const xs_block *b, int sign) {
-  xs_pool_kind k = b->seg->pool->kind;
-  int64_t size = sign * (int64_t)b->size;
-  xs_stats_move(&a->stats, XS_GAUGE_allocation, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, k, size);
-  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, size);
-  xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
-                sign * (int64_t)b->requested);
-}
-
 /* Nothing announces the end of a capture found by the driver: ask, lest
    the stream keep allocating to its pool after it ended. */
 static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
@@ -251,6 +231,29 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
   st = xs_capture_refresh_locked(a);
   xs_vmm_ctx_leave(&a->vmm, saved);
   return st;
+}
+
+/* The cached path's accounting: live and active together, the direction
+   known at compile time (no sign multiplications, decreases without peak
+   checks). The same moves as xs_alloc_account_live and _active. */
+static inline void alloc_account_malloc(xseg_allocator *a, const xs_block *b,
+                                        xs_pool_kind k) {
+  int64_t size = (int64_t)b->size;
+  xs_stats_inc(&a->stats, XS_GAUGE_allocation, k, 1);
+  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_inc(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+  xs_stats_inc(&a->stats, XS_GAUGE_active, k, 1);
+  xs_stats_inc(&a->stats, XS_GAUGE_active_bytes, k, size);
+}
+
+static inline void alloc_account_free(xseg_allocator *a, const xs_block *b) {
+  xs_pool_kind k = b->seg->pool->kind;
+  int64_t size = (int64_t)b->size;
+  xs_stats_dec(&a->stats, XS_GAUGE_allocation, k, 1);
+  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_dec(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+  xs_stats_dec(&a->stats, XS_GAUGE_active, k, 1);
+  xs_stats_dec(&a->stats, XS_GAUGE_active_bytes, k, size);
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -271,6 +274,9 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
                                       xs_block **out) {
+  if (!xs_ptrtable_reserve(&a->live))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for the pointer table");
   xs_stream_pools *sp;
   xseg_status st = alloc_pools_locked(a, stream, &sp);
   if (st != XSEG_OK) return st;
@@ -281,16 +287,21 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
   b->requested = size;
   b->stream = stream;
-  HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
-  if (b->hh.tbl == NULL) {
-    xs_pool_give(p, b);
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                    "out of host memory for the pointer table");
-  }
-  alloc_account(a, b, +1);
+  xs_ptrtable_add(&a->live, b);
+  alloc_account_malloc(a, b, p->kind);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
   *out = b;
   return XSEG_OK;
+}
+
+/* xs_config_round_size, with its common case inline: every size up to
+   1 MiB falls in the first roundup_power2_divisions interval, and without
+   divisions there it is rounded to 512 bytes. */
+static inline size_t alloc_round(const xs_config *c, size_t size) {
+  if (size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1)
+    return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
+                                : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
+  return xs_config_round_size(c, size);
 }
 
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
@@ -298,7 +309,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");
-  size_t rounded = xs_config_round_size(&a->cfg, size);
+  size_t rounded = alloc_round(&a->cfg, size);
   if (rounded == 0 || rounded > XS_MAX_REQUEST)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
@@ -327,7 +338,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
                   b->stream);
   if (__builtin_expect(b->uses.n != 0, 0))
     return xs_alloc_defer_free_locked(a, b);
-  alloc_account(a, b, -1);
+  alloc_account_free(a, b);
   xs_alloc_give_locked(a, b);
   return XSEG_OK;
 }
@@ -339,21 +350,21 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock(a);
-  xs_block *b;
-  HASH_FIND(hh, a->live, &addr, sizeof addr, b);
-  if (b == NULL || b == &a->anchor) {
+  size_t slot = xs_ptrtable_find(&a->live, addr);
+  if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);
     return xs_error(XSEG_ERR_UNKNOWN_POINTER,
                     "xseg_free(%p): not a live block of the allocator of "
                     "device %d (never allocated here, already freed, or not "
                     "the start of a block)", ptr, a->vmm.device);
   }
-  HASH_DELETE(hh, a->live, b);
+  xs_block *b = a->live.slot[slot].block;
+  xs_ptrtable_remove_at(&a->live, slot);
   xseg_status st = alloc_release_block_locked(a, b);
   if (st != XSEG_OK) {
-    /* Still live, as the caller sees it: back in the table, which keeps
-       its buckets, so this add allocates nothing. */
-    HASH_ADD(hh, a->live, addr, sizeof b->addr, b);
+    /* Still live, as the caller sees it: back in the table, where the
+       slot just freed leaves room. */
+    xs_ptrtable_add(&a->live, b);
   }
   xs_alloc_unlock(a);
   return st;

@@ -8,13 +8,17 @@
 #ifndef XS_ALLOC_ALLOCATOR_H
 #define XS_ALLOC_ALLOCATOR_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "alloc/config.h"
+#include "alloc/lock.h"
+#include "alloc/ptrtable.h"
 #include "alloc/trace.h"
 #include "segments/block.h"
+#include "segments/freetree.h"
 #include "segments/pool.h"
 #include "segments/stats.h"
 #include "streams/event_pool.h"
@@ -65,13 +69,12 @@ typedef struct xs_capture {
 } xs_capture;
 
 struct xseg_allocator {
-  pthread_mutex_t lock;
+  xs_lock lock;                       /* see alloc/lock.h for why not pthread */
   xs_vmm vmm;
   xs_config cfg;
   xs_stats stats;
   xs_blocks blocks;                   /* block struct cache */
-  xs_block *live;                     /* pointer table (uthash on addr) */
-  xs_block anchor;                    /* keeps the table allocated (alloc.c) */
+  xs_ptrtable live;                   /* pointer table: every live block */
   xs_stream_pools *streams;           /* most recently used first */
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
@@ -95,8 +98,20 @@ struct xseg_allocator {
 #endif
 };
 
-void xs_alloc_lock(xseg_allocator *a);
-void xs_alloc_unlock(xseg_allocator *a);
+static inline void xs_alloc_lock(xseg_allocator *a) {
+  xs_lock_take(&a->lock);
+#ifndef NDEBUG
+  a->owner = pthread_self();
+  a->owned = true;
+#endif
+}
+
+static inline void xs_alloc_unlock(xseg_allocator *a) {
+#ifndef NDEBUG
+  a->owned = false;
+#endif
+  xs_lock_drop(&a->lock);
+}
 #ifndef NDEBUG
 #define XS_ASSERT_LOCKED(a)                                                  \
   assert((a)->owned && pthread_equal((a)->owner, pthread_self()) &&          \
@@ -183,12 +198,42 @@ size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
    when it is off or had nothing to do. */
 bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
 
-/* Policy (policy.c): PyTorch's pool choice, fit and split rules. */
-xs_pool_kind xs_alloc_kind(size_t rounded);
-xs_block *xs_alloc_find_free(const xseg_allocator *a, xs_pool *p,
-                             size_t rounded);
-bool xs_alloc_should_split(const xseg_allocator *a, const xs_pool *p,
-                           const xs_block *b, size_t rounded);
+/* Policy: PyTorch's pool choice, fit and split rules, inline because
+   every cached malloc asks them (the classic segment size is in
+   policy.c). */
+static inline xs_pool_kind xs_alloc_kind(size_t rounded) {
+  return rounded <= XS_SMALL_SIZE ? XS_POOL_SMALL : XS_POOL_LARGE;
+}
+
+/* get_free_block: the best fit, unless it is an oversize block (at least
+   max_split_size, never split) that a smaller request must not take, or
+   far too large for an oversize request. */
+static inline xs_block *xs_alloc_find_free(const xseg_allocator *a,
+                                           xs_pool *p, size_t rounded) {
+  xs_block *b = xs_freetree_best_fit(&p->free, rounded);
+  if (b == NULL) return NULL;
+  size_t max_split = a->cfg.max_split_size;
+  if (rounded < max_split && b->size >= max_split) return NULL;
+  if (rounded >= max_split &&
+      b->size - rounded >= a->cfg.max_non_split_rounding)
+    return NULL;
+  return b;
+}
+
+/* should_split: expandable segments split off any remainder of at least
+   512 bytes (every byte of a segment is reachable, so slivers cost
+   nothing); classic large blocks only when the request is below
+   max_split_size and more than 1 MiB would remain. */
+static inline bool xs_alloc_should_split(const xseg_allocator *a,
+                                         const xs_pool *p, const xs_block *b,
+                                         size_t rounded) {
+  assert(b->size >= rounded);
+  size_t remaining = b->size - rounded;
+  if (p->kind == XS_POOL_SMALL || a->cfg.expandable_segments)
+    return remaining >= XS_MIN_BLOCK;
+  return rounded < a->cfg.max_split_size && remaining > XS_SMALL_SIZE;
+}
+
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded);
 
 /* The slow path of malloc (grow.c): a free block of at least `rounded`

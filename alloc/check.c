@@ -109,17 +109,16 @@ static bool check_disjoint(check_ctx *c) {
 }
 
 static bool check_table(check_ctx *c, xseg_allocator *a) {
-  size_t n = 0;
-  for (xs_block *b = a->live; b != NULL; b = b->hh.next) {
-    if (b == &a->anchor) continue;
-    if (!b->allocated || b->pending)
+  if (!xs_ptrtable_is_valid(&a->live, c->msg, sizeof c->msg)) return false;
+  for (size_t i = 0; i <= a->live.mask; i++) {
+    const xs_block *b = a->live.slot[i].block;
+    if (b != NULL && (!b->allocated || b->pending))
       CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
                  b->pending ? "pending" : "free", (unsigned long long)b->addr);
-    n++;
   }
-  if (n != c->walk.allocated)
+  if (a->live.count != c->walk.allocated)
     CHECK_FAIL(c, "pointer table holds %zu blocks, segments %zu allocated",
-               n, c->walk.allocated);
+               a->live.count, c->walk.allocated);
   return true;
 }
 
@@ -146,9 +145,14 @@ static bool check_stats(check_ctx *c, xseg_allocator *a) {
   CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes);
   CHECK_STAT(c, a, segment, c->segments);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
-    const xseg_stat *s = a->stats.gauge[g];
+    xseg_stat s[XS_STAT_SCOPES];
+    for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
+      s[sc] = xs_stats_get(&a->stats, (xs_gauge)g, sc);
+    bool peaks_ok = true;
+    for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
+      peaks_ok = peaks_ok && s[sc].peak >= s[sc].current;
     if (s[0].current != s[1].current + s[2].current ||
-        s[0].current != s[0].allocated - s[0].freed || s[0].peak < s[0].current)
+        s[0].current != s[0].allocated - s[0].freed || !peaks_ok)
       CHECK_FAIL(c, "gauge %d: all != small + large, or peak/allocated/"
                  "freed disagree with current", g);
   }

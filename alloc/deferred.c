@@ -32,10 +32,9 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock(a);
-  xs_block *b = NULL;
-  if (ptr != NULL) HASH_FIND(hh, a->live, &addr, sizeof addr, b);
+  xs_block *b = xs_ptrtable_get(&a->live, addr);
   xseg_status st = XSEG_OK;
-  if (b == NULL || b == &a->anchor)
+  if (b == NULL)
     st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
                   "xseg_record_stream(%p, stream %p): not the start of a live "
                   "block of the allocator of device %d", ptr, (void *)stream,

@@ -13,7 +13,8 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
                     a == NULL ? "allocator" : "out");
   memset(out, 0, sizeof *out);
   xs_alloc_lock(a);
-#define XS_STATS_GAUGE_(name) out->name = a->stats.gauge[XS_GAUGE_##name][0];
+#define XS_STATS_GAUGE_(name)                                                \
+  out->name = xs_stats_get(&a->stats, XS_GAUGE_##name, XS_STAT_ALL);
   XS_STAT_GAUGES(XS_STATS_GAUGE_)
 #undef XS_STATS_GAUGE_
 #define XS_STATS_COUNTER_(name) out->name = a->stats.counter[XS_COUNTER_##name];
@@ -30,9 +31,7 @@ xseg_status xseg_reset_peak_stats(xseg_allocator *a) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_reset_peak_stats: allocator is NULL");
   xs_alloc_lock(a);
-  for (int g = 0; g < XS_GAUGE_COUNT; g++)
-    for (int s = 0; s < XS_STAT_SCOPES; s++)
-      a->stats.gauge[g][s].peak = a->stats.gauge[g][s].current;
+  xs_stats_reset_peaks(&a->stats);
   xs_alloc_unlock(a);
   return XSEG_OK;
 }
@@ -53,7 +52,8 @@ static const char *const stats_scope_names[XS_STAT_SCOPES] = {
 
 static void stats_json_gauge(FILE *out, const xs_stats *s, int g) {
   for (int sc = 0; sc < XS_STAT_SCOPES; sc++) {
-    const xseg_stat *v = &s->gauge[g][sc];
+    xseg_stat st = xs_stats_get(s, (xs_gauge)g, sc);
+    const xseg_stat *v = &st;
     const char *n = stats_gauge_names[g], *scope = stats_scope_names[sc];
     fprintf(out,
             "  \"%s.%s.current\": %lld,\n  \"%s.%s.peak\": %lld,\n"

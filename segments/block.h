@@ -18,25 +18,13 @@
 #ifndef XS_SEGMENTS_BLOCK_H
 #define XS_SEGMENTS_BLOCK_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <bsd/sys/tree.h>
 
-/* The pointer table (uthash) is keyed by block address: a multiplicative
-   hash of the address over 512 (blocks are 512-aligned) spreads the low
-   bits, which pick the bucket; a library never exits on OOM. */
-#define HASH_NONFATAL_OOM 1
-#define HASH_FUNCTION(keyptr, keylen, hashv)                                 \
-  do {                                                                       \
-    (void)(keylen);                                                          \
-    uint64_t k_;                                                             \
-    memcpy(&k_, (keyptr), sizeof k_);                                        \
-    (hashv) = (unsigned)(((k_ >> 9) * 0x9E3779B97F4A7C15ull) >> 32);         \
-  } while (0)
-#include <string.h>
-#include <uthash.h>
 
 struct CUstream_st;
 struct xs_segment;
@@ -62,7 +50,6 @@ struct xs_block {
   struct xs_segment *seg;
   xs_block *prev, *next;       /* address neighbours; NULL at the ends */
   RB_ENTRY(xs_block) link;     /* free or unmapped tree, while free */
-  UT_hash_handle hh;           /* pointer table, while allocated */
   xs_stream_set uses;          /* recorded streams, while live */
   /* The allocator's free clock when the block (or the newest of the blocks
      merged into it) was last freed; 0 if never allocated. A merge keeps the
@@ -95,9 +82,26 @@ typedef struct xs_blocks {
   size_t live;                  /* blocks handed out and not put back */
 } xs_blocks;
 
-/* A zeroed block, or NULL when host memory is exhausted. */
-xs_block *xs_blocks_get(xs_blocks *c);
-void      xs_blocks_put(xs_blocks *c, xs_block *b);
-void      xs_blocks_destroy(xs_blocks *c);
+/* Adds a slab to the free list; false when host memory is exhausted. */
+bool xs_blocks_refill(xs_blocks *c);
+void xs_blocks_destroy(xs_blocks *c);
+
+/* A zeroed block, or NULL when host memory is exhausted. Inline: every
+   cached malloc that splits takes one. */
+static inline xs_block *xs_blocks_get(xs_blocks *c) {
+  if (c->free_list == NULL && !xs_blocks_refill(c)) return NULL;
+  xs_block *b = c->free_list;
+  c->free_list = b->next;
+  *b = (xs_block){.addr = 0};
+  c->live++;
+  return b;
+}
+
+static inline void xs_blocks_put(xs_blocks *c, xs_block *b) {
+  assert(c->live > 0 && "put without get");
+  c->live--;
+  b->next = c->free_list;
+  c->free_list = b;
+}
 
 #endif /* XS_SEGMENTS_BLOCK_H */

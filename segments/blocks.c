@@ -19,7 +19,7 @@ typedef struct blocks_slab {
   xs_block block[XS_BLOCKS_PER_SLAB];
 } blocks_slab;
 
-static bool blocks_refill(xs_blocks *c) {
+bool xs_blocks_refill(xs_blocks *c) {
   blocks_slab *s = malloc(sizeof *s);
   if (s == NULL) return false;
   s->next = c->slabs;
@@ -29,22 +29,6 @@ static bool blocks_refill(xs_blocks *c) {
     c->free_list = &s->block[i];
   }
   return true;
-}
-
-xs_block *xs_blocks_get(xs_blocks *c) {
-  if (c->free_list == NULL && !blocks_refill(c)) return NULL;
-  xs_block *b = c->free_list;
-  c->free_list = b->next;
-  memset(b, 0, sizeof *b);
-  c->live++;
-  return b;
-}
-
-void xs_blocks_put(xs_blocks *c, xs_block *b) {
-  assert(c->live > 0 && "put without get");
-  c->live--;
-  b->next = c->free_list;
-  c->free_list = b;
 }
 
 void xs_blocks_destroy(xs_blocks *c) {

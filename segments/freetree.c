@@ -40,11 +40,48 @@ void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   t->bytes -= b->size;
 }
 
-xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
-  xs_block key;
-  key.size = size;
-  key.addr = 0;
-  return RB_NFIND(xs_freetree_rb, &t->root, &key);
+/* Sign of (size, addr) against b's key. */
+static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
+  if (size != b->size) return size < b->size ? -1 : 1;
+  if (addr != b->addr) return addr < b->addr ? -1 : 1;
+  return 0;
+}
+
+bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                         uint64_t addr) {
+  (void)t;
+  /* Moving down the order, only the predecessor can be passed; moving up,
+     only the successor. */
+  int c = freetree_cmp_key(size, addr, b);
+  if (c < 0) {
+    xs_block *p = RB_PREV(xs_freetree_rb, &t->root, b);
+    return p == NULL || freetree_cmp_key(size, addr, p) > 0;
+  }
+  if (c > 0) {
+    xs_block *n = RB_NEXT(xs_freetree_rb, &t->root, b);
+    return n == NULL || freetree_cmp_key(size, addr, n) < 0;
+  }
+  return true;
+}
+
+void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
+                         xs_block *repl) {
+  assert(!repl->allocated && "only free blocks are indexed");
+  assert(t->bytes >= old_size);
+  if (repl != old) {
+    repl->link = old->link;
+    xs_block *parent = RB_PARENT(old, link);
+    if (parent == NULL)
+      RB_ROOT(&t->root) = repl;
+    else if (RB_LEFT(parent, link) == old)
+      RB_LEFT(parent, link) = repl;
+    else
+      RB_RIGHT(parent, link) = repl;
+    if (RB_LEFT(old, link) != NULL) RB_PARENT(RB_LEFT(old, link), link) = repl;
+    if (RB_RIGHT(old, link) != NULL)
+      RB_PARENT(RB_RIGHT(old, link), link) = repl;
+  }
+  t->bytes = t->bytes - old_size + repl->size;
 }
 
 xs_block *xs_freetree_largest(xs_freetree *t) {

@@ -55,30 +55,90 @@ typedef enum xs_counter {
 typedef enum xs_pool_kind { XS_POOL_SMALL = 0, XS_POOL_LARGE = 1 } xs_pool_kind;
 enum { XS_STAT_ALL = 0, XS_STAT_SCOPES = 3 };
 
+/* One gauge of one pool kind. `freed` is not stored: it is always
+   allocated - current (both start at 0), so the hot path writes two words
+   and compares one. */
+typedef struct xs_gauge_val {
+  int64_t current, peak, allocated;
+} xs_gauge_val;
+
+/* Kept per pool kind; the "all" scope keeps only its own current and peak
+   (its peak is not the sum of the kinds' peaks), and its allocated and
+   freed are summed when read (xs_stats_get). Every malloc and free moves
+   five gauges, so an increase costs two adds and two compares, a decrease
+   two subtractions. */
 typedef struct xs_stats {
-  xseg_stat gauge[XS_GAUGE_COUNT][XS_STAT_SCOPES];
+  xs_gauge_val pool[2][XS_GAUGE_COUNT];
+  xs_gauge_val all[XS_GAUGE_COUNT];      /* .allocated unused */
   int64_t counter[XS_COUNTER_COUNT];
 } xs_stats;
 
-static inline void xs_stat_move(xseg_stat *s, int64_t delta) {
-  s->current += delta;
-  if (delta > 0) {
-    s->allocated += delta;
-    if (s->current > s->peak) s->peak = s->current;
-  } else {
-    s->freed -= delta;
+/* Raises gauge g of pool `kind` (and of all pools) by delta >= 0. */
+static inline void xs_stats_inc(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                int64_t delta) {
+  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+  p->current += delta;
+  p->allocated += delta;
+  if (p->current > p->peak) p->peak = p->current;
+  a->current += delta;
+  if (a->current > a->peak) a->peak = a->current;
+}
+
+/* Lowers gauge g of pool `kind` (and of all pools) by delta >= 0. */
+static inline void xs_stats_dec(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                int64_t delta) {
+  s->pool[kind][g].current -= delta;
+  s->all[g].current -= delta;
+}
+
+/* The same as xs_stats_dec(out) then xs_stats_inc(in), in one pass: one
+   block leaving an index and another entering it (a split or merge in
+   place). The value in between is at most the current one, so only the
+   end value can set a peak. */
+static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                 int64_t out, int64_t in) {
+  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+  p->current += in - out;
+  p->allocated += in;
+  a->current += in - out;
+  if (in > out) {
+    if (p->current > p->peak) p->peak = p->current;
+    if (a->current > a->peak) a->peak = a->current;
   }
 }
 
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
-  xs_stat_move(&s->gauge[g][XS_STAT_ALL], delta);
-  xs_stat_move(&s->gauge[g][kind + 1], delta);
+  if (delta > 0)
+    xs_stats_inc(s, g, kind, delta);
+  else
+    xs_stats_dec(s, g, kind, -delta);
 }
 
 static inline int64_t xs_stats_current(const xs_stats *s, xs_gauge g) {
-  return s->gauge[g][XS_STAT_ALL].current;
+  return s->all[g].current;
+}
+
+/* Gauge g in PyTorch's form for scope XS_STAT_ALL or kind + 1. */
+static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
+                                     int scope) {
+  const xs_gauge_val *v = scope == XS_STAT_ALL ? &s->all[g]
+                                               : &s->pool[scope - 1][g];
+  int64_t allocated = scope == XS_STAT_ALL
+                          ? s->pool[0][g].allocated + s->pool[1][g].allocated
+                          : v->allocated;
+  return (xseg_stat){.current = v->current, .peak = v->peak,
+                     .allocated = allocated,
+                     .freed = allocated - v->current};
+}
+
+/* xseg_reset_peak_stats: every peak becomes the current value. */
+static inline void xs_stats_reset_peaks(xs_stats *s) {
+  for (int g = 0; g < XS_GAUGE_COUNT; g++) {
+    s->all[g].peak = s->all[g].current;
+    for (int k = 0; k < 2; k++) s->pool[k][g].peak = s->pool[k][g].current;
+  }
 }
 
 #endif /* XS_SEGMENTS_STATS_H */

@@ -186,11 +186,11 @@ XSEG_TEST(segments, take_splits_and_give_merges_back) {
   xs_pool_take(&f.pool, b, 8192, true);
   XSEG_EXPECT_TRUE(a == whole && b->addr == a->addr + 4096);
   XSEG_EXPECT_TRUE(fake_valid(&f, msg, sizeof msg));
-  XSEG_EXPECT_EQ(f.stats.gauge[XS_GAUGE_inactive_split][0].current, 1);
+  XSEG_EXPECT_EQ(xs_stats_current(&f.stats, XS_GAUGE_inactive_split), 1);
 
   xs_pool_give(&f.pool, a);          /* no free neighbour: stays apart */
   XSEG_EXPECT_EQ(f.pool.free.count, 2);
-  XSEG_EXPECT_EQ(f.stats.gauge[XS_GAUGE_inactive_split][0].current, 2);
+  XSEG_EXPECT_EQ(xs_stats_current(&f.stats, XS_GAUGE_inactive_split), 2);
   xs_block *m = xs_pool_give(&f.pool, b);  /* merges both ways */
   XSEG_EXPECT_TRUE(m == whole && m->size == 4u << 20);
   XSEG_EXPECT_EQ(f.pool.free.count, 1);

@@ -1,0 +1,78 @@
+/* ptrtable.c: growth, deletion and validation of the pointer table (see
+ * ptrtable.h; add and find are inline for the cached path).
+ */
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "alloc/ptrtable.h"
+
+enum { XS_PTRTABLE_INITIAL_BITS = 12 };
+
+static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
+  xs_ptrtable_slot *s = calloc((size_t)1 << bits, sizeof *s);
+  if (s == NULL) return false;
+  *t = (xs_ptrtable){.slot = s, .mask = ((size_t)1 << bits) - 1,
+                     .count = 0, .shift = 64 - bits};
+  return true;
+}
+
+bool xs_ptrtable_init(xs_ptrtable *t) {
+  return ptrtable_alloc(t, XS_PTRTABLE_INITIAL_BITS);
+}
+
+void xs_ptrtable_destroy(xs_ptrtable *t) {
+  free(t->slot);
+  *t = (xs_ptrtable){.slot = NULL};
+}
+
+bool xs_ptrtable_grow(xs_ptrtable *t) {
+  xs_ptrtable bigger;
+  if (!ptrtable_alloc(&bigger, 64 - t->shift + 1)) return false;
+  for (size_t i = 0; i <= t->mask; i++)
+    if (t->slot[i].addr != 0) xs_ptrtable_add(&bigger, t->slot[i].block);
+  assert(bigger.count == t->count);
+  free(t->slot);
+  *t = bigger;
+  return true;
+}
+
+/* Backward-shift deletion: walk the run after the hole and move back every
+   entry whose home is not in (hole, j], so each stays reachable. */
+void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i) {
+  assert(i <= t->mask && t->slot[i].addr != 0 && t->count > 0);
+  size_t hole = i;
+  for (size_t j = (i + 1) & t->mask; t->slot[j].addr != 0;
+       j = (j + 1) & t->mask) {
+    size_t home = xs_ptrtable_home(t, t->slot[j].addr);
+    /* Cyclic distance from home to j vs from hole to j. */
+    if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
+      t->slot[hole] = t->slot[j];
+      hole = j;
+    }
+  }
+  t->slot[hole] = (xs_ptrtable_slot){0, NULL};
+  t->count--;
+}
+
+bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size) {
+  size_t n = 0;
+  for (size_t i = 0; i <= t->mask; i++) {
+    const xs_ptrtable_slot *s = &t->slot[i];
+    if (s->addr == 0) continue;
+    n++;
+    if (s->block == NULL || s->block->addr != s->addr ||
+        xs_ptrtable_find(t, s->addr) != i) {
+      snprintf(msg, msg_size, "pointer table slot %zu (0x%llx) is not "
+               "reachable or names another block", i,
+               (unsigned long long)s->addr);
+      return false;
+    }
+  }
+  if (n != t->count || 2 * t->count > t->mask + 1) {
+    snprintf(msg, msg_size, "pointer table holds %zu entries, counts %zu "
+             "(capacity %zu)", n, t->count, t->mask + 1);
+    return false;
+  }
+  return true;
+}

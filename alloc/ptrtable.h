@@ -1,0 +1,78 @@
+/* ptrtable.h: the pointer table, address -> live block.
+ *
+ * Open addressing with linear probing over a power-of-two array of
+ * (address, block) slots; address 0 marks an empty slot (no block starts at
+ * 0). Blocks are 512-byte aligned, so the hash multiplies addr >> 9 by a
+ * 64-bit odd constant and keeps the top bits. Deletion shifts the following
+ * run back (no tombstones), so a long churn of inserts and deletes never
+ * degrades probes. The table only grows (load kept <= 1/2), so once warm a
+ * malloc/free pair allocates nothing; growth is asked for before a block is
+ * taken (xs_ptrtable_reserve), so a host OOM leaves everything unchanged.
+ *
+ * Invariants (xs_ptrtable_is_valid): every entry is reachable from its home
+ * slot without crossing an empty slot; `count` entries; count <= cap / 2.
+ */
+#ifndef XS_ALLOC_PTRTABLE_H
+#define XS_ALLOC_PTRTABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segments/block.h"
+
+typedef struct xs_ptrtable_slot {
+  uint64_t addr;                /* 0: empty */
+  xs_block *block;
+} xs_ptrtable_slot;
+
+typedef struct xs_ptrtable {
+  xs_ptrtable_slot *slot;
+  size_t mask;                  /* capacity - 1; capacity a power of two */
+  size_t count;
+  unsigned shift;               /* 64 - log2(capacity) */
+} xs_ptrtable;
+
+/* An empty table with room for a few thousand blocks; false on host OOM. */
+bool xs_ptrtable_init(xs_ptrtable *t);
+void xs_ptrtable_destroy(xs_ptrtable *t);
+
+static inline size_t xs_ptrtable_home(const xs_ptrtable *t, uint64_t addr) {
+  return (size_t)(((addr >> 9) * 0x9E3779B97F4A7C15ull) >> t->shift);
+}
+
+/* Room for one more entry; false (table unchanged) on host OOM. */
+bool xs_ptrtable_grow(xs_ptrtable *t);
+static inline bool xs_ptrtable_reserve(xs_ptrtable *t) {
+  return t->count + 1 <= (t->mask + 1) / 2 || xs_ptrtable_grow(t);
+}
+
+/* Adds b (its address must not be in the table); room was reserved. */
+static inline void xs_ptrtable_add(xs_ptrtable *t, xs_block *b) {
+  size_t i = xs_ptrtable_home(t, b->addr);
+  while (t->slot[i].addr != 0) i = (i + 1) & t->mask;
+  t->slot[i] = (xs_ptrtable_slot){b->addr, b};
+  t->count++;
+}
+
+/* The slot holding addr, or SIZE_MAX. */
+static inline size_t xs_ptrtable_find(const xs_ptrtable *t, uint64_t addr) {
+  if (addr == 0) return SIZE_MAX;
+  for (size_t i = xs_ptrtable_home(t, addr);; i = (i + 1) & t->mask) {
+    if (t->slot[i].addr == addr) return i;
+    if (t->slot[i].addr == 0) return SIZE_MAX;
+  }
+}
+
+static inline xs_block *xs_ptrtable_get(const xs_ptrtable *t, uint64_t addr) {
+  size_t i = xs_ptrtable_find(t, addr);
+  return i == SIZE_MAX ? NULL : t->slot[i].block;
+}
+
+/* Empties slot i (from xs_ptrtable_find) and closes the gap. */
+void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i);
+
+/* Probe chains and the count are intact; `msg` gets the first problem. */
+bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size);
+
+#endif /* XS_ALLOC_PTRTABLE_H */
