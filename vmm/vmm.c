@@ -234,13 +234,6 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
   return st;
 }
 
-xseg_status xs_vmm_stream_sync(xs_vmm *v, struct CUstream_st *stream) {
-  XS_CHECK(v, XS_DRV(v->drv, cuStreamSynchronize, stream),
-           "cuStreamSynchronize(stream %p) on device %d", (void *)stream,
-           v->device);
-  return XSEG_OK;
-}
-
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,
                             size_t *total_bytes) {
   XS_CHECK(v, XS_DRV(v->drv, cuMemGetInfo, free_bytes, total_bytes),

@@ -85,10 +85,6 @@ xseg_status xs_vmm_unmap_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
 xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
                                size_t n, const uint64_t *handles);
 
-/* Waits for the work queued on `stream` (NULL: the legacy default stream),
-   before memory it may still use is unmapped. */
-xseg_status xs_vmm_stream_sync(xs_vmm *v, struct CUstream_st *stream);
-
 /* cuMemGetInfo for the device. */
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,
                             size_t *total_bytes);
