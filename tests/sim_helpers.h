@@ -7,6 +7,8 @@
 #define XSEG_SIM_HELPERS_H
 
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -53,6 +55,55 @@ static inline CUresult st_access(CUdeviceptr ptr, size_t size, int dev,
   d.location.id = dev;
   d.flags = flags;
   return cuMemSetAccess(ptr, size, &d, 1);
+}
+
+/* Device memory from the VMM API: one granule of device 0, mapped
+   read-write. */
+typedef struct st_buf {
+  CUdeviceptr ptr;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+} st_buf;
+
+/* Makes *b one mapped granule; false (and *b partly set) on any failure. */
+static inline bool st_buf_alloc(st_buf *b) {
+  CUmemAllocationProp p = st_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+  *b = (st_buf){0};
+  return cuMemGetAllocationGranularity(&b->size, &p,
+                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
+             CUDA_SUCCESS &&
+         cuMemAddressReserve(&b->ptr, b->size, 0, 0, 0) == CUDA_SUCCESS &&
+         st_create(&b->handle, b->size, CU_MEM_HANDLE_TYPE_NONE) ==
+             CUDA_SUCCESS &&
+         cuMemMap(b->ptr, b->size, 0, b->handle, 0) == CUDA_SUCCESS &&
+         st_access(b->ptr, b->size, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE) ==
+             CUDA_SUCCESS;
+}
+
+static inline void st_buf_free(st_buf *b) {
+  XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
+  XSEG_EXPECT_CU(cuMemRelease(b->handle));
+  XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
+}
+
+/* A host function's view of the test: did it run, and had the test
+   released the held stream when it did? */
+typedef struct st_probe {
+  atomic_int *released;
+  atomic_int ran;
+  atomic_int saw_released;
+} st_probe;
+
+static inline void CUDA_CB st_probe_run(void *arg) {
+  st_probe *p = arg;
+  atomic_store(&p->saw_released, atomic_load(p->released));
+  atomic_store(&p->ran, 1);
+}
+
+/* Opens a latch after noting that it was released. */
+static inline void st_release(atomic_int *released, xt_latch *l) {
+  atomic_store(released, 1);
+  xt_latch_open(l);
 }
 
 /* Runs fn(arg) in a forked child; returns the signal that killed it, or

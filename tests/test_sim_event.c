@@ -4,25 +4,8 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "sim_helpers.h"
 #include "xseg_test.h"
-
-/* A host function's view: did it run, had the test released the latch? */
-typedef struct probe {
-  atomic_int *released;
-  atomic_int ran;
-  atomic_int saw_released;
-} probe;
-
-static void CUDA_CB probe_run(void *arg) {
-  probe *p = arg;
-  atomic_store(&p->saw_released, atomic_load(p->released));
-  atomic_store(&p->ran, 1);
-}
-
-static void release(atomic_int *released, xt_latch *l) {
-  atomic_store(released, 1);
-  xt_latch_open(l);
-}
 
 static void CUDA_CB sleep_20ms(void *arg) {
   (void)arg;
@@ -106,14 +89,14 @@ XSEG_TEST(SimEvent, stream_wait_event_orders_across_streams) {
   XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(s0, l));
   XSEG_EXPECT_CU(cuEventRecord(e, s0));
   XSEG_EXPECT_CU(cuStreamWaitEvent(s1, e, CU_EVENT_WAIT_DEFAULT));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s1, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s1, st_probe_run, &p));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
   XSEG_EXPECT_CU_ERR(cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(s1));
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
@@ -136,15 +119,15 @@ XSEG_TEST(SimEvent, wait_uses_the_record_at_the_time_of_the_call) {
   XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(s0, l));
   XSEG_EXPECT_CU(cuEventRecord(e, s0));
   XSEG_EXPECT_CU(cuStreamWaitEvent(s1, e, 0));
   XSEG_EXPECT_CU(cuEventRecord(e, idle));      /* moves e; s1 still waits */
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s1, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s1, st_probe_run, &p));
   XSEG_EXPECT_CU(cuEventSynchronize(e));
   XSEG_EXPECT_CU_ERR(cuStreamQuery(s1), CUDA_ERROR_NOT_READY);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(s1));
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
   XSEG_EXPECT_CU(cuStreamSynchronize(s0));
@@ -164,9 +147,9 @@ XSEG_TEST(SimEvent, synchronize_waits_for_the_recorded_work) {
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_BLOCKING_SYNC));
   atomic_int released = 1;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(cuLaunchHostFunc(s, sleep_20ms, NULL));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &p));
   XSEG_EXPECT_CU(cuEventRecord(e, s));
   XSEG_EXPECT_CU(cuEventSynchronize(e));
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);

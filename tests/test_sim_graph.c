@@ -8,37 +8,10 @@
 #include <stdatomic.h>
 #include <string.h>
 
+#include "sim_helpers.h"
 #include "xseg_test.h"
 
 /* ---- helpers ----------------------------------------------------------- */
-
-typedef struct dev_buf {
-  CUdeviceptr ptr;
-  size_t size;
-  CUmemGenericAllocationHandle handle;
-} dev_buf;
-
-static bool dev_buf_alloc(dev_buf *b) {
-  CUmemAllocationProp prop = {0};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  *b = (dev_buf){0};
-  return cuMemGetAllocationGranularity(&b->size, &prop,
-                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
-             CUDA_SUCCESS &&
-         cuMemAddressReserve(&b->ptr, b->size, 0, 0, 0) == CUDA_SUCCESS &&
-         cuMemCreate(&b->handle, b->size, &prop, 0) == CUDA_SUCCESS &&
-         cuMemMap(b->ptr, b->size, 0, b->handle, 0) == CUDA_SUCCESS &&
-         cuMemSetAccess(b->ptr, b->size, &access, 1) == CUDA_SUCCESS;
-}
-
-static void dev_buf_free(dev_buf *b) {
-  XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
-  XSEG_EXPECT_CU(cuMemRelease(b->handle));
-  XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
-}
 
 static unsigned char dev_byte(CUdeviceptr p) {
   unsigned char v = 0;
@@ -71,8 +44,8 @@ static void expect_valid(CUstream s) {
    executes it, on every launch. */
 XSEG_TEST(SimGraph, captured_memset_runs_only_when_launched) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0, 64));
@@ -94,7 +67,7 @@ XSEG_TEST(SimGraph, captured_memset_runs_only_when_launched) {
   XSEG_EXPECT_CU(cuGraphExecDestroy(x));
   XSEG_EXPECT_CU(cuGraphDestroy(g));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* Captured host functions and copies keep their order on replay, and each
@@ -102,8 +75,8 @@ XSEG_TEST(SimGraph, captured_memset_runs_only_when_launched) {
    cuGraphLaunch): a launch onto a held stream waits. */
 XSEG_TEST(SimGraph, replay_keeps_order_and_follows_stream_work) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   atomic_int count = 0;
@@ -131,7 +104,7 @@ XSEG_TEST(SimGraph, replay_keeps_order_and_follows_stream_work) {
   XSEG_EXPECT_CU(cuGraphDestroy(g));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   xt_latch_free(l);
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* An event recorded during capture is recorded by each launch (cuda.h,
@@ -226,8 +199,8 @@ static CUresult unsafe_call_run(unsafe_call c, CUstream other, CUevent e,
    be returned"). */
 XSEG_TEST(SimGraph, global_capture_forbids_unsafe_calls) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s, other;
   CUevent e;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -247,7 +220,7 @@ XSEG_TEST(SimGraph, global_capture_forbids_unsafe_calls) {
   XSEG_EXPECT_CU(cuEventDestroy(e));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   XSEG_EXPECT_CU(cuStreamDestroy(other));
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* cuda.h: "If the local thread has an ongoing capture sequence that was not
@@ -255,8 +228,8 @@ XSEG_TEST(SimGraph, global_capture_forbids_unsafe_calls) {
    permits the same calls, and the capture stays valid. */
 XSEG_TEST(SimGraph, relaxed_capture_permits_unsafe_calls) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s, other;
   CUevent e;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -269,7 +242,7 @@ XSEG_TEST(SimGraph, relaxed_capture_permits_unsafe_calls) {
   XSEG_EXPECT_CU(cuEventDestroy(e));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   XSEG_EXPECT_CU(cuStreamDestroy(other));
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* cuda.h: "CU_STREAM_CAPTURE_MODE_RELAXED: The local thread is not
@@ -481,8 +454,8 @@ XSEG_TEST(SimGraph, begin_and_end_misuse) {
    that was not joined to the primary stream"). */
 XSEG_TEST(SimGraph, fork_and_join_capture_other_streams) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s0, s1;
   CUevent fork, join;
   XSEG_ASSERT_CU(cuStreamCreate(&s0, CU_STREAM_NON_BLOCKING));
@@ -530,7 +503,7 @@ XSEG_TEST(SimGraph, fork_and_join_capture_other_streams) {
   XSEG_EXPECT_CU(cuEventDestroy(join));
   XSEG_EXPECT_CU(cuStreamDestroy(s0));
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* A capturing stream may not wait on work outside its capture: "a

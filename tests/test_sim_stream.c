@@ -7,58 +7,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sim_helpers.h"
 #include "xseg_test.h"
 
 /* ---- helpers ----------------------------------------------------------- */
-
-/* Device memory from the VMM API: one granule, mapped read-write. */
-typedef struct dev_buf {
-  CUdeviceptr ptr;
-  size_t size;
-  CUmemGenericAllocationHandle handle;
-} dev_buf;
-
-static bool dev_buf_alloc(dev_buf *b) {
-  CUmemAllocationProp prop = {0};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  CUmemAccessDesc access = {prop.location, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
-  *b = (dev_buf){0};
-  return cuMemGetAllocationGranularity(&b->size, &prop,
-                                       CU_MEM_ALLOC_GRANULARITY_MINIMUM) ==
-             CUDA_SUCCESS &&
-         cuMemAddressReserve(&b->ptr, b->size, 0, 0, 0) == CUDA_SUCCESS &&
-         cuMemCreate(&b->handle, b->size, &prop, 0) == CUDA_SUCCESS &&
-         cuMemMap(b->ptr, b->size, 0, b->handle, 0) == CUDA_SUCCESS &&
-         cuMemSetAccess(b->ptr, b->size, &access, 1) == CUDA_SUCCESS;
-}
-
-static void dev_buf_free(dev_buf *b) {
-  XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
-  XSEG_EXPECT_CU(cuMemRelease(b->handle));
-  XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
-}
-
-/* A host function's view of the test: did it run, and had the test
-   released the held stream when it did? */
-typedef struct probe {
-  atomic_int *released;
-  atomic_int ran;
-  atomic_int saw_released;
-} probe;
-
-static void CUDA_CB probe_run(void *arg) {
-  probe *p = arg;
-  atomic_store(&p->saw_released, atomic_load(p->released));
-  atomic_store(&p->ran, 1);
-}
-
-/* Releases a latch after noting that it was released. */
-static void release(atomic_int *released, xt_latch *l) {
-  atomic_store(released, 1);
-  xt_latch_open(l);
-}
 
 typedef struct order_log {
   atomic_int n;
@@ -109,8 +61,8 @@ XSEG_TEST(SimStream, host_functions_run_in_stream_order) {
    must not touch memory before the work ahead of it completes. */
 XSEG_TEST(SimStream, memset_and_memcpy_run_in_stream_order) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0x11, 256));
@@ -129,15 +81,15 @@ XSEG_TEST(SimStream, memset_and_memcpy_run_in_stream_order) {
   XSEG_EXPECT_EQ(host[128], 0x11);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   xt_latch_free(l);
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* cuda.h, cuMemcpyHtoD / DtoD / DtoH and cuMemsetD32 ("The dstDevice pointer
    must be four byte aligned"): synchronous forms return after the copy. */
 XSEG_TEST(SimStream, synchronous_copies_round_trip) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  dev_buf b;
-  XSEG_ASSERT_TRUE(dev_buf_alloc(&b));
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
   unsigned in[64], out[64];
   for (unsigned i = 0; i < 64; i++) in[i] = i * 2654435761u;
   XSEG_EXPECT_CU(cuMemcpyHtoD(b.ptr, in, sizeof in));
@@ -153,7 +105,7 @@ XSEG_TEST(SimStream, synchronous_copies_round_trip) {
   XSEG_EXPECT_CU_ERR(cuMemsetD32(b.ptr + 2, 0, 1), CUDA_ERROR_INVALID_VALUE);
   XSEG_EXPECT_CU_ERR(cuMemsetD32Async(b.ptr + 1, 0, 1, NULL),
                      CUDA_ERROR_INVALID_VALUE);
-  dev_buf_free(&b);
+  st_buf_free(&b);
 }
 
 /* cuda.h, cuStreamCreate: CU_STREAM_NON_BLOCKING "may run concurrently";
@@ -166,14 +118,14 @@ XSEG_TEST(SimStream, held_stream_does_not_block_another_stream) {
   XSEG_ASSERT_CU(cuStreamCreate(&free_stream, CU_STREAM_NON_BLOCKING));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(held, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(free_stream, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(free_stream, st_probe_run, &p));
   XSEG_EXPECT_CU(cuStreamSynchronize(free_stream));   /* does not hang */
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
   XSEG_EXPECT_CU_ERR(cuStreamQuery(held), CUDA_ERROR_NOT_READY);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(held));
   XSEG_EXPECT_CU(cuStreamDestroy(held));
   XSEG_EXPECT_CU(cuStreamDestroy(free_stream));
@@ -189,12 +141,12 @@ XSEG_TEST(SimStream, blocking_streams_are_independent_of_each_other) {
   XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_DEFAULT));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(a, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, st_probe_run, &p));
   XSEG_EXPECT_CU(cuStreamSynchronize(b));
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(a));
   XSEG_EXPECT_CU(cuStreamDestroy(a));
   XSEG_EXPECT_CU(cuStreamDestroy(b));
@@ -210,12 +162,12 @@ XSEG_TEST(SimStream, legacy_stream_waits_for_blocking_stream) {
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(s, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(CU_STREAM_LEGACY, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(CU_STREAM_LEGACY, st_probe_run, &p));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
   XSEG_EXPECT_CU_ERR(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
@@ -230,12 +182,12 @@ XSEG_TEST(SimStream, blocking_stream_waits_for_legacy_stream) {
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(NULL, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &p));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
   XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuStreamSynchronize(s));
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
@@ -251,19 +203,19 @@ XSEG_TEST(SimStream, non_blocking_stream_ignores_legacy_stream) {
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   xt_latch *held_legacy = xt_latch_new(), *held_s = xt_latch_new();
   atomic_int released = 0;
-  probe on_s = {.released = &released}, on_legacy = {.released = &released};
+  st_probe on_s = {.released = &released}, on_legacy = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(NULL, held_legacy));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &on_s));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &on_s));
   XSEG_EXPECT_CU(cuStreamSynchronize(s));      /* the legacy stream is held */
   XSEG_EXPECT_EQ(atomic_load(&on_s.saw_released), 0);
-  release(&released, held_legacy);
+  st_release(&released, held_legacy);
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
   atomic_store(&released, 0);
   XSEG_EXPECT_CU(xt_latch_hold(s, held_s));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(NULL, probe_run, &on_legacy));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(NULL, st_probe_run, &on_legacy));
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));   /* s is held */
   XSEG_EXPECT_EQ(atomic_load(&on_legacy.saw_released), 0);
-  release(&released, held_s);
+  st_release(&released, held_s);
   XSEG_EXPECT_CU(cuStreamSynchronize(s));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   xt_latch_free(held_legacy);
@@ -280,12 +232,12 @@ XSEG_TEST(SimStream, destroy_with_pending_work_completes_the_work) {
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(s, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &p));
   XSEG_EXPECT_CU(cuStreamDestroy(s));          /* returns while held */
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 0);
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuCtxSynchronize());
   XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
   XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
@@ -304,16 +256,16 @@ XSEG_TEST(SimStream, ctx_synchronize_waits_for_every_stream) {
   XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
   xt_latch *l = xt_latch_new();
   atomic_int released = 0;
-  probe pa = {.released = &released}, pb = {.released = &released};
+  st_probe pa = {.released = &released}, pb = {.released = &released};
   XSEG_EXPECT_CU(xt_latch_hold(a, l));
   XSEG_EXPECT_CU(xt_latch_hold(b, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(a, probe_run, &pa));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &pb));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(a, st_probe_run, &pa));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, st_probe_run, &pb));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 2));
-  release(&released, l);
+  st_release(&released, l);
   XSEG_EXPECT_CU(cuCtxSynchronize());
   XSEG_EXPECT_EQ(atomic_load(&pa.ran) + atomic_load(&pb.ran), 2);
-  XSEG_EXPECT_CU(cuLaunchHostFunc(b, probe_run, &pa));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, st_probe_run, &pa));
   XSEG_EXPECT_CU(cuCtxSynchronize_v2(ctx));
   XSEG_EXPECT_CU(cuCtxSynchronize_v2(NULL));
   XSEG_EXPECT_CU(cuStreamDestroy(a));
@@ -394,10 +346,10 @@ XSEG_TEST(SimStream, legacy_synchronize_covers_blocking_streams) {
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   atomic_int released = 1;
-  probe p = {.released = &released};
+  st_probe p = {.released = &released};
   xt_latch *l = xt_latch_new();
   XSEG_EXPECT_CU(xt_latch_hold(s, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, probe_run, &p));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &p));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
   if (xt_have_sim())   /* the emulator's query covers them as its sync does */
     XSEG_EXPECT_CU_ERR(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
