@@ -35,11 +35,9 @@ static struct CUgraph_st *xs_graph_new(void) {
 
 static CUresult xs_graph_push_locked(struct CUgraph_st *g, const xs_work *w) {
   if (g->count == g->cap) {
-    size_t cap = g->cap ? 2 * g->cap : 8;
-    xs_work *nodes = realloc(g->nodes, cap * sizeof *nodes);
+    xs_work *nodes = xs_array_grow(g->nodes, &g->cap, 8, sizeof *nodes);
     if (!nodes) return CUDA_ERROR_OUT_OF_MEMORY;
     g->nodes = nodes;
-    g->cap = cap;
   }
   xs_work_retain_locked(w);
   g->nodes[g->count++] = *w;

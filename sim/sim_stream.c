@@ -143,6 +143,13 @@ typedef struct xs_deps {
   xs_dep *v;
 } xs_deps;
 
+void *xs_array_grow(void *v, size_t *cap, size_t first, size_t elem) {
+  size_t n = *cap ? 2 * *cap : first;
+  void *grown = realloc(v, n * elem);
+  if (grown) *cap = n;
+  return grown;
+}
+
 bool xs_dep_done_locked(const xs_dep *d) {
   return d->stream->completed >= d->seq;
 }
@@ -152,11 +159,9 @@ static CUresult xs_deps_push_locked(xs_deps *d, struct CUstream_st *s,
                                     uint64_t seq) {
   if (s->completed >= seq) return CUDA_SUCCESS;
   if (d->n == d->cap) {
-    size_t cap = d->cap ? 2 * d->cap : 4;
-    xs_dep *v = realloc(d->v, cap * sizeof *v);
+    xs_dep *v = xs_array_grow(d->v, &d->cap, 4, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
     d->v = v;
-    d->cap = cap;
   }
   xs_stream_retain_locked(s);
   d->v[d->n++] = (xs_dep){s, seq};
@@ -522,37 +527,35 @@ static CUresult xs_stream_check_wait_locked(struct CUstream_st *s) {
   return CUDA_SUCCESS;
 }
 
-/* cuda.h: "Waits until the device has completed all operations in the
-   stream" (work submitted before the call). */
-CUresult cuStreamSynchronize(CUstream hStream) {
-  XSIM_ENTER("cuStreamSynchronize");
+/* Waits for (wait) or polls (!wait) the work submitted to hStream before
+   the call: cuStreamSynchronize and cuStreamQuery differ in nothing else. */
+static CUresult xs_stream_finish(CUstream hStream, bool wait) {
   struct CUstream_st *s;
   CUresult r = xs_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
   xs_deps d = {0};
   r = xs_stream_check_wait_locked(s);
   if (r == CUDA_SUCCESS) r = xs_deps_barrier_locked(&d, s);
-  if (r == CUDA_SUCCESS) xs_deps_wait_locked(&d);
+  if (r == CUDA_SUCCESS && wait) xs_deps_wait_locked(&d);
+  else if (r == CUDA_SUCCESS && !xs_deps_done_locked(d.v, d.n))
+    r = CUDA_ERROR_NOT_READY;
   xs_deps_clear_locked(&d);
   xs_sim_unlock();
   return r;
+}
+
+/* cuda.h: "Waits until the device has completed all operations in the
+   stream" (work submitted before the call). */
+CUresult cuStreamSynchronize(CUstream hStream) {
+  XSIM_ENTER("cuStreamSynchronize");
+  return xs_stream_finish(hStream, true);
 }
 
 /* cuda.h: "Returns CUDA_SUCCESS if all operations in the stream ... have
    completed, or CUDA_ERROR_NOT_READY if not." */
 CUresult cuStreamQuery(CUstream hStream) {
   XSIM_ENTER("cuStreamQuery");
-  struct CUstream_st *s;
-  CUresult r = xs_stream_acquire(hStream, &s);
-  if (r != CUDA_SUCCESS) return r;
-  xs_deps d = {0};
-  r = xs_stream_check_wait_locked(s);
-  if (r == CUDA_SUCCESS) r = xs_deps_barrier_locked(&d, s);
-  if (r == CUDA_SUCCESS && !xs_deps_done_locked(d.v, d.n))
-    r = CUDA_ERROR_NOT_READY;
-  xs_deps_clear_locked(&d);
-  xs_sim_unlock();
-  return r;
+  return xs_stream_finish(hStream, false);
 }
 
 /* Waits for every stream of a device, the legacy one and destroyed ones
@@ -622,34 +625,40 @@ static CUresult xs_set_work(xs_work *w, CUdeviceptr dst, uint32_t value,
   return CUDA_SUCCESS;
 }
 
+static CUresult xs_set_async(CUdeviceptr dst, uint32_t value, size_t count,
+                             unsigned width, CUstream h) {
+  xs_work w;
+  CUresult r = xs_set_work(&w, dst, value, count, width);
+  return r ? r : xs_stream_submit(h, &w);
+}
+
+static CUresult xs_set_sync(CUdeviceptr dst, uint32_t value, size_t count,
+                            unsigned width) {
+  xs_work w;
+  CUresult r = xs_set_work(&w, dst, value, count, width);
+  return r ? r : xs_legacy_run(&w);
+}
+
 CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
                          CUstream hStream) {
   XSIM_ENTER("cuMemsetD8Async");
-  xs_work w;
-  CUresult r = xs_set_work(&w, dstDevice, uc, N, 1);
-  return r ? r : xs_stream_submit(hStream, &w);
+  return xs_set_async(dstDevice, uc, N, 1, hStream);
 }
 
 CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N,
                           CUstream hStream) {
   XSIM_ENTER("cuMemsetD32Async");
-  xs_work w;
-  CUresult r = xs_set_work(&w, dstDevice, ui, N, 4);
-  return r ? r : xs_stream_submit(hStream, &w);
+  return xs_set_async(dstDevice, ui, N, 4, hStream);
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
   XSIM_ENTER("cuMemsetD8");
-  xs_work w;
-  CUresult r = xs_set_work(&w, dstDevice, uc, N, 1);
-  return r ? r : xs_legacy_run(&w);
+  return xs_set_sync(dstDevice, uc, N, 1);
 }
 
 CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N) {
   XSIM_ENTER("cuMemsetD32");
-  xs_work w;
-  CUresult r = xs_set_work(&w, dstDevice, ui, N, 4);
-  return r ? r : xs_legacy_run(&w);
+  return xs_set_sync(dstDevice, ui, N, 4);
 }
 
 /* ---- memcpy ------------------------------------------------------------ */

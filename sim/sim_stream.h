@@ -124,6 +124,10 @@ typedef struct xs_ticket {
 CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
                                  const xs_dep *extra, xs_ticket *ticket);
 bool xs_dep_done_locked(const xs_dep *d);
+/* Doubles an array's capacity (to `first` elements when it has none) with
+   realloc: the grown array, *cap updated; NULL, v and *cap untouched, when
+   out of memory. Used by dependency lists and graphs alike. */
+void *xs_array_grow(void *v, size_t *cap, size_t first, size_t elem);
 
 /* ---- events ------------------------------------------------------------ */
 
