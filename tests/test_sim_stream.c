@@ -28,6 +28,41 @@ static void CUDA_CB order_append(void *arg) {
   if (i < 8) e->log->seen[i] = e->value;
 }
 
+/* Holds `held` and runs a probe on `other`, which must not wait for it:
+   the probe runs while `held` is still held. */
+static void expect_not_held_back(CUstream held, CUstream other) {
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  st_probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(other, st_probe_run, &p));
+  XSEG_EXPECT_CU(cuStreamSynchronize(other));   /* does not hang */
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(held), CUDA_ERROR_NOT_READY);
+  st_release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  xt_latch_free(l);
+}
+
+/* Holds `held` and submits a probe to `submit`, which must wait for it;
+   `check` names the same stream as `submit` (NULL and CU_STREAM_LEGACY both
+   name the legacy stream) and is the one queried and synchronized. */
+static void expect_held_back(CUstream held, CUstream submit, CUstream check) {
+  xt_latch *l = xt_latch_new();
+  atomic_int released = 0;
+  st_probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(submit, st_probe_run, &p));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(check), CUDA_ERROR_NOT_READY);
+  st_release(&released, l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(check));
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  xt_latch_free(l);
+}
+
 /* ---- tests ------------------------------------------------------------- */
 
 /* cuda.h, cuLaunchHostFunc: "The function will be called after currently
@@ -116,20 +151,9 @@ XSEG_TEST(SimStream, held_stream_does_not_block_another_stream) {
   CUstream held, free_stream;
   XSEG_ASSERT_CU(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
   XSEG_ASSERT_CU(cuStreamCreate(&free_stream, CU_STREAM_NON_BLOCKING));
-  xt_latch *l = xt_latch_new();
-  atomic_int released = 0;
-  st_probe p = {.released = &released};
-  XSEG_EXPECT_CU(xt_latch_hold(held, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(free_stream, st_probe_run, &p));
-  XSEG_EXPECT_CU(cuStreamSynchronize(free_stream));   /* does not hang */
-  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
-  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
-  XSEG_EXPECT_CU_ERR(cuStreamQuery(held), CUDA_ERROR_NOT_READY);
-  st_release(&released, l);
-  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  expect_not_held_back(held, free_stream);
   XSEG_EXPECT_CU(cuStreamDestroy(held));
   XSEG_EXPECT_CU(cuStreamDestroy(free_stream));
-  xt_latch_free(l);
 }
 
 /* Two blocking streams do not order with each other either: only the legacy
@@ -139,18 +163,9 @@ XSEG_TEST(SimStream, blocking_streams_are_independent_of_each_other) {
   CUstream a, b;
   XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_DEFAULT));
   XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_DEFAULT));
-  xt_latch *l = xt_latch_new();
-  atomic_int released = 0;
-  st_probe p = {.released = &released};
-  XSEG_EXPECT_CU(xt_latch_hold(a, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(b, st_probe_run, &p));
-  XSEG_EXPECT_CU(cuStreamSynchronize(b));
-  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 0);
-  st_release(&released, l);
-  XSEG_EXPECT_CU(cuStreamSynchronize(a));
+  expect_not_held_back(a, b);
   XSEG_EXPECT_CU(cuStreamDestroy(a));
   XSEG_EXPECT_CU(cuStreamDestroy(b));
-  xt_latch_free(l);
 }
 
 /* Legacy default stream semantics (CUDA programming guide, "Implicit
@@ -160,19 +175,8 @@ XSEG_TEST(SimStream, legacy_stream_waits_for_blocking_stream) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
-  xt_latch *l = xt_latch_new();
-  atomic_int released = 0;
-  st_probe p = {.released = &released};
-  XSEG_EXPECT_CU(xt_latch_hold(s, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(CU_STREAM_LEGACY, st_probe_run, &p));
-  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
-  XSEG_EXPECT_CU_ERR(cuStreamQuery(NULL), CUDA_ERROR_NOT_READY);
-  st_release(&released, l);
-  XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
-  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
-  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  expect_held_back(s, CU_STREAM_LEGACY, NULL);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
-  xt_latch_free(l);
 }
 
 /* ... and work on a blocking stream waits for prior NULL-stream work. */
@@ -180,19 +184,9 @@ XSEG_TEST(SimStream, blocking_stream_waits_for_legacy_stream) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_DEFAULT));
-  xt_latch *l = xt_latch_new();
-  atomic_int released = 0;
-  st_probe p = {.released = &released};
-  XSEG_EXPECT_CU(xt_latch_hold(NULL, l));
-  XSEG_EXPECT_CU(cuLaunchHostFunc(s, st_probe_run, &p));
-  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
-  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
-  st_release(&released, l);
-  XSEG_EXPECT_CU(cuStreamSynchronize(s));
-  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  expect_held_back(NULL, s, s);
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
-  xt_latch_free(l);
 }
 
 /* cuda.h, cuStreamCreate: a CU_STREAM_NON_BLOCKING stream "should perform no
