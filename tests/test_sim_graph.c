@@ -177,16 +177,39 @@ typedef enum unsafe_call {
   UNSAFE_STREAM_QUERY, UNSAFE_CTX_SYNC, UNSAFE_MEMSET, UNSAFE_COUNT
 } unsafe_call;
 
+/* What the unsafe calls aim at: a buffer, a stream to capture on, another
+   stream and an event, all outside the capture. */
+typedef struct unsafe_env {
+  st_buf b;
+  CUstream s, other;
+  CUevent e;
+} unsafe_env;
+
+/* Each step is checked; false after the first that failed. */
+static bool unsafe_env_open(unsafe_env *u) {
+  return XSEG_EXPECT_TRUE(xt_context(0) != NULL) &&
+         XSEG_EXPECT_TRUE(st_buf_alloc(&u->b)) &&
+         XSEG_EXPECT_CU(cuStreamCreate(&u->s, CU_STREAM_NON_BLOCKING)) &&
+         XSEG_EXPECT_CU(cuStreamCreate(&u->other, CU_STREAM_NON_BLOCKING)) &&
+         XSEG_EXPECT_CU(cuEventCreate(&u->e, CU_EVENT_DISABLE_TIMING));
+}
+
+static void unsafe_env_close(unsafe_env *u) {
+  XSEG_EXPECT_CU(cuEventDestroy(u->e));
+  XSEG_EXPECT_CU(cuStreamDestroy(u->s));
+  XSEG_EXPECT_CU(cuStreamDestroy(u->other));
+  st_buf_free(&u->b);
+}
+
 /* One potentially unsafe call, aimed at objects outside the capture. */
-static CUresult unsafe_call_run(unsafe_call c, CUstream other, CUevent e,
-                                CUdeviceptr p) {
+static CUresult unsafe_call_run(unsafe_call c, const unsafe_env *u) {
   switch (c) {
-  case UNSAFE_EVENT_QUERY: return cuEventQuery(e);
-  case UNSAFE_EVENT_SYNC: return cuEventSynchronize(e);
-  case UNSAFE_STREAM_SYNC: return cuStreamSynchronize(other);
-  case UNSAFE_STREAM_QUERY: return cuStreamQuery(other);
+  case UNSAFE_EVENT_QUERY: return cuEventQuery(u->e);
+  case UNSAFE_EVENT_SYNC: return cuEventSynchronize(u->e);
+  case UNSAFE_STREAM_SYNC: return cuStreamSynchronize(u->other);
+  case UNSAFE_STREAM_QUERY: return cuStreamQuery(u->other);
   case UNSAFE_CTX_SYNC: return cuCtxSynchronize();
-  default: return cuMemsetD8(p, 0, 16);
+  default: return cuMemsetD8(u->b.ptr, 0, 16);
   }
 }
 
@@ -198,51 +221,33 @@ static CUresult unsafe_call_run(unsafe_call c, CUstream other, CUevent e,
    due to a violation of the rules of stream capture, then a NULL graph will
    be returned"). */
 XSEG_TEST(SimGraph, global_capture_forbids_unsafe_calls) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  st_buf b;
-  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
-  CUstream s, other;
-  CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  unsafe_env u;
+  XSEG_ASSERT_TRUE(unsafe_env_open(&u));
   for (int c = 0; c < UNSAFE_COUNT; c++) {
-    XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    XSEG_EXPECT_CU_ERR(unsafe_call_run((unsafe_call)c, other, e, b.ptr),
+    XSEG_EXPECT_CU(cuStreamBeginCapture(u.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    XSEG_EXPECT_CU_ERR(unsafe_call_run((unsafe_call)c, &u),
                        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    XSEG_EXPECT_CU(cuStreamIsCapturing(s, &st));
+    XSEG_EXPECT_CU(cuStreamIsCapturing(u.s, &st));
     XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
-    XSEG_EXPECT_CU_ERR(cuMemsetD8Async(b.ptr, 1, 1, s),
+    XSEG_EXPECT_CU_ERR(cuMemsetD8Async(u.b.ptr, 1, 1, u.s),
                        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-    expect_invalidated(s);
+    expect_invalidated(u.s);
   }
-  XSEG_EXPECT_CU(cuEventDestroy(e));
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(other));
-  st_buf_free(&b);
+  unsafe_env_close(&u);
 }
 
 /* cuda.h: "If the local thread has an ongoing capture sequence that was not
    initiated with CU_STREAM_CAPTURE_MODE_RELAXED ..." so a relaxed capture
    permits the same calls, and the capture stays valid. */
 XSEG_TEST(SimGraph, relaxed_capture_permits_unsafe_calls) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  st_buf b;
-  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
-  CUstream s, other;
-  CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  unsafe_env u;
+  XSEG_ASSERT_TRUE(unsafe_env_open(&u));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(u.s, CU_STREAM_CAPTURE_MODE_RELAXED));
   for (int c = 0; c < UNSAFE_COUNT; c++)
-    XSEG_EXPECT_CU(unsafe_call_run((unsafe_call)c, other, e, b.ptr));
-  expect_valid(s);
-  XSEG_EXPECT_CU(cuEventDestroy(e));
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(other));
-  st_buf_free(&b);
+    XSEG_EXPECT_CU(unsafe_call_run((unsafe_call)c, &u));
+  expect_valid(u.s);
+  unsafe_env_close(&u);
 }
 
 /* cuda.h: "CU_STREAM_CAPTURE_MODE_RELAXED: The local thread is not
