@@ -124,21 +124,21 @@ static xs_handle *xs_handle_owned_locked(CUmemGenericAllocationHandle id) {
   return h != NULL && h->refs > 0 ? h : NULL;
 }
 
-static xs_reservation *xs_res_containing_locked(uintptr_t addr) {
-  xs_reservation key = {.base = addr + 1};
-  xs_reservation *r = RB_NFIND(xs_res_tree, &xs_vmm.reservations, &key);
-  r = r ? RB_PREV(xs_res_tree, &xs_vmm.reservations, r)
-        : RB_MAX(xs_res_tree, &xs_vmm.reservations);
-  return r != NULL && addr - r->base < r->size ? r : NULL;
-}
+/* Defines name(addr): the element of the base-ordered tree `head` whose
+   [base, base+size) holds addr, or NULL. The last element with base <= addr
+   is the one before the first with base > addr (or the maximum). */
+#define XS_RANGE_CONTAINING(name, tree, type, head)                          \
+  static type *name(uintptr_t addr) {                                        \
+    type key = {.base = addr + 1};                                           \
+    type *x = RB_NFIND(tree, head, &key);                                    \
+    x = x ? RB_PREV(tree, head, x) : RB_MAX(tree, head);                     \
+    return x != NULL && addr - x->base < x->size ? x : NULL;                 \
+  }
 
-static xs_mapping *xs_map_containing_locked(uintptr_t addr) {
-  xs_mapping key = {.base = addr + 1};
-  xs_mapping *m = RB_NFIND(xs_map_tree, &xs_vmm.mappings, &key);
-  m = m ? RB_PREV(xs_map_tree, &xs_vmm.mappings, m)
-        : RB_MAX(xs_map_tree, &xs_vmm.mappings);
-  return m != NULL && addr - m->base < m->size ? m : NULL;
-}
+XS_RANGE_CONTAINING(xs_res_containing_locked, xs_res_tree, xs_reservation,
+                    &xs_vmm.reservations)
+XS_RANGE_CONTAINING(xs_map_containing_locked, xs_map_tree, xs_mapping,
+                    &xs_vmm.mappings)
 
 /* The first mapping that ends after addr (it may start after addr too). */
 static xs_mapping *xs_map_from_locked(uintptr_t addr) {
