@@ -403,9 +403,12 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
   return xs_graph_instantiate(phGraphExec, hGraph);
 }
 
-/* The CUDA 10-11 signature, with an error node and a log buffer. */
+/* The CUDA 10-11 signature, with an error node and a log buffer; the error
+   node is cleared even when the call is failed by an injected fault. */
 static CUresult xs_graph_instantiate_logged(CUgraphExec *out, CUgraph g,
-                                            char *log, size_t size) {
+                                            CUgraphNode *errnode, char *log,
+                                            size_t size) {
+  if (errnode) *errnode = NULL;
   XSIM_ENTER("cuGraphInstantiate");
   if (log && size > 0) log[0] = '\0';
   return xs_graph_instantiate(out, g);
@@ -418,9 +421,8 @@ CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
 CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
                             CUgraphNode *phErrorNode, char *logBuffer,
                             size_t bufferSize) {
-  if (phErrorNode) *phErrorNode = NULL;
-  return xs_graph_instantiate_logged(phGraphExec, hGraph, logBuffer,
-                                     bufferSize);
+  return xs_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
+                                     logBuffer, bufferSize);
 }
 
 CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec,
@@ -430,9 +432,8 @@ CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec,
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
                                CUgraphNode *phErrorNode, char *logBuffer,
                                size_t bufferSize) {
-  if (phErrorNode) *phErrorNode = NULL;
-  return xs_graph_instantiate_logged(phGraphExec, hGraph, logBuffer,
-                                     bufferSize);
+  return xs_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
+                                     logBuffer, bufferSize);
 }
 
 /* One node, submitted as the call that captured it would have been. */
