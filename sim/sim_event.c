@@ -196,37 +196,43 @@ static CUresult xs_event_check_wait_locked(CUevent e) {
                                      : CUDA_SUCCESS;
 }
 
+/* Blocks until the event's current record completes (nothing to wait for
+   when it was never recorded). */
+static void xs_event_block_locked(CUevent e) {
+  if (!e->stream) return;
+  xs_dep d = {e->stream, e->seq};
+  xs_stream_retain_locked(d.stream);
+  while (!xs_dep_done_locked(&d)) xs_sim_wait_locked();
+  xs_stream_release_locked(d.stream);
+}
+
+/* Waits for (wait) or polls (!wait) the event: cuEventSynchronize and
+   cuEventQuery differ in nothing else. */
+static CUresult xs_event_finish(CUevent hEvent, bool wait) {
+  CUresult r = xsim_require_init();
+  if (r != CUDA_SUCCESS) return r;
+  xs_sim_lock();
+  r = xs_event_check_wait_locked(hEvent);
+  if (r == CUDA_SUCCESS && wait) xs_event_block_locked(hEvent);
+  else if (r == CUDA_SUCCESS && !xs_event_done_locked(hEvent))
+    r = CUDA_ERROR_NOT_READY;
+  xs_sim_unlock();
+  return r;
+}
+
 /* cuda.h: CUDA_SUCCESS once all captured work completed, else
    CUDA_ERROR_NOT_READY; a never-recorded event "represents an empty set of
    work, so ... cuEventQuery() would return CUDA_SUCCESS". */
 CUresult cuEventQuery(CUevent hEvent) {
   XSIM_ENTER("cuEventQuery");
-  CUresult r = xsim_require_init();
-  if (r != CUDA_SUCCESS) return r;
-  xs_sim_lock();
-  r = xs_event_check_wait_locked(hEvent);
-  if (r == CUDA_SUCCESS && !xs_event_done_locked(hEvent))
-    r = CUDA_ERROR_NOT_READY;
-  xs_sim_unlock();
-  return r;
+  return xs_event_finish(hEvent, false);
 }
 
 /* cuda.h: "Waits until the completion of all work currently captured in
    hEvent": the record at the time of the call, not a later one. */
 CUresult cuEventSynchronize(CUevent hEvent) {
   XSIM_ENTER("cuEventSynchronize");
-  CUresult r = xsim_require_init();
-  if (r != CUDA_SUCCESS) return r;
-  xs_sim_lock();
-  r = xs_event_check_wait_locked(hEvent);
-  if (r == CUDA_SUCCESS && hEvent->stream) {
-    xs_dep d = {hEvent->stream, hEvent->seq};
-    xs_stream_retain_locked(d.stream);
-    while (!xs_dep_done_locked(&d)) xs_sim_wait_locked();
-    xs_stream_release_locked(d.stream);
-  }
-  xs_sim_unlock();
-  return r;
+  return xs_event_finish(hEvent, true);
 }
 
 /* ---- elapsed time ------------------------------------------------------ */
