@@ -57,6 +57,15 @@ static inline CUresult st_access(CUdeviceptr ptr, size_t size, int dev,
   return cuMemSetAccess(ptr, size, &d, 1);
 }
 
+/* Makes device 0's primary context current, then a non-blocking stream and
+   an event created with `flags`, in that order. Each step is checked; false
+   after the first that failed. */
+static inline bool st_stream_event(CUstream *s, CUevent *e, unsigned flags) {
+  return XSEG_EXPECT_TRUE(xt_context(0) != NULL) &&
+         XSEG_EXPECT_CU(cuStreamCreate(s, CU_STREAM_NON_BLOCKING)) &&
+         XSEG_EXPECT_CU(cuEventCreate(e, flags));
+}
+
 /* Device memory from the VMM API: one granule of device 0, mapped
    read-write. */
 typedef struct st_buf {

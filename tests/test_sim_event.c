@@ -16,11 +16,9 @@ static void CUDA_CB sleep_20ms(void *arg) {
 /* cuda.h, cuEventQuery: "Returns CUDA_SUCCESS if all captured work has been
    completed, or CUDA_ERROR_NOT_READY if any captured work is incomplete." */
 XSEG_TEST(SimEvent, query_not_ready_then_success) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_TRUE(st_stream_event(&s, &e, CU_EVENT_DISABLE_TIMING));
   xt_latch *l = xt_latch_new();
   XSEG_EXPECT_CU(xt_latch_hold(s, l));
   XSEG_EXPECT_CU(cuEventRecord(e, s));
@@ -214,11 +212,9 @@ XSEG_TEST(SimEvent, elapsed_time_refuses_untimed_or_unrecorded_events) {
    ... the call does not block". The leak check counts events from create to
    destroy. */
 XSEG_TEST(SimEvent, destroy_while_pending_does_not_block) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DEFAULT));
+  XSEG_ASSERT_TRUE(st_stream_event(&s, &e, CU_EVENT_DEFAULT));
   xt_latch *l = xt_latch_new();
   XSEG_EXPECT_CU(xt_latch_hold(s, l));
   XSEG_EXPECT_CU(cuEventRecord(e, s));

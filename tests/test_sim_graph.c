@@ -113,11 +113,9 @@ XSEG_TEST(SimGraph, replay_keeps_order_and_follows_stream_work) {
    recorded inside a capture sequence" (cuThreadExchangeStreamCaptureMode),
    CUDA_ERROR_CAPTURED_EVENT even in relaxed mode. */
 XSEG_TEST(SimGraph, captured_event_record_replays_on_launch) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_TRUE(st_stream_event(&s, &e, CU_EVENT_DISABLE_TIMING));
   CUgraph g = NULL;
   CUgraphExec x = NULL;
   XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
@@ -255,11 +253,9 @@ XSEG_TEST(SimGraph, relaxed_capture_permits_unsafe_calls) {
    mode; cuThreadExchangeStreamCaptureMode swaps the mode and returns the
    previous one. */
 XSEG_TEST(SimGraph, relaxed_thread_mode_permits_unsafe_calls) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_TRUE(st_stream_event(&s, &e, CU_EVENT_DISABLE_TIMING));
   XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   XSEG_EXPECT_CU(cuThreadExchangeStreamCaptureMode(&mode));
@@ -311,11 +307,9 @@ static CUresult query_from_other_thread(CUevent e, CUstreamCaptureMode mode) {
    CU_STREAM_CAPTURE_MODE_GLOBAL"), but not threads in THREAD_LOCAL mode
    ("Concurrent capture sequences in other threads are ignored"). */
 XSEG_TEST(SimGraph, thread_local_mode_scopes_the_restriction) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUevent e;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_TRUE(st_stream_event(&s, &e, CU_EVENT_DISABLE_TIMING));
 
   XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   XSEG_EXPECT_CU(query_from_other_thread(e, CU_STREAM_CAPTURE_MODE_GLOBAL));
