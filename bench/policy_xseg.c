@@ -73,14 +73,9 @@ static void xseg_policy_usage(void *self, xb_usage *u) {
   xseg_reset_peak_stats(x->a);
 }
 
-#ifdef XB_HAVE_SNAPSHOT
 static xseg_status xseg_policy_snapshot(void *self, FILE *out) {
   return xseg_snapshot_json(((xb_xseg *)self)->a, out);
 }
-#define XB_SNAPSHOT xseg_policy_snapshot
-#else
-#define XB_SNAPSHOT NULL
-#endif
 
 static void xseg_policy_close(void *self) {
   xb_xseg *x = self;
@@ -94,7 +89,7 @@ const xb_policy xb_policy_expandable = {
     .malloc = xseg_policy_malloc,
     .free = xseg_policy_free,
     .usage = xseg_policy_usage,
-    .snapshot = XB_SNAPSHOT,
+    .snapshot = xseg_policy_snapshot,
     .close = xseg_policy_close,
 };
 
@@ -104,6 +99,6 @@ const xb_policy xb_policy_classic = {
     .malloc = xseg_policy_malloc,
     .free = xseg_policy_free,
     .usage = xseg_policy_usage,
-    .snapshot = XB_SNAPSHOT,
+    .snapshot = xseg_policy_snapshot,
     .close = xseg_policy_close,
 };
