@@ -221,6 +221,39 @@ void xb_report_table_row(FILE *out, const xb_result *r);
 void xb_report_json(FILE *out, const xb_result *r, size_t n);
 void xb_json_string(FILE *out, const char *s);
 
+/* ---- snapshot_read.c: the allocator's snapshot JSON, read back -------- */
+
+/* A block's state in the snapshot (DESIGN.md section 6). */
+enum { XB_BLOCK_ALLOCATED, XB_BLOCK_PENDING, XB_BLOCK_INACTIVE,
+       XB_BLOCK_STATES };
+
+typedef struct xb_snap_block {
+  uint64_t address, size, requested;
+  int state;                        /* XB_BLOCK_* */
+} xb_snap_block;
+
+/* One mapped run (alloc/snapshot.c writes each maximal run of mapped blocks
+   of a reserved range as one segment). Its blocks tile
+   [address, address + total_size) in address order. */
+typedef struct xb_snap_segment {
+  uint64_t address, total_size, stream;
+  bool large, expandable;           /* segment_type, is_expandable */
+  xb_snap_block *blocks;
+  size_t n_blocks, cap_blocks;
+} xb_snap_segment;
+
+typedef struct xb_snapshot {
+  xb_snap_segment *segments;
+  size_t n_segments, cap_segments;
+} xb_snapshot;
+
+/* Parses `json` into snap (released on failure); false with the reason and
+   the byte offset on malformed text or an unknown block state. */
+bool xb_snapshot_read(const char *json, xb_snapshot *snap, xb_error *err);
+void xb_snapshot_release(xb_snapshot *snap);
+/* "active_allocated" ... for an XB_BLOCK_* state. */
+const char *xb_block_state_name(int state);
+
 /* ---- svg.c: the chart ------------------------------------------------- */
 
 /* Allocated and reserved bytes over each replay, one chart per trace (the
