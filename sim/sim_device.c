@@ -267,13 +267,19 @@ CUresult cuDriverGetVersion(int *driverVersion) {
 
 /* ---- devices ----------------------------------------------------------- */
 
+/* Checks shared by the per-device queries: initialized, output, ordinal. */
+static CUresult xs_device_query_check(const void *out, CUdevice dev) {
+  CUresult r = xsim_require_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+  return xsim_device_check(dev);
+}
+
 /* cuda.h: an ordinal "in the range [0, cuDeviceGetCount()-1]". */
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
   XSIM_ENTER("cuDeviceGet");
-  CUresult r = xsim_require_init();
+  CUresult r = xs_device_query_check(device, ordinal);
   if (r != CUDA_SUCCESS) return r;
-  if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xsim_device_check(ordinal)) != CUDA_SUCCESS) return r;
   *device = ordinal;
   return CUDA_SUCCESS;
 }
@@ -285,14 +291,6 @@ CUresult cuDeviceGetCount(int *count) {
   if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
   *count = xsim_knob_device_count();
   return CUDA_SUCCESS;
-}
-
-/* Checks shared by the per-device queries: initialized, output, ordinal. */
-static CUresult xs_device_query_check(const void *out, CUdevice dev) {
-  CUresult r = xsim_require_init();
-  if (r != CUDA_SUCCESS) return r;
-  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  return xsim_device_check(dev);
 }
 
 /* cuda.h: "name is shortened to the specified len". */
@@ -523,13 +521,19 @@ static CUresult xs_ctx_check(CUcontext ctx) {
                                                : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-CUresult cuCtxPushCurrent(CUcontext ctx) {
-  XSIM_ENTER("cuCtxPushCurrent");
+/* Checks shared by calls on a named context: initialized, a non-NULL
+   argument `arg` (CUDA_ERROR_INVALID_VALUE), then xs_ctx_check(ctx). */
+static CUresult xs_ctx_call_check(const void *arg, CUcontext ctx) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xs_ctx_check(ctx)) != CUDA_SUCCESS) return r;
-  return xs_stack_push(ctx);
+  if (arg == NULL) return CUDA_ERROR_INVALID_VALUE;
+  return xs_ctx_check(ctx);
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx) {
+  XSIM_ENTER("cuCtxPushCurrent");
+  CUresult r = xs_ctx_call_check(ctx, ctx);
+  return r ? r : xs_stack_push(ctx);
 }
 
 /* cuda.h lists CUDA_ERROR_INVALID_CONTEXT: popping an empty stack. */
@@ -592,10 +596,8 @@ CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
     if (r == CUDA_SUCCESS) *device = dev;
     return r;
   }
-  CUresult r = xsim_require_init();
+  CUresult r = xs_ctx_call_check(device, ctx);
   if (r != CUDA_SUCCESS) return r;
-  if (device == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xs_ctx_check(ctx)) != CUDA_SUCCESS) return r;
   *device = ctx->device;
   return CUDA_SUCCESS;
 }
