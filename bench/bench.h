@@ -261,5 +261,19 @@ const char *xb_block_state_name(int state);
    for results that carry a snapshot. */
 bool xb_svg_write(const char *path, const xb_result *r, size_t n,
                   xb_error *err);
+/* s with & < > escaped, as SVG text. */
+void xb_svg_text(FILE *f, const char *s);
+/* A round axis step of at least `raw` bytes (1, 2 or 5 times a power of ten
+   MiB, or KiB for small workloads). */
+uint64_t xb_svg_tick_step(uint64_t raw);
+
+/* ---- svg_segments.c: the segment map at the peak ---------------------- */
+
+/* The height the map of r[0, n) (one trace's results) takes: 0 when none
+   carries a snapshot. */
+double xb_segmap_height(const xb_result *r, size_t n);
+/* Draws that map with its top at y: a row per reservation and state, for
+   each result with a snapshot, on one scale, with a legend. */
+void xb_segmap_write(FILE *f, const xb_result *r, size_t n, double y);
 
 #endif /* XB_BENCH_H */

@@ -5,8 +5,9 @@
  * as a solid line and its allocated bytes dashed in the same colour (the
  * allocated lines coincide unless a mode ran out of memory). Every point is
  * the peak of its window of events (see replay.c), so spikes are not lost.
- * The segment map at the peak needs the allocator's snapshot; a panel whose
- * results carry none says so instead of drawing one.
+ * Below the chart, the segment map at the peak (svg_segments.c) for the
+ * results that carry the allocator's snapshot; a panel whose results carry
+ * none (exact mode alone) says so instead.
  */
 #include <errno.h>
 #include <string.h>
@@ -14,12 +15,12 @@
 #include "bench.h"
 
 enum { XB_W = 1000, XB_PANEL_H = 340, XB_PLOT_X = 90, XB_PLOT_Y = 40,
-       XB_PLOT_W = 620, XB_PLOT_H = 240 };
+       XB_PLOT_W = 620, XB_PLOT_H = 240, XB_MAP_Y = 306 };
 
 static const char *const xb_colors[] = {"#1f77b4", "#d62728", "#2ca02c",
                                         "#9467bd", "#ff7f0e"};
 
-static void xml_text(FILE *f, const char *s) {
+void xb_svg_text(FILE *f, const char *s) {
   for (; *s; s++) {
     switch (*s) {
       case '&': fputs("&amp;", f); break;
@@ -46,9 +47,8 @@ static double py(const xb_panel *p, uint64_t bytes) {
          (double)bytes / (double)p->max_bytes * XB_PLOT_H;
 }
 
-/* A round axis step of at least `raw` bytes: 1, 2 or 5 times a power of ten
-   MiB (or KiB for small workloads), so labels read 250 MiB, 500 MiB ... */
-static uint64_t tick_step(uint64_t raw) {
+/* Labels then read 250 MiB, 500 MiB ... (see bench.h). */
+uint64_t xb_svg_tick_step(uint64_t raw) {
   uint64_t unit = raw >= (1u << 20) ? (1u << 20) : 1024;
   uint64_t want = raw / unit + 1, mag = 1;
   while (mag * 10 <= want) mag *= 10;
@@ -68,7 +68,7 @@ static void panel_bounds(xb_panel *p) {
     if (r->peak_allocated > p->max_bytes) p->max_bytes = r->peak_allocated;
     if (r->events > p->max_event) p->max_event = r->events;
   }
-  p->tick = tick_step(p->max_bytes / 4);
+  p->tick = xb_svg_tick_step(p->max_bytes / 4);
   p->max_bytes = (p->max_bytes / p->tick + 1) * p->tick;
 }
 
@@ -126,7 +126,7 @@ static void panel_write(FILE *f, xb_panel *p) {
   panel_bounds(p);
   fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"15\" "
           "font-weight=\"bold\">", XB_PLOT_X, p->y0 + 24);
-  xml_text(f, p->r[0].trace);
+  xb_svg_text(f, p->r[0].trace);
   fprintf(f, ": reserved (solid) and allocated (dashed) bytes</text>\n");
   panel_axes(f, p);
   bool any_snapshot = false;
@@ -137,11 +137,17 @@ static void panel_write(FILE *f, xb_panel *p) {
     panel_legend(f, p, i, color);
     any_snapshot = any_snapshot || p->r[i].snapshot != NULL;
   }
-  if (!any_snapshot)
+  if (any_snapshot)
+    xb_segmap_write(f, p->r, p->n, p->y0 + XB_MAP_Y);
+  else
     fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" fill=\"#555\">"
-            "segment map at the peak: not drawn, no allocator snapshot "
-            "(xseg_snapshot_json) for these modes</text>\n", XB_PLOT_X,
-            p->y0 + XB_PLOT_Y + XB_PLOT_H + 40);
+            "segment map at the peak: not drawn, no allocator snapshot for "
+            "these modes</text>\n", XB_PLOT_X, p->y0 + XB_MAP_Y + 14);
+}
+
+/* A panel's chart and, below it, its segment map. */
+static double panel_height(const xb_result *r, size_t n) {
+  return XB_PANEL_H + xb_segmap_height(r, n);
 }
 
 /* Results [i, i+k) of the same trace form one panel. */
@@ -151,25 +157,25 @@ static size_t panel_size(const xb_result *r, size_t n, size_t i) {
   return k;
 }
 
-static size_t panel_count(const xb_result *r, size_t n) {
-  size_t panels = 0;
-  for (size_t i = 0; i < n; i += panel_size(r, n, i)) panels++;
-  return panels;
+static double svg_height(const xb_result *r, size_t n) {
+  double h = 0;
+  for (size_t i = 0; i < n; i += panel_size(r, n, i))
+    h += panel_height(&r[i], panel_size(r, n, i));
+  return h;
 }
 
 bool xb_svg_write(const char *path, const xb_result *r, size_t n,
                   xb_error *err) {
   FILE *f = fopen(path, "w");
   if (f == NULL) return xb_fail(err, "%s: %s", path, strerror(errno));
-  size_t panels = panel_count(r, n);
   fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-          "height=\"%zu\" font-family=\"sans-serif\">\n<rect width=\"100%%\" "
-          "height=\"100%%\" fill=\"white\"/>\n", XB_W, panels * XB_PANEL_H);
-  size_t k = 0;
-  for (size_t i = 0; i < n; i += panel_size(r, n, i), k++) {
-    xb_panel p = {.r = &r[i], .n = panel_size(r, n, i),
-                  .y0 = (double)k * XB_PANEL_H};
+          "height=\"%.0f\" font-family=\"sans-serif\">\n<rect width=\"100%%\" "
+          "height=\"100%%\" fill=\"white\"/>\n", XB_W, svg_height(r, n));
+  double y0 = 0;
+  for (size_t i = 0; i < n; i += panel_size(r, n, i)) {
+    xb_panel p = {.r = &r[i], .n = panel_size(r, n, i), .y0 = y0};
     panel_write(f, &p);
+    y0 += panel_height(p.r, p.n);
   }
   fprintf(f, "</svg>\n");
   bool ok = !ferror(f);
