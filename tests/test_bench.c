@@ -1,6 +1,7 @@
 /* The benchmark tool's tests: the trace reader (plain and gzip, and every
    kind of malformed line), exact-mode replay of a small hand-computed trace,
-   and the JSON report's syntax and contract fields (DESIGN.md section 7). */
+   the JSON report's syntax and contract fields (DESIGN.md section 7), the
+   snapshot reader and the SVG's segment map. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -373,4 +374,150 @@ XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
   unlink(json);
   unlink(svg);
   rmdir(dir);
+}
+
+/* ---- the snapshot reader and the segment map -------------------------- */
+
+/* One expandable large reservation on the default stream: a 3 MiB run with
+   a block of each state, 2 MiB unmapped, then a 2 MiB allocated run. */
+static const char hand_snapshot[] =
+    "{\"segments\": [\n"
+    " {\"device\": 0, \"address\": 1048576, \"total_size\": 3145728,"
+    "  \"stream\": 0, \"segment_type\": \"large\", \"segment_pool_id\": [0, 0],"
+    "  \"is_expandable\": true, \"frames\": [], \"blocks\": ["
+    "  {\"address\": 1048576, \"size\": 1048576, \"requested_size\": 1000000,"
+    "   \"state\": \"active_allocated\", \"frames\": []},"
+    "  {\"address\": 2097152, \"size\": 1048576, \"requested_size\": 1048576,"
+    "   \"state\": \"active_pending_free\", \"frames\": []},"
+    "  {\"address\": 3145728, \"size\": 1048576, \"requested_size\": 0,"
+    "   \"state\": \"inactive\", \"frames\": []}]},\n"
+    " {\"device\": 0, \"address\": 6291456, \"total_size\": 2097152,"
+    "  \"stream\": 0, \"segment_type\": \"large\", \"is_expandable\": true,"
+    "  \"blocks\": [{\"address\": 6291456, \"size\": 2097152,"
+    "  \"requested_size\": 2097152, \"state\": \"active_allocated\"}]}],\n"
+    "\"device_traces\": [[{\"action\": \"alloc\", \"addr\": 1, \"size\": 2,"
+    " \"stream\": 0, \"time_us\": -1.5e3, \"frames\": [null, true]}]]}\n";
+
+XSEG_TEST(bench, snapshot_reader_reads_segments_and_blocks) {
+  xb_snapshot s;
+  xb_error err;
+  XSEG_ASSERT_TRUE(xb_snapshot_read(hand_snapshot, &s, &err));
+  XSEG_ASSERT_EQ(s.n_segments, 2);
+  XSEG_EXPECT_EQ(s.segments[0].address, 1048576);
+  XSEG_EXPECT_EQ(s.segments[0].total_size, 3 * MIB);
+  XSEG_EXPECT_TRUE(s.segments[0].large && s.segments[0].expandable);
+  XSEG_ASSERT_EQ(s.segments[0].n_blocks, 3);
+  XSEG_EXPECT_EQ(s.segments[0].blocks[0].requested, 1000000);
+  XSEG_EXPECT_EQ(s.segments[0].blocks[0].state, XB_BLOCK_ALLOCATED);
+  XSEG_EXPECT_EQ(s.segments[0].blocks[1].state, XB_BLOCK_PENDING);
+  XSEG_EXPECT_EQ(s.segments[0].blocks[2].state, XB_BLOCK_INACTIVE);
+  XSEG_EXPECT_EQ(s.segments[1].blocks[0].size, 2 * MIB);
+  xb_snapshot_release(&s);
+  /* Malformed text and unknown states are errors with an offset. */
+  XSEG_EXPECT_FALSE(xb_snapshot_read("{\"segments\": [}", &s, &err));
+  XSEG_EXPECT_TRUE(strstr(err.text, "at offset") != NULL);
+  XSEG_EXPECT_FALSE(xb_snapshot_read(
+      "{\"segments\": [{\"blocks\": [{\"state\": \"gone\"}]}]}", &s, &err));
+  XSEG_EXPECT_TRUE(strstr(err.text, "unknown block state") != NULL);
+  XSEG_EXPECT_FALSE(xb_snapshot_read("{\"segments\": []} x", &s, &err));
+}
+
+/* The allocator's own snapshot at the small trace's peak (event 4): b, c
+   and a' are live, with the sizes the trace asked for; the runs' blocks
+   tile each run. */
+XSEG_TEST(bench, snapshot_of_a_replay_reads_back) {
+  xb_env env;
+  XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
+  char path[256];
+  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", small_trace, false));
+  xb_trace t;
+  xb_error err;
+  bool ok = xb_trace_load(path, &t, &err);
+  unlink(path);
+  XSEG_ASSERT_TRUE(ok);
+  xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = true};
+  xb_result r;
+  XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("expandable"), &o, &r,
+                             &err));
+  XSEG_ASSERT_TRUE(r.snapshot != NULL);
+  xb_snapshot s;
+  XSEG_ASSERT_TRUE(xb_snapshot_read(r.snapshot, &s, &err));
+  uint64_t requested = 0, live = 0;
+  for (size_t i = 0; i < s.n_segments; i++) {
+    const xb_snap_segment *g = &s.segments[i];
+    uint64_t at = g->address;
+    XSEG_EXPECT_TRUE(g->expandable);
+    for (size_t k = 0; k < g->n_blocks; k++) {
+      XSEG_EXPECT_EQ(g->blocks[k].address, at);
+      at += g->blocks[k].size;
+      if (g->blocks[k].state != XB_BLOCK_ALLOCATED) continue;
+      live++;
+      requested += g->blocks[k].requested;
+    }
+    XSEG_EXPECT_EQ(at, g->address + g->total_size);
+  }
+  XSEG_EXPECT_EQ(live, 3);
+  XSEG_EXPECT_EQ(requested, 3000000 + 512 + 2097152);
+  xb_snapshot_release(&s);
+  xb_result_release(&r);
+  xb_trace_release(&t);
+  xb_env_close(&env);
+}
+
+static size_t count_of(const char *text, const char *what) {
+  size_t n = 0;
+  for (const char *p = text; (p = strstr(p, what)) != NULL; p++) n++;
+  return n;
+}
+
+/* The hand snapshot drawn: a rect per run of one state (two allocated,
+   one pending, one free) over one unmapped background, labelled. */
+XSEG_TEST(bench, svg_draws_the_segment_map_by_state) {
+  char svg[256];
+  XSEG_ASSERT_TRUE(temp_write(svg, sizeof svg, ".svg", "", false));
+  xb_result r;
+  memset(&r, 0, sizeof r);
+  snprintf(r.trace, sizeof r.trace, "hand");
+  snprintf(r.mode, sizeof r.mode, "expandable");
+  r.peak_allocated = r.peak_reserved = 5 * MIB;
+  r.events = 1;
+  r.snapshot = (char *)hand_snapshot;
+  xb_error err;
+  XSEG_ASSERT_TRUE(xb_svg_write(svg, &r, 1, &err));
+  char *s = file_read(svg);
+  unlink(svg);
+  XSEG_ASSERT_TRUE(s != NULL);
+  XSEG_EXPECT_TRUE(strstr(s, "segment map at the allocated peak") != NULL);
+  XSEG_EXPECT_EQ(count_of(s, "class=\"seg-allocated\""), 2);
+  XSEG_EXPECT_EQ(count_of(s, "class=\"seg-pending\""), 1);
+  XSEG_EXPECT_EQ(count_of(s, "class=\"seg-inactive\""), 1);
+  XSEG_EXPECT_EQ(count_of(s, "class=\"seg-unmapped\""), 1);
+  XSEG_EXPECT_TRUE(strstr(s, "pending free (active_pending_free)") != NULL);
+  XSEG_EXPECT_TRUE(strstr(s, "reserved, unmapped") != NULL);
+  XSEG_EXPECT_TRUE(strstr(s, "large, default: 5.0 MiB mapped over 7.0 MiB") !=
+                   NULL);
+  free(s);
+}
+
+/* A real replay's SVG carries each allocator mode's map; exact's has none. */
+XSEG_TEST(bench, replay_svg_has_a_map_per_allocator_mode) {
+  char trace[256], svg[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  XSEG_ASSERT_TRUE(temp_write(svg, sizeof svg, ".svg", "", false));
+  char *argv[] = {"replay", "--trace", trace, "--mode", "all", "--svg", svg,
+                  "--driver", (char *)test_driver(), NULL};
+  XSEG_EXPECT_EQ(xb_cmd_replay(9, argv), 0);
+  unlink(trace);
+  char *s = file_read(svg);
+  unlink(svg);
+  XSEG_ASSERT_TRUE(s != NULL);
+  XSEG_EXPECT_EQ(count_of(s, "segment map at the allocated peak"), 1);
+  XSEG_EXPECT_TRUE(strstr(s, "font-weight=\"bold\">expandable</text>") &&
+                   strstr(s, "font-weight=\"bold\">classic</text>"));
+  XSEG_EXPECT_FALSE(strstr(s, "font-weight=\"bold\">exact</text>"));
+  XSEG_EXPECT_GE(count_of(s, "class=\"seg-allocated\""), 2);
+  XSEG_EXPECT_TRUE(strstr(s, "mapped in 1 segment") != NULL ||
+                   strstr(s, "segments</text>") != NULL);
+  free(s);
 }
