@@ -202,7 +202,9 @@ static void draw_row(FILE *f, const xm_scale *sc, const xm_mode *m,
     const xb_snap_segment *s = m->order[row->first + i];
     uint64_t at = run_offset(first, s, before);
     draw_run(f, sc, s, at, y);
-    if (!s->expandable && i > 0)
+    /* The tick between reservations, where they are wide enough for one
+       not to hide them. */
+    if (!s->expandable && i > 0 && sx(sc, s->total_size) - sx(sc, 0) >= 4)
       fprintf(f, "<line x1=\"%.2f\" x2=\"%.2f\" y1=\"%.1f\" y2=\"%.1f\" "
               "stroke=\"white\"/>\n", sx(sc, at), sx(sc, at), y,
               y + XM_BAR_H);
