@@ -251,8 +251,6 @@ typedef struct xb_snapshot {
    the byte offset on malformed text or an unknown block state. */
 bool xb_snapshot_read(const char *json, xb_snapshot *snap, xb_error *err);
 void xb_snapshot_release(xb_snapshot *snap);
-/* "active_allocated" ... for an XB_BLOCK_* state. */
-const char *xb_block_state_name(int state);
 
 /* ---- svg.c: the chart ------------------------------------------------- */
 

@@ -154,10 +154,6 @@ static void *grow(void **items, size_t *n, size_t *cap, size_t elem) {
 static const char *const xb_state_names[XB_BLOCK_STATES] = {
     "active_allocated", "active_pending_free", "inactive"};
 
-const char *xb_block_state_name(int state) {
-  return state >= 0 && state < XB_BLOCK_STATES ? xb_state_names[state] : "?";
-}
-
 static bool block_member(jr *j, const char *key, void *ctx) {
   xb_snap_block *b = ctx;
   if (strcmp(key, "address") == 0) return jr_u64(j, &b->address);
