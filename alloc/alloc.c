@@ -116,6 +116,18 @@ static void alloc_sizes(xseg_allocator *a) {
   a->cap = (size_t)(a->cfg.memory_fraction * (double)a->vmm.total_memory);
 }
 
+/* Debug builds: XSEG_DEBUG_CHECK=N validates everything every N operations
+   (the tests set it; see allocator.h). Release builds ignore it. */
+static void alloc_debug_checks(xseg_allocator *a) {
+#ifndef NDEBUG
+  const char *every = getenv("XSEG_DEBUG_CHECK");
+  a->debug_check_every = every != NULL ? (uint32_t)strtoul(every, NULL, 10)
+                                       : 0;
+#else
+  (void)a;
+#endif
+}
+
 xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
   if (out == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_create: out is NULL");
@@ -131,6 +143,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
     return st;
   }
   alloc_sizes(a);
+  alloc_debug_checks(a);
   if (!xs_ptrtable_init(&a->live)) {
     xs_vmm_close(&a->vmm);
     free(a);
@@ -201,6 +214,9 @@ void xseg_destroy(xseg_allocator *a) {
   xs_trace_resize(&a->trace, 0);
   xs_blocks_destroy(&a->blocks);
   xs_vmm_close(&a->vmm);
+#ifndef NDEBUG
+  a->debug_check_every = 0;              /* nothing is left to check */
+#endif
   xs_alloc_unlock(a);
   free(a);
 }

@@ -95,8 +95,19 @@ struct xseg_allocator {
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;
+  /* Debug builds validate the whole allocator every debug_check_every
+     operations (XSEG_DEBUG_CHECK in the environment; 0 = never), when the
+     operation lets go of the lock: a broken invariant aborts right after
+     the operation that broke it, not at the test's end. */
+  uint32_t debug_check_every, debug_ops;
 #endif
 };
+
+#ifndef NDEBUG
+/* Runs xseg_check's walk with the lock held; prints the broken rule and
+   aborts (check.c). */
+void xs_alloc_debug_check_locked(xseg_allocator *a);
+#endif
 
 static inline void xs_alloc_lock(xseg_allocator *a) {
   xs_lock_take(&a->lock);
@@ -108,6 +119,9 @@ static inline void xs_alloc_lock(xseg_allocator *a) {
 
 static inline void xs_alloc_unlock(xseg_allocator *a) {
 #ifndef NDEBUG
+  if (a->debug_check_every != 0 &&
+      ++a->debug_ops % a->debug_check_every == 0)
+    xs_alloc_debug_check_locked(a);
   a->owned = false;
 #endif
   xs_lock_drop(&a->lock);

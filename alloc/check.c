@@ -202,6 +202,21 @@ static bool check_all(check_ctx *c, xseg_allocator *a) {
          check_pending(c, a);
 }
 
+#ifndef NDEBUG
+void xs_alloc_debug_check_locked(xseg_allocator *a) {
+  check_ctx *c = calloc(1, sizeof *c);
+  if (c == NULL) return;                 /* no memory to check with: skip */
+  if (!check_all(c, a)) {
+    fprintf(stderr, "xseg: device %d: invariant broken by operation %u: %s\n",
+            a->vmm.device, a->debug_ops, c->msg);
+    abort();
+  }
+  free(c->handle);
+  free(c->range);
+  free(c);
+}
+#endif
+
 xseg_status xseg_check(xseg_allocator *a) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
