@@ -92,16 +92,26 @@ XSEG_TEST(bench, trace_loads_plain_and_gzip) {
   }
 }
 
+/* Loads the small trace through a temporary file; false (reported) when
+   it cannot be written or read back. */
+static bool load_small_trace(xb_trace *t) {
+  char path[256];
+  if (!temp_write(path, sizeof path, ".csv", small_trace, false))
+    return XSEG_FAIL("cannot write the small trace to a temporary file");
+  xb_error err;
+  bool ok = xb_trace_load(path, t, &err);
+  unlink(path);
+  if (!ok) XSEG_FAIL("%s", err.text);
+  return ok;
+}
+
 /* Replays the small trace in exact mode; *r must be released. */
 static bool replay_small_exact(xb_env *env, xb_result *r) {
-  char path[256];
-  if (!temp_write(path, sizeof path, ".csv", small_trace, false)) return false;
   xb_trace t;
+  if (!load_small_trace(&t)) return false;
   xb_error err;
-  bool ok = xb_trace_load(path, &t, &err);
-  unlink(path);
   xb_replay_opts o = {.conf = NULL, .max_points = 16, .snapshot = false};
-  ok = ok && xb_replay(env, &t, &xb_policy_exact, &o, r, &err);
+  bool ok = xb_replay(env, &t, &xb_policy_exact, &o, r, &err);
   if (!ok) XSEG_FAIL("%s", err.text);
   xb_trace_release(&t);
   return ok;
@@ -140,13 +150,9 @@ XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
 XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
-  char path[256];
-  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", small_trace, false));
   xb_trace t;
+  XSEG_ASSERT_TRUE(load_small_trace(&t));
   xb_error err;
-  bool ok = xb_trace_load(path, &t, &err);
-  unlink(path);
-  XSEG_ASSERT_TRUE(ok);
   const char *modes[2] = {"expandable", "classic"};
   for (int i = 0; i < 2; i++) {
     const xb_policy *p = xb_policy_find(modes[i]);
@@ -428,13 +434,9 @@ XSEG_TEST(bench, snapshot_reader_reads_segments_and_blocks) {
 XSEG_TEST(bench, snapshot_of_a_replay_reads_back) {
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
-  char path[256];
-  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", small_trace, false));
   xb_trace t;
+  XSEG_ASSERT_TRUE(load_small_trace(&t));
   xb_error err;
-  bool ok = xb_trace_load(path, &t, &err);
-  unlink(path);
-  XSEG_ASSERT_TRUE(ok);
   xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = true};
   xb_result r;
   XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("expandable"), &o, &r,
