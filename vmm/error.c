@@ -35,4 +35,3 @@ xseg_status xs_error(xseg_status s, const char *fmt, ...) {
   return s;
 }
 
-void xs_error_clear(void) { last_error[0] = '\0'; }

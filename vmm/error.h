@@ -7,6 +7,5 @@
 /* Sets the calling thread's last-error message and returns s. */
 xseg_status xs_error(xseg_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-void xs_error_clear(void);
 
 #endif
