@@ -162,35 +162,26 @@ xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size) {
   return XSEG_OK;
 }
 
-/* Undoes the first `mapped` mappings and `created` handles of a run. */
-static void vmm_run_rollback(xs_vmm *v, uint64_t addr, size_t chunk,
-                             size_t created, size_t mapped,
-                             const uint64_t *handles) {
-  assert(mapped <= created);
-  if (mapped > 0) XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
-  for (size_t i = 0; i < created; i++)
+/* Releases handles[0..n) after a failed run, around the message-setting
+   wrappers: the message stays the failing call's. */
+static void vmm_handles_rollback(xs_vmm *v, const uint64_t *handles, size_t n) {
+  for (size_t i = 0; i < n; i++)
     XS_DRV(v->drv, cuMemRelease, (CUmemGenericAllocationHandle)handles[i]);
 }
 
 xseg_status xs_vmm_map_run(xs_vmm *v, uint64_t addr, size_t chunk, size_t n,
                            uint64_t *handles_out) {
   assert(n > 0 && chunk % v->granularity == 0);
-  size_t created = 0, mapped = 0;
+  size_t created = 0;
   xseg_status st = XSEG_OK;
-  for (; created < n && st == XSEG_OK; created++) {
+  for (; created < n; created++) {
     st = xs_vmm_handle_create(v, chunk, false, &handles_out[created]);
     if (st != XSEG_OK) break;
   }
-  for (; mapped < created && st == XSEG_OK; mapped++) {
-    st = xs_vmm_map(v, addr + mapped * chunk, chunk, handles_out[mapped]);
-    if (st != XSEG_OK) break;
-  }
-  if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
-  if (st != XSEG_OK) {
-    /* The error message is the failing call's; the rollback must not
-       overwrite it, so it goes around the message-setting wrappers. */
-    vmm_run_rollback(v, addr, chunk, created, mapped, handles_out);
-  }
+  /* Fresh handles are distinct, so xs_vmm_map_handles maps one a chunk,
+     grants access once and unmaps what it mapped if anything fails. */
+  if (st == XSEG_OK) st = xs_vmm_map_handles(v, addr, chunk, n, handles_out);
+  if (st != XSEG_OK) vmm_handles_rollback(v, handles_out, created);
   return st;
 }
 
@@ -228,7 +219,8 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
     mapped += run;
   }
   if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
-  /* As in xs_vmm_map_run, the rollback keeps the failing call's message. */
+  /* The rollback goes around the wrappers: the message stays the failing
+     call's. */
   if (st != XSEG_OK && mapped > 0)
     XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
   return st;
