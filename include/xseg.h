@@ -18,6 +18,12 @@
 extern "C" {
 #endif
 
+/* libxseg.so is built with hidden visibility: what this header declares is
+   its whole exported interface. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 struct CUstream_st;
 
 typedef enum xseg_status {
@@ -124,6 +130,10 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool);
    device_traces, as torch.cuda.memory._record_memory_history; 0 stops and
    forgets. Off by default: the cached path then pays one branch. */
 xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }
