@@ -41,3 +41,7 @@ foreach(pc xseg xseg-sim)
   install(FILES ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endforeach()
+
+# The PyTorch module: it finds ../../libxseg.so.0 from here.
+install(FILES python/xseg_torch.py
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)
