@@ -94,7 +94,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out);
 xseg_status xseg_reset_peak_stats(xseg_allocator *a);
 
 /* JSON in the schema of torch.cuda.memory._snapshot(): {"segments":[...],
-   "device_traces":[[...]]} (DESIGN.md section 6). Each mapped run of a
+   "device_traces":[[...]]} (docs/DESIGN.md section 6). Each mapped run of a
    reserved range is a segment; blocks are active_allocated,
    active_pending_free or inactive; device_traces holds what
    xseg_record_memory_history recorded (empty when it is off). */
