@@ -52,8 +52,8 @@ typedef struct loop {
   CUevent staged, done;
 } loop;
 
-/* One step: stage the input, run the layers, bring back the output. Returns
-   the output byte the layers left (checked by the caller). */
+/* One step: stage the input, run the layers, queue the output's download
+   to `host` on the copy stream (the caller synchronises and checks it). */
 static void step(loop *l, int batch, unsigned char tag, unsigned char *host) {
   size_t n = (size_t)batch * ROW;
   void *input, *output;
