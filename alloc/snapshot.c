@@ -1,5 +1,5 @@
 /* snapshot.c: xseg_snapshot_json, torch.cuda.memory._snapshot()'s schema
- * (DESIGN.md section 6), so PyTorch's memory_viz and scripts read it as is.
+ * (docs/DESIGN.md section 6), so PyTorch's memory_viz and scripts read it as is.
  *
  * As PyTorch does for expandable segments, each maximal run of mapped
  * blocks of a reserved range is one segment (unmapped holes are not

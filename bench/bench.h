@@ -152,7 +152,7 @@ typedef struct xb_policy {
   xseg_status (*free)(void *self, uint32_t slot, void *ptr);
   /* Fills u and starts a new window for u->reserved_peak. */
   void (*usage)(void *self, xb_usage *u);
-  /* The allocator's snapshot JSON (DESIGN.md section 6) to `out`, or NULL
+  /* The allocator's snapshot JSON (docs/DESIGN.md section 6) to `out`, or NULL
      where the policy has none. */
   xseg_status (*snapshot)(void *self, FILE *out);
   void (*close)(void *self);
@@ -223,7 +223,7 @@ void xb_json_string(FILE *out, const char *s);
 
 /* ---- snapshot_read.c: the allocator's snapshot JSON, read back -------- */
 
-/* A block's state in the snapshot (DESIGN.md section 6). */
+/* A block's state in the snapshot (docs/DESIGN.md section 6). */
 enum { XB_BLOCK_ALLOCATED, XB_BLOCK_PENDING, XB_BLOCK_INACTIVE,
        XB_BLOCK_STATES };
 

@@ -9,6 +9,12 @@ void xb_cli_defaults(xb_cli *c) {
   memset(c, 0, sizeof *c);
   c->driver = "sim";
   c->points = XB_DEFAULT_POINTS;
+  /* As xseg_create does for a NULL conf; --conf replaces it. */
+  c->conf = getenv("XSEG_ALLOC_CONF");
+}
+
+FILE *xb_cli_table_out(const xb_cli *c) {
+  return c->json != NULL && strcmp(c->json, "-") == 0 ? stderr : stdout;
 }
 
 bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out) {

@@ -45,6 +45,8 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env);
 /* The policies --mode names, in report order: all three for "all".
    Prints why and returns 0 for an unknown mode. */
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
+/* Where tables and summaries go: stderr when --json - takes stdout. */
+FILE *xb_cli_table_out(const xb_cli *c);
 /* Writes --json and --svg if given; prints why on failure. */
 bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n);
 /* Parses a whole number option; prints why on failure. */

@@ -89,7 +89,7 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n) {
   b->n_policies = xb_cli_policies(c->mode, b->policies);
   if (b->n_policies == 0) return 2;
   if (!xb_cli_env_open(c, &b->env)) return 1;
-  print_intro(stdout, &b->env);
+  print_intro(xb_cli_table_out(c), &b->env);
   b->cap_results = n * b->n_policies;
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
   if (b->results != NULL) return -1;
@@ -100,11 +100,12 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n) {
 
 static bool batch_report(xb_batch *b, const xb_cli *c, uint64_t t0) {
   if (b->n_results == 0) return true;
-  xb_report_table_header(stdout);
+  FILE *out = xb_cli_table_out(c);
+  xb_report_table_header(out);
   for (size_t i = 0; i < b->n_results; i++)
-    xb_report_table_row(stdout, &b->results[i]);
-  printf("%zu replays in %.1f s\n", b->n_results,
-         (double)(xb_now_ns() - t0) * 1e-9);
+    xb_report_table_row(out, &b->results[i]);
+  fprintf(out, "%zu replays in %.1f s\n", b->n_results,
+          (double)(xb_now_ns() - t0) * 1e-9);
   return xb_cli_outputs(c, b->results, b->n_results);
 }
 
@@ -210,10 +211,26 @@ int xb_cmd_default(int argc, char **argv) {
   return rc;
 }
 
+static void replay_usage(FILE *out) {
+  fprintf(out,
+          "usage: xseg-bench replay --trace FILE [--mode expandable|classic|"
+          "exact|all]\n"
+          "                         [--conf STR] [--device-memory SIZE] "
+          "[--driver D]\n"
+          "                         [--json OUT] [--svg OUT] [--points N]\n"
+          "  replays one RMM replay-log CSV (.csv or .csv.gz); --conf "
+          "defaults to\n"
+          "  $XSEG_ALLOC_CONF; --json - writes JSON to stdout and the table "
+          "to stderr\n");
+}
+
 int xb_cmd_replay(int argc, char **argv) {
   xb_cli c;
   xb_cli_defaults(&c);
   c.mode = "expandable";
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+      return replay_usage(stdout), 0;
   if (!parse_common(argc, argv, &c)) return 2;
   if (c.trace == NULL) {
     fprintf(stderr, "xseg-bench replay: --trace FILE is required\n");

@@ -27,10 +27,12 @@ static void usage(FILE *out) {
           "common options:\n"
           "  --driver D         sim (default), cuda, or a libcuda path\n"
           "  --device-memory S  emulated device memory, e.g. 80G\n"
-          "  --conf STR         allocator settings (key:value,...)\n"
+          "  --conf STR         allocator settings (key:value,...); default\n"
+          "                     $XSEG_ALLOC_CONF\n"
           "  --mode M           expandable, classic, exact or all\n"
           "  --traces DIR       traces for the default run\n"
-          "  --json OUT         results as JSON\n"
+          "  --json OUT         results as JSON (- for stdout; the table then\n"
+          "                     goes to stderr)\n"
           "  --svg OUT          allocated/reserved chart as SVG\n"
           "  --points N         chart samples per replay (default %d)\n",
           XB_DEFAULT_POINTS);

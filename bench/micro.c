@@ -409,8 +409,10 @@ int xb_cmd_micro(int argc, char **argv) {
   if (!xb_cli_env_open(&m.cli, &m.env)) return 1;
   xb_micro_out o = {.n_cached = 0};
   bool ok = run_all(&m, &o);
-  print_cached(&o);
-  print_rest(&o);
+  if (xb_cli_table_out(&m.cli) == stdout) {   /* not beside --json - */
+    print_cached(&o);
+    print_rest(&o);
+  }
   if (ok && m.cli.json != NULL) ok = micro_json(&m, &o);
   xb_env_close(&m.env);
   return ok ? 0 : 1;

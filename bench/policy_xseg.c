@@ -1,4 +1,4 @@
-/* policy_xseg.c: the allocator through its public API (DESIGN.md section 3).
+/* policy_xseg.c: the allocator through its public API (docs/DESIGN.md section 3).
  *
  * Both modes are one xseg_allocator per replay, created with the bench's
  * driver and expandable_segments set, then the user's --conf, parsed after

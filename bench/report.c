@@ -1,6 +1,6 @@
 /* report.c: results as a table for people and as JSON for scripts.
  *
- * The JSON object holds DESIGN.md section 7's fields (mode, events,
+ * The JSON object holds docs/DESIGN.md section 7's fields (mode, events,
  * peak_allocated_bytes, peak_reserved_bytes, fragmentation, ooms,
  * driver_calls, ns_per_op) and the rest of what a replay measures. Counts
  * are exact integers; driver_calls lists every function of vmm's driver

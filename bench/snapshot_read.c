@@ -1,4 +1,4 @@
-/* snapshot_read.c: reads the allocator's snapshot JSON back (DESIGN.md
+/* snapshot_read.c: reads the allocator's snapshot JSON back (docs/DESIGN.md
  * section 6, as alloc/snapshot.c writes it) for the segment map.
  *
  * A recursive-descent reader over the whole text, enough JSON for the

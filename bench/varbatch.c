@@ -279,9 +279,19 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v) {
     if (common < 0 || (common == 0 && !varbatch_option(v, o, optarg)))
       return -1;
   }
-  if (optind < argc || v->layers == 0 || v->hidden == 0 || v->heads == 0 ||
-      v->streams == 0 || v->streams >= XB_MAX_STREAMS) {
-    fprintf(stderr, "xseg-bench varbatch: bad arguments (see --help)\n");
+  const char *bad = optind < argc ? argv[optind]
+                    : v->layers == 0 ? "--layers 0"
+                    : v->hidden == 0 ? "--hidden 0"
+                    : v->heads == 0  ? "--heads 0"
+                                     : NULL;
+  if (bad != NULL) {
+    fprintf(stderr, "xseg-bench varbatch: bad argument '%s' (see --help)\n",
+            bad);
+    return -1;
+  }
+  if (v->streams == 0 || v->streams >= XB_MAX_STREAMS) {
+    fprintf(stderr, "xseg-bench varbatch: --streams %llu is not in 1..%d\n",
+            (unsigned long long)v->streams, XB_MAX_STREAMS - 1);
     return -1;
   }
   return 1;
@@ -301,7 +311,8 @@ int xb_cmd_varbatch(int argc, char **argv) {
     xb_trace_release(&t);
     return 1;
   }
-  printf("varbatch: %llu layers, width %llu, %llu requests on %llu streams, "
+  fprintf(xb_cli_table_out(&c),
+         "varbatch: %llu layers, width %llu, %llu requests on %llu streams, "
          "batch %llu..%llu, seq %llu..%llu, %llu decode steps, seed %llu: "
          "%zu events\n", (unsigned long long)v.layers,
          (unsigned long long)v.hidden, (unsigned long long)v.requests,

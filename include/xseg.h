@@ -18,6 +18,12 @@
 extern "C" {
 #endif
 
+/* libxseg.so is built with hidden visibility: what this header declares is
+   its whole exported interface. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 struct CUstream_st;
 
 typedef enum xseg_status {
@@ -88,7 +94,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out);
 xseg_status xseg_reset_peak_stats(xseg_allocator *a);
 
 /* JSON in the schema of torch.cuda.memory._snapshot(): {"segments":[...],
-   "device_traces":[[...]]} (DESIGN.md section 6). Each mapped run of a
+   "device_traces":[[...]]} (docs/DESIGN.md section 6). Each mapped run of a
    reserved range is a segment; blocks are active_allocated,
    active_pending_free or inactive; device_traces holds what
    xseg_record_memory_history recorded (empty when it is off). */
@@ -124,6 +130,53 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool);
    device_traces, as torch.cuda.memory._record_memory_history; 0 stops and
    forgets. Off by default: the cached path then pays one branch. */
 xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
+
+/* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------
+   One process-wide allocator per device, created on first use from
+   XSEG_ALLOC_CONF and kept until the process ends; cudaStream_t is
+   struct CUstream_st *. No entry point can report an error to PyTorch: a
+   failure is kept as the calling thread's xseg_torch_last_error() (malloc
+   then returns NULL), which python/xseg_torch.py raises as
+   torch.cuda.OutOfMemoryError. The C++ setters take them as they are:
+     CUDAPluggableAllocator(xseg_torch_malloc, xseg_torch_free)
+     set_record_stream_fn(xseg_torch_record_stream)
+     set_reset_fn(xseg_torch_empty_cache)
+     set_memory_fraction_fn(xseg_torch_set_memory_fraction)
+   and the graph-pool setters through a lambda that passes MempoolId_t's
+   halves (and, to begin, the capturing stream):
+     set_begin_allocate_to_pool([](int d, MempoolId_t id, auto) {
+       xseg_torch_begin_allocate_to_pool(d, id.first, id.second,
+                                         getCurrentCUDAStream(d)); }) */
+void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream);
+void  xseg_torch_free(void *ptr, ssize_t size, int device,
+                      struct CUstream_st *stream);
+void  xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
+void  xseg_torch_empty_cache(void);                   /* every device */
+void  xseg_torch_set_memory_fraction(double fraction, int device);
+void  xseg_torch_begin_allocate_to_pool(int device, unsigned long long id_first,
+                                        unsigned long long id_second,
+                                        struct CUstream_st *stream);
+void  xseg_torch_end_allocate_to_pool(int device, unsigned long long id_first,
+                                      unsigned long long id_second);
+void  xseg_torch_release_pool(int device, unsigned long long id_first,
+                              unsigned long long id_second);
+/* "" or "<entry point>: <XSEG_ERR_...>: <xseg_last_error()>". */
+const char *xseg_torch_last_error(void);
+void  xseg_torch_clear_error(void);
+/* The allocator of `device` (created if need be), for the xseg_* calls;
+   NULL with xseg_torch_last_error() set if it cannot be created. */
+xseg_allocator *xseg_torch_allocator(int device);
+int   xseg_torch_has_allocator(int device);  /* created already? never creates */
+int   xseg_torch_device_limit(void);         /* devices are 0 .. limit-1 */
+/* xseg_stats_json / xseg_snapshot_json of `device` as a malloc'd string
+   (free it with xseg_torch_string_free); NULL on failure. */
+char *xseg_torch_stats_json(int device);
+char *xseg_torch_snapshot_json(int device);
+void  xseg_torch_string_free(char *s);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* The device allocator on the emulator: the public API's semantics
-   (DESIGN.md section 3), pools and reuse, empty_cache, stats, the context,
+   (docs/DESIGN.md section 3), pools and reuse, empty_cache, stats, the context,
    several devices and peers, and classic mode. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The benchmark tool's tests: the trace reader (plain and gzip, and every
    kind of malformed line), exact-mode replay of a small hand-computed trace,
-   the JSON report's syntax and contract fields (DESIGN.md section 7), the
+   the JSON report's syntax and contract fields (docs/DESIGN.md section 7), the
    snapshot reader and the SVG's segment map. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* The emulator's control surface (sim/xsim.h, sim/sim_control.c): call
  * counters, fault injection (once, repeated, seeded random), modeled
  * latency, environment knobs, live-object counts and the leak report.
- * DESIGN.md section 4 ("Knobs") is the reference; none of this exists in a
+ * docs/DESIGN.md section 4 ("Knobs") is the reference; none of this exists in a
  * real driver, so every test requires the emulator.
  */
 #define _GNU_SOURCE

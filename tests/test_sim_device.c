@@ -88,7 +88,7 @@ XSEG_TEST(SimDevice, name_and_total_memory) {
   size_t total = 0;
   XSEG_EXPECT_CU(cuDeviceTotalMem(&total, 0));
   XSEG_EXPECT_GT(total, 0);
-  if (xt_have_sim()) XSEG_EXPECT_EQ(total, 80ull << 30);  /* DESIGN.md 4 */
+  if (xt_have_sim()) XSEG_EXPECT_EQ(total, 80ull << 30);  /* docs/DESIGN.md 4 */
 }
 
 /* cuDevicePrimaryCtxRetain returns the device's one primary context;

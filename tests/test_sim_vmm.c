@@ -35,7 +35,7 @@ XSEG_TEST(SimVmm, granularity_minimum_and_recommended) {
                      CUDA_ERROR_INVALID_DEVICE);
 }
 
-/* The emulator's default granularity is 2 MiB (DESIGN.md section 4). */
+/* The emulator's default granularity is 2 MiB (docs/DESIGN.md section 4). */
 XSEG_TEST(SimVmm, default_granularity_is_2mib) {
   XT_REQUIRE_SIM();
   XSEG_EXPECT_EQ(st_setup(), 2 * MiB);
@@ -337,7 +337,7 @@ XSEG_TEST(SimVmm, access_before_set_access_faults) {
   st_space_fini(&s);
 }
 
-/* Freeing a reservation that still holds a mapping is refused (DESIGN.md
+/* Freeing a reservation that still holds a mapping is refused (docs/DESIGN.md
    section 4, "faithful errors"; cuda.h names no code, the emulator answers
    CUDA_ERROR_INVALID_VALUE), and the mapping stays usable. */
 XSEG_TEST(SimVmm, free_of_reservation_with_mappings_fails) {
@@ -480,7 +480,7 @@ XSEG_TEST(SimVmm, properties_from_handle) {
   XSEG_EXPECT_CU(cuMemRelease(h));
 }
 
-/* DESIGN.md section 4: "physical pages are only committed when touched", so
+/* docs/DESIGN.md section 4: "physical pages are only committed when touched", so
    an 80 GiB device costs nothing until used. The memfd behind a handle has no
    blocks until a page of it is written. */
 XSEG_TEST(SimVmm, pages_are_committed_only_when_touched) {

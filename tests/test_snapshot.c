@@ -1,4 +1,4 @@
-/* xseg_snapshot_json: torch.cuda.memory._snapshot()'s schema (DESIGN.md
+/* xseg_snapshot_json: torch.cuda.memory._snapshot()'s schema (docs/DESIGN.md
    section 6), valid JSON, block states including active_pending_free, and
    device_traces from the bounded ring of recorded events. */
 #include <ctype.h>

@@ -1,4 +1,4 @@
-/* Cross-stream safety of the allocator (DESIGN.md section 3): record_stream,
+/* Cross-stream safety of the allocator (docs/DESIGN.md section 3): record_stream,
    deferred frees, unmap guards without a host sync, and physical memory
    moving between streams at the device limit. Every race is forced: a
    stream is held back by a latch (a host function that waits), so "not

@@ -71,10 +71,14 @@ typedef struct xs_driver {
    (d)->fn(__VA_ARGS__))
 
 /* Loads (once per process and path) and cuInit()s the driver library at
-   `path`: NULL or "" is "libcuda.so.1"; "sim" is the emulator built beside
-   the library (the XSEG_SIM_LIBRARY environment variable overrides where it
-   is). XSEG_ERR_NO_DRIVER names the library and dlerror()'s text. */
+   `path`: NULL or "" is "libcuda.so.1"; "sim" is the emulator, found by
+   xs_driver_sim_path. XSEG_ERR_NO_DRIVER names the library and dlerror()'s
+   text. */
 xseg_status xs_driver_load(const char *path, xs_driver **out);
+/* The emulator's file: $XSEG_SIM_LIBRARY, else one already loaded in the
+   process, else one beside libxseg (installed or in the build tree); see
+   driver_sim.c. XSEG_ERR_NO_DRIVER names the places it looked. */
+xseg_status xs_driver_sim_path(char *out, size_t n);
 
 /* Unversioned name of a table entry ("cuMemMap"), for reports. */
 const char *xs_driver_fn_name(xs_driver_fn fn);

@@ -6,6 +6,7 @@
  * toolkit's cuda.h defines, which real drivers export beside the old ones.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,10 +18,6 @@
 
 #define XS_STR_(x) #x
 #define XS_STR(x) XS_STR_(x)
-
-#ifndef XSEG_SIM_LIBRARY_PATH
-#define XSEG_SIM_LIBRARY_PATH "libcuda.so.1"
-#endif
 
 enum { XS_MAX_DRIVERS = 8 };
 
@@ -47,11 +44,16 @@ void xs_driver_reset_counts(xs_driver *d) {
     atomic_store_explicit(&d->calls[i], 0, memory_order_relaxed);
 }
 
-static const char *driver_path_resolve(const char *path) {
-  if (path == NULL || path[0] == '\0') return "libcuda.so.1";
-  if (strcmp(path, "sim") != 0) return path;
-  const char *env = getenv("XSEG_SIM_LIBRARY");
-  return env != NULL && env[0] != '\0' ? env : XSEG_SIM_LIBRARY_PATH;
+/* The file to dlopen for `path`; "sim" is searched for (driver_sim.c). */
+static xseg_status driver_path_resolve(const char *path, char *out,
+                                       size_t n) {
+  if (path != NULL && strcmp(path, "sim") == 0)
+    return xs_driver_sim_path(out, n);
+  if (path == NULL || path[0] == '\0') path = "libcuda.so.1";
+  if ((size_t)snprintf(out, n, "%s", path) >= n)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "driver path is longer than %zu bytes", n - 1);
+  return XSEG_OK;
 }
 
 /* Resolves every table entry; on a missing symbol names it. */
@@ -98,9 +100,10 @@ static xseg_status driver_open(const char *path, xs_driver **out) {
 }
 
 xseg_status xs_driver_load(const char *path, xs_driver **out) {
-  const char *resolved = driver_path_resolve(path);
+  char resolved[PATH_MAX];
+  xseg_status st = driver_path_resolve(path, resolved, sizeof resolved);
+  if (st != XSEG_OK) return st;
   pthread_mutex_lock(&drivers_lock);
-  xseg_status st = XSEG_OK;
   xs_driver *found = NULL;
   for (int i = 0; i < drivers_count && found == NULL; i++)
     if (strcmp(drivers[i]->path, resolved) == 0) found = drivers[i];

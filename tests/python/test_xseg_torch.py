@@ -1,0 +1,107 @@
+"""python/xseg_torch.py on the emulator, without torch: allocates, frees,
+records a stream, reads stats and a snapshot, and turns a failed allocation
+into OutOfMemoryError with xseg's message.
+
+Environment (set by tests/CMakeLists.txt): XSEG_LIBRARY (libxseg.so),
+XSEG_TEST_SIM (the emulator, for the context and streams this program makes
+itself), XSEG_ALLOC_CONF=xseg_driver:sim, PYTHONPATH=python/.
+"""
+import ctypes
+import os
+import sys
+
+import xseg_torch
+
+MiB = 1 << 20
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAILED:", what)
+
+
+# The emulator, loaded first and globally: xseg_driver:sim then uses this
+# very copy, so that its streams are the allocator's streams.
+cu = ctypes.CDLL(os.environ["XSEG_TEST_SIM"], mode=ctypes.RTLD_GLOBAL)
+
+
+def cu_call(name, *args):
+    r = getattr(cu, name)(*args)
+    if r != 0:
+        sys.exit("%s failed: CUresult %d" % (name, r))
+
+
+cu_call("cuInit", 0)
+ctx = ctypes.c_void_p()
+cu_call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), 0)
+cu_call("cuCtxSetCurrent", ctx)
+s1, s2 = ctypes.c_void_p(), ctypes.c_void_p()
+cu_call("cuStreamCreate", ctypes.byref(s1), 1)   # CU_STREAM_NON_BLOCKING
+cu_call("cuStreamCreate", ctypes.byref(s2), 1)
+
+lib = xseg_torch.library()
+expect(lib.devices() == [], "no allocator before the first call")
+
+p = lib.malloc(3 * MiB, 0, s1)
+q = lib.malloc(1000, 0, s1)
+expect(p and q and p % 512 == 0 and q % 512 == 0, "two aligned blocks")
+expect(lib.devices() == [0], "device 0's allocator created on first use")
+cu.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte,
+                               ctypes.c_size_t, ctypes.c_void_p]
+cu_call("cuMemsetD8Async", p, 0xA5, 3 * MiB, s2)   # p is used on s2 too
+lib.record_stream(p, s2)
+expect(lib.last_error() == "", "record_stream of a live block succeeds")
+
+stats = xseg_torch.memory_stats(0)
+expect(stats["allocated_bytes.all.current"] == 3 * MiB + 1024,
+       "allocated_bytes.all.current counts both blocks (%d)" %
+       stats["allocated_bytes.all.current"])
+expect("reserved_bytes.all.peak" in stats and "num_alloc_retries" in stats,
+       "memory_stats has PyTorch's keys")
+
+snap = xseg_torch.memory_snapshot()
+blocks = [b for seg in snap["segments"] for b in seg["blocks"]]
+live = {b["address"] for b in blocks if b["state"] == "active_allocated"}
+expect({p, q} <= live, "snapshot shows both blocks allocated")
+expect(len(snap["device_traces"]) == 1, "one device's traces")
+
+lib.free(p, 3 * MiB, 0, s1)
+lib.free(q, 1000, 0, s1)
+cu_call("cuStreamSynchronize", s2)
+xseg_torch.check()
+xseg_torch.empty_cache()
+stats = xseg_torch.memory_stats(0)
+expect(stats["allocated_bytes.all.current"] == 0, "everything freed")
+expect(stats["reserved_bytes.all.current"] == 0,
+       "empty_cache released every granule (%d left)" %
+       stats["reserved_bytes.all.current"])
+
+# A request beyond the device: NULL, then OutOfMemoryError with the message.
+try:
+    with xseg_torch.oom_guard():
+        big = lib.malloc(1 << 50, 0, s1)
+        expect(not big, "1 PiB is refused")
+    expect(False, "oom_guard raised nothing")
+except xseg_torch.OutOfMemoryError as err:
+    expect("XSEG_ERR_OUT_OF_MEMORY" in str(err) and
+           "Tried to allocate" in str(err), "xseg's message: %s" % err)
+expect(lib.last_error() == "", "the error is forgotten once raised")
+
+# Bad input is reported, not a crash: an unknown pointer, a bad device.
+lib.record_stream(0x1000, s2)
+try:
+    xseg_torch.raise_if_failed()
+    expect(False, "record_stream of an unknown pointer raised nothing")
+except xseg_torch.XsegError as err:
+    expect("XSEG_ERR_UNKNOWN_POINTER" in str(err), "names the cause: %s" % err)
+expect(not lib.malloc(MiB, -1, s1) and "device -1" in lib.last_error(),
+       "device -1 is refused by name")
+lib.clear_error()
+xseg_torch.check()
+
+cu_call("cuStreamDestroy_v2", s1)
+cu_call("cuStreamDestroy_v2", s2)
+print("%d failure(s)" % len(failures))
+sys.exit(1 if failures else 0)

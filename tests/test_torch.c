@@ -1,0 +1,175 @@
+/* The PyTorch entry points (alloc/torch.c): one allocator per device made on
+   first use from XSEG_ALLOC_CONF (once, even when two threads race to it),
+   record_stream through them with the other stream held back, graph pools,
+   and failures kept for xseg_torch_last_error, never a crash. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/torch.h"
+#include "alloc_helpers.h"
+
+enum { SIZE = 3 << 20 };
+
+/* The entry points read XSEG_ALLOC_CONF: point it at the tests' driver. */
+static void torch_setup(void) {
+  const char *drv = getenv("XSEG_TEST_DRIVER");
+  bool sim = drv == NULL || strcmp(drv, "system") != 0;
+  setenv("XSEG_ALLOC_CONF", sim ? "xseg_driver:sim" : "", 1);
+  xseg_torch_clear_error();
+}
+
+static CUstream stream_new(void) {
+  CUstream s = NULL;
+  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
+  return s;
+}
+
+static xseg_stats torch_stats(void) {
+  xseg_stats s;
+  memset(&s, 0, sizeof s);
+  xseg_get_stats(xseg_torch_allocator(0), &s);
+  return s;
+}
+
+XSEG_TEST(torch, record_stream_defers_the_free_until_the_stream_is_done) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  XSEG_EXPECT_FALSE(xseg_torch_has_allocator(0));
+  CUstream s1 = stream_new(), s2 = stream_new();
+  void *p = xseg_torch_malloc(SIZE, 0, s1);
+  XSEG_ASSERT_TRUE(p != NULL);
+  XSEG_EXPECT_TRUE(xseg_torch_has_allocator(0));
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(s2, l));
+  XSEG_ASSERT_CU(cuMemsetD8Async((CUdeviceptr)(uintptr_t)p, 1, SIZE, s2));
+  xseg_torch_record_stream(p, s2);
+  xseg_torch_free(p, SIZE, 0, s1);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  /* s2 is held: the block waits, and empty_cache keeps its granules. */
+  XSEG_EXPECT_EQ(torch_stats().pending_free_bytes, SIZE);
+  xseg_torch_empty_cache();
+  XSEG_EXPECT_GE(torch_stats().reserved_bytes.current, SIZE);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s2));
+  xt_latch_free(l);
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
+  XSEG_EXPECT_EQ(torch_stats().pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(torch_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s1);
+  cuStreamDestroy(s2);
+  xs_torch_destroy_all();
+}
+
+typedef struct racer {
+  pthread_barrier_t *start;
+  void *ptr;
+} racer;
+
+static void *racer_run(void *arg) {
+  racer *r = arg;
+  pthread_barrier_wait(r->start);
+  r->ptr = xseg_torch_malloc(4096, 0, NULL);
+  return NULL;
+}
+
+XSEG_TEST(torch, two_threads_first_use_makes_one_allocator) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  enum { N = 4 };
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, N);
+  racer r[N];
+  pthread_t t[N];
+  for (int i = 0; i < N; i++) {
+    r[i] = (racer){&start, NULL};
+    pthread_create(&t[i], NULL, racer_run, &r[i]);
+  }
+  for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&start);
+  /* One allocator holds all four blocks: it frees each of them. */
+  xseg_allocator *a = xseg_torch_allocator(0);
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, N);
+  for (int i = 0; i < N; i++) {
+    XSEG_ASSERT_TRUE(r[i].ptr != NULL);
+    XSEG_EXPECT_OK(xseg_free(a, r[i].ptr));
+  }
+  xs_torch_destroy_all();
+}
+
+XSEG_TEST(torch, out_of_memory_is_kept_with_the_message) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 1 * GiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  void *p = xseg_torch_malloc(512 * MiB, 0, NULL);
+  XSEG_ASSERT_TRUE(p != NULL);
+  XSEG_EXPECT_TRUE(xseg_torch_malloc(768 * MiB, 0, NULL) == NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(),
+                          "xseg_torch_malloc: XSEG_ERR_OUT_OF_MEMORY") != NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(),
+                          "Tried to allocate 768.00 MiB") != NULL);
+  /* The live block is untouched, and a smaller request still fits. */
+  void *q = xseg_torch_malloc(256 * MiB, 0, NULL);
+  XSEG_EXPECT_TRUE(q != NULL);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  xseg_torch_free(q, 256 * MiB, 0, NULL);
+  xseg_torch_free(p, 512 * MiB, 0, NULL);
+  xs_torch_destroy_all();
+}
+
+XSEG_TEST(torch, failures_are_kept_with_their_cause) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  XSEG_EXPECT_TRUE(xseg_torch_malloc(-1, 0, NULL) == NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "size -1") != NULL);
+  XSEG_EXPECT_TRUE(xseg_torch_malloc(512, xseg_torch_device_limit(), NULL) ==
+                   NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "device 64") != NULL);
+  int x;
+  xseg_torch_record_stream(&x, NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(),
+                          "XSEG_ERR_UNKNOWN_POINTER") != NULL);
+  xseg_torch_clear_error();
+  xseg_torch_free(&x, 4, 0, NULL);     /* reported on stderr, too */
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "xseg_torch_free") != NULL);
+  xseg_torch_set_memory_fraction(1.5, 0);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(),
+                          "XSEG_ERR_INVALID_ARGUMENT") != NULL);
+  xseg_torch_clear_error();
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  /* Nothing was lost on the way. */
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).allocation.current, 0);
+  xs_torch_destroy_all();
+}
+
+XSEG_TEST(torch, graph_pool_keeps_its_blocks_apart) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  CUstream s = stream_new();
+  /* A block freed on s before the capture is not reused inside it. */
+  void *before = xseg_torch_malloc(SIZE, 0, s);
+  XSEG_ASSERT_TRUE(before != NULL);
+  xseg_torch_free(before, SIZE, 0, s);
+  xseg_torch_begin_allocate_to_pool(0, 0, 7, s);
+  void *in_pool = xseg_torch_malloc(SIZE, 0, s);
+  xseg_torch_end_allocate_to_pool(0, 0, 7);
+  XSEG_ASSERT_TRUE(in_pool != NULL);
+  XSEG_EXPECT_TRUE(in_pool != before);
+  xseg_torch_free(in_pool, SIZE, 0, s);
+  xseg_torch_release_pool(0, 0, 7);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  char *snap = xseg_torch_snapshot_json(0);
+  char *stats = xseg_torch_stats_json(0);
+  XSEG_ASSERT_TRUE(snap != NULL && stats != NULL);
+  XSEG_EXPECT_TRUE(strstr(snap, "\"segments\"") != NULL);
+  XSEG_EXPECT_TRUE(strstr(stats, "\"allocated_bytes.all.current\": 0") !=
+                   NULL);
+  xseg_torch_string_free(snap);
+  xseg_torch_string_free(stats);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s);
+  xs_torch_destroy_all();
+}
