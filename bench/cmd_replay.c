@@ -143,13 +143,20 @@ static bool batch_varbatch(xb_batch *b, size_t *done, size_t total) {
   return ok;
 }
 
+/* How a batch runs its workloads. */
+typedef enum xb_batch_kind {
+  XB_BATCH_ONE,                     /* at --gpu-lag only */
+  XB_BATCH_COMPARE,                 /* without and with lag */
+  XB_BATCH_DEFAULT                  /* compare, plus the varbatch rows */
+} xb_batch_kind;
+
 /* Runs n trace files, or the one trace `built`, in every policy, then
-   prints the table and writes the outputs. The default run (`is_default`)
-   compares each trace without and with lag and adds the varbatch rows. */
+   prints the table and writes the outputs. */
 static int batch_run(const xb_cli *c, char **paths, size_t n,
-                     const xb_trace *built, bool is_default) {
+                     const xb_trace *built, xb_batch_kind kind) {
   xb_batch b = {.n_results = 0};
-  int rc = batch_open(&b, c, n, is_default,
+  bool is_default = kind == XB_BATCH_DEFAULT;
+  int rc = batch_open(&b, c, n, kind != XB_BATCH_ONE,
                       is_default ? XB_N_DEFAULT_VARBATCH : 0);
   if (rc >= 0) return rc;
   size_t done = 0;
@@ -167,7 +174,7 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
 }
 
 int xb_run_trace(const xb_cli *c, const xb_trace *t) {
-  return batch_run(c, NULL, 1, t, false);
+  return batch_run(c, NULL, 1, t, XB_BATCH_ONE);
 }
 
 static int name_cmp(const void *a, const void *b) {
@@ -239,10 +246,16 @@ int xb_cmd_default(int argc, char **argv) {
   if (!parse_common(argc, argv, &c)) return 2;
   const char *dir = c.traces;
   if (dir == NULL) dir = getenv("XSEG_BENCH_TRACES");
-  if (dir == NULL || dir[0] == '\0') dir = XB_TRACE_DIR;
+  /* The varbatch rows go with the bundled traces, not with another folder. */
+  xb_batch_kind kind = XB_BATCH_COMPARE;
+  if (dir == NULL || dir[0] == '\0') {
+    dir = XB_TRACE_DIR;
+    kind = XB_BATCH_DEFAULT;
+  }
   size_t n = 0;
   char **paths = NULL;
-  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL, true) : 1;
+  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL, kind)
+                                        : 1;
   for (size_t i = 0; i < n; i++) free(paths[i]);
   free(paths);
   return rc;
@@ -258,5 +271,5 @@ int xb_cmd_replay(int argc, char **argv) {
     return 2;
   }
   char *paths[1] = {(char *)c.trace};
-  return batch_run(&c, paths, 1, NULL, false);
+  return batch_run(&c, paths, 1, NULL, XB_BATCH_ONE);
 }
