@@ -89,23 +89,26 @@ static void batch_release(xb_batch *b) {
 /* Chooses the policies and lags, opens the driver and sizes the results
    for n traces (and `extra` more rows); an exit code on failure (printed),
    else -1. With `compare`, every trace runs without lag and with c's lag
-   (XB_DEFAULT_GPU_LAG_US unless given); else at c's lag only. */
+   (XB_DEFAULT_GPU_LAG_US unless given; on a driver without the emulator's
+   clock, whose device lags for real, without lag only unless given); else
+   at c's lag only. */
 static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
                       size_t extra) {
   /* extra: built workloads replayed after the n trace files */
   b->opts = (xb_replay_opts){.conf = c->conf, .max_points = c->points,
                              .snapshot = c->svg != NULL};
+  b->tty = isatty(STDERR_FILENO);
+  b->n_policies = xb_cli_policies(c->mode, b->policies);
+  if (b->n_policies == 0) return 2;
+  if (!xb_cli_env_open(c, &b->env)) return 1;
   b->n_lags = 1;
   b->lags[0] = c->gpu_lag_us;
   if (compare) {
     b->lags[0] = 0;
     b->lags[1] = c->gpu_lag_set ? c->gpu_lag_us : XB_DEFAULT_GPU_LAG_US;
-    b->n_lags = b->lags[1] > 0 ? 2 : 1;
+    bool clock = b->env.sim_clock_enable != NULL || c->gpu_lag_set;
+    b->n_lags = b->lags[1] > 0 && clock ? 2 : 1;
   }
-  b->tty = isatty(STDERR_FILENO);
-  b->n_policies = xb_cli_policies(c->mode, b->policies);
-  if (b->n_policies == 0) return 2;
-  if (!xb_cli_env_open(c, &b->env)) return 1;
   print_intro(stdout, &b->env);
   b->cap_results = (n + extra) * b->n_policies * b->n_lags;
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);

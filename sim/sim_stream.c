@@ -515,7 +515,10 @@ CUresult xs_stream_acquire(CUstream h, struct CUstream_st **out) {
 static void xs_stream_enqueue_locked(struct CUstream_st *s, xs_op *op) {
   op->seq = ++s->submitted;
   op->clocked = xs_clock.on && op->work.kind != XS_WORK_HOST;
-  if (op->clocked) op->due_clock_ns = xs_clock.now_ns + xs_clock.lag_ns;
+  if (op->clocked)   /* saturating: never before a clock of UINT64_MAX */
+    op->due_clock_ns = xs_clock.lag_ns > UINT64_MAX - xs_clock.now_ns
+                           ? UINT64_MAX
+                           : xs_clock.now_ns + xs_clock.lag_ns;
   uint64_t lag = op->clocked ? 0 : xsim_knob_gpu_lag_ns();
   if (lag > 0) op->due_wall_ns = xs_monotonic_ns() + lag;
   if (s->tail) s->tail->next = op;

@@ -371,6 +371,13 @@ XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
                    strstr(j, "\"mode\": \"exact\"") != NULL);
   XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"expandable\"") &&
                    strstr(j, "\"mode\": \"classic\""));
+  /* Each trace without and with the default lag (on the emulator, whose
+     clock models it), never a host wait. */
+  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"gpu_lag_us\": 0,"));
+  if (xt_have_sim())
+    XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"gpu_lag_us\": 5000,"));
+  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"host_waits\": 0,") &&
+                   !strstr(j, "\"host_waits\": 1"));
   XSEG_EXPECT_TRUE(s != NULL && strncmp(s, "<svg ", 5) == 0 &&
                    strstr(s, "</svg>") != NULL &&
                    strstr(s, "<polyline") != NULL);
