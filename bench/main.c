@@ -1,6 +1,8 @@
 /* main.c: xseg-bench's command line.
  *
- *   xseg-bench [options]                  every bundled trace, every mode
+ *   xseg-bench [options]                  every bundled trace, every mode,
+ *                                         without and with device lag, and
+ *                                         varbatch at 1, 2 and 4 streams
  *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
  *   xseg-bench varbatch [options]         synthetic inference server
  *   xseg-bench micro [options]            cached-path and growth-path cost
@@ -30,12 +32,17 @@ static void usage(FILE *out) {
           "  --conf STR         allocator settings (key:value,...); default\n"
           "                     $XSEG_ALLOC_CONF\n"
           "  --mode M           expandable, classic, exact or all\n"
-          "  --traces DIR       traces for the default run\n"
+          "  --traces DIR       traces for the default run (instead of the "
+          "bundled ones\n"
+          "                     and the varbatch rows)\n"
+          "  --gpu-lag US       the device runs US microseconds of trace time "
+          "behind\n"
+          "                     (default run: without lag and with %d)\n"
           "  --json OUT         results as JSON (- for stdout; the table then\n"
           "                     goes to stderr)\n"
           "  --svg OUT          allocated/reserved chart as SVG\n"
           "  --points N         chart samples per replay (default %d)\n",
-          XB_DEFAULT_POINTS);
+          XB_DEFAULT_GPU_LAG_US, XB_DEFAULT_POINTS);
 }
 
 int main(int argc, char **argv) {

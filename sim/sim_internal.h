@@ -10,7 +10,8 @@
  *   sim_ipc.c      export / import of shareable handles (POSIX fds), the
  *                  memfd naming that carries a handle's properties
  *   sim_stream.c   streams (one worker thread each), the legacy default
- *                  stream, host functions, memset / memcpy, cuCtxSynchronize
+ *                  stream, host functions, memset / memcpy, cuCtxSynchronize,
+ *                  the modeled device lag and the virtual clock
  *   sim_event.c    events
  *   sim_graph.c    stream capture, graphs, graph launch
  *
@@ -55,6 +56,8 @@ void     xsim_control_init(void);
 int      xsim_knob_device_count(void);
 uint64_t xsim_knob_device_memory(int device);
 uint64_t xsim_knob_granularity(void);
+/* XSIM_GPU_LAG (or xsim_set_gpu_lag) in nanoseconds; 0: none. */
+uint64_t xsim_knob_gpu_lag_ns(void);
 
 /* ---- sim_device.c ------------------------------------------------------ */
 
@@ -99,6 +102,8 @@ int xsim_ipc_memfd_create(const CUmemAllocationProp *prop);
 /* ---- sim_stream.c / sim_event.c ---------------------------------------- */
 
 void xsim_stream_live(xsim_live *out);    /* fills streams and events */
+/* Turns the virtual clock off (xsim_reset). */
+void xsim_stream_clock_reset(void);
 
 #pragma GCC visibility pop
 
