@@ -83,9 +83,9 @@ typedef enum xs_ipc_holder_state {
 
 typedef struct xs_ipc_holder {
   _Atomic uint32_t state;
-  int32_t pid;
-  uint64_t start;
-  uint64_t id;
+  _Atomic int32_t pid;
+  _Atomic uint64_t start;
+  _Atomic uint64_t id;
   uint64_t pad;
 } xs_ipc_holder;
 
@@ -94,7 +94,10 @@ typedef struct xs_ipc_table {
   uint32_t version;
   int32_t producer_pid;
   uint64_t producer_start;
-  uint64_t pad[5];
+  _Atomic uint32_t holders_used;    /* slots below this were ever claimed:
+                                       scans stop there */
+  uint32_t pad32;
+  uint64_t pad[4];
   xs_ipc_export_slot exports[XS_IPC_EXPORTS];
   xs_ipc_holder holders[XS_IPC_HOLDERS];
 } xs_ipc_table;

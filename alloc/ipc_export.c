@@ -45,10 +45,21 @@ static void export_drop(xs_ipc *ipc, size_t i) {
   ipc->exports[i] = ipc->exports[--ipc->n_exports];
 }
 
-/* The export record of b, made (with a table slot) if it has none. */
+/* Empties record i's table slot and drops it. */
+static void export_forget(xs_ipc *ipc, size_t i) {
+  xs_ipc_export_slot *s =
+      &ipc->table->exports[ipc->exports[i].id % XS_IPC_EXPORTS];
+  atomic_store(&s->id, 0);
+  atomic_store(&s->state, XS_IPC_EMPTY);
+  export_drop(ipc, i);
+}
+
+/* The export record of b, made (with a table slot) if it has none:
+   *fresh says so. */
 static xseg_status export_record(xs_ipc *ipc, xs_block *b,
-                                 xs_ipc_export **out) {
+                                 xs_ipc_export **out, bool *fresh) {
   size_t i = export_find(ipc, b);
+  *fresh = i == SIZE_MAX;
   if (i != SIZE_MAX) return *out = &ipc->exports[i], XSEG_OK;
   if (ipc->table == NULL) {
     xseg_status st = xs_ipc_table_create(&ipc->table, &ipc->table_fd);
@@ -131,15 +142,18 @@ static xseg_status export_locked(xseg_allocator *a, void *ptr,
   uint64_t handles[XS_IPC_MAX_HANDLES];
   xseg_status st = export_handles(b, &h->wire, handles);
   xs_ipc_export *rec = NULL;
-  if (st == XSEG_OK) st = export_record(ipc, b, &rec);
+  bool fresh = false;
+  if (st == XSEG_OK) st = export_record(ipc, b, &rec, &fresh);
   if (st != XSEG_OK) return st;
   h->table_fd = fcntl(ipc->table_fd, F_DUPFD_CLOEXEC, 0);
   if (h->table_fd < 0)
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_export(%p): out of "
-                    "file descriptors", ptr);
-  st = export_fds(a, handles, h);
+    st = xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_export(%p): out of "
+                  "file descriptors", ptr);
+  if (st == XSEG_OK) st = export_fds(a, handles, h);
   if (st != XSEG_OK) {
-    close(h->table_fd);
+    if (h->table_fd >= 0) close(h->table_fd);
+    /* A first export that failed leaves no trace: nobody can hold it. */
+    if (fresh) export_forget(ipc, (size_t)(rec - ipc->exports));
     return st;
   }
   memcpy(h->wire.magic, XS_IPC_MAGIC, sizeof h->wire.magic);
@@ -273,13 +287,7 @@ xseg_status xseg_ipc_get_stats(xseg_allocator *a, xseg_ipc_stats *out) {
 /* Withdraws every export: a late xseg_ipc_open finds the slot empty. */
 void xs_ipc_withdraw_locked(xs_ipc *ipc) {
   if (ipc->table == NULL) return;
-  for (size_t i = 0; i < ipc->n_exports; i++) {
-    xs_ipc_export_slot *s =
-        &ipc->table->exports[ipc->exports[i].id % XS_IPC_EXPORTS];
-    atomic_store(&s->id, 0);
-    atomic_store(&s->state, XS_IPC_EMPTY);
-  }
-  ipc->n_exports = 0;
+  while (ipc->n_exports != 0) export_forget(ipc, ipc->n_exports - 1);
   free(ipc->exports);
   ipc->exports = NULL;
   xs_ipc_table_unmap(ipc->table);

@@ -138,21 +138,30 @@ static xs_ipc_export_slot *table_export(xs_ipc_table *t, uint64_t id) {
   return &t->exports[id % XS_IPC_EXPORTS];
 }
 
+/* Holder slots that may be in use: a forged header cannot make a scan
+   run past the table. */
+static size_t table_used(xs_ipc_table *t) {
+  uint32_t n = atomic_load(&t->holders_used);
+  return n < XS_IPC_HOLDERS ? n : XS_IPC_HOLDERS;
+}
+
+static bool table_holds(xs_ipc_holder *h, uint64_t id) {
+  return atomic_load(&h->state) == XS_IPC_HOLDER_HELD &&
+         atomic_load_explicit(&h->id, memory_order_relaxed) == id;
+}
+
 size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id) {
-  size_t n = 0;
-  for (size_t i = 0; i < XS_IPC_HOLDERS; i++) {
-    xs_ipc_holder *h = &t->holders[i];
-    if (atomic_load(&h->state) == XS_IPC_HOLDER_HELD && h->id == id) n++;
-  }
+  size_t n = 0, used = table_used(t);
+  for (size_t i = 0; i < used; i++) n += table_holds(&t->holders[i], id);
   return n;
 }
 
 size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id) {
-  size_t n = 0;
-  for (size_t i = 0; i < XS_IPC_HOLDERS; i++) {
+  size_t n = 0, used = table_used(t);
+  for (size_t i = 0; i < used; i++) {
     xs_ipc_holder *h = &t->holders[i];
-    if (atomic_load(&h->state) != XS_IPC_HOLDER_HELD || h->id != id ||
-        xs_ipc_process_alive(h->pid, h->start))
+    if (!table_holds(h, id) ||
+        xs_ipc_process_alive(atomic_load(&h->pid), atomic_load(&h->start)))
       continue;
     uint32_t held = XS_IPC_HOLDER_HELD;
     n += atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
@@ -177,10 +186,16 @@ bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id) {
 static size_t table_claim(xs_ipc_table *t) {
   for (size_t i = 0; i < XS_IPC_HOLDERS; i++) {
     uint32_t free_ = XS_IPC_HOLDER_FREE;
-    if (atomic_load(&t->holders[i].state) == XS_IPC_HOLDER_FREE &&
-        atomic_compare_exchange_strong(&t->holders[i].state, &free_,
-                                       XS_IPC_HOLDER_CLAIMING))
-      return i;
+    if (atomic_load(&t->holders[i].state) != XS_IPC_HOLDER_FREE ||
+        !atomic_compare_exchange_strong(&t->holders[i].state, &free_,
+                                        XS_IPC_HOLDER_CLAIMING))
+      continue;
+    uint32_t used = atomic_load(&t->holders_used);
+    while (used <= i &&
+           !atomic_compare_exchange_weak(&t->holders_used, &used,
+                                         (uint32_t)i + 1))
+      continue;
+    return i;
   }
   return SIZE_MAX;
 }
@@ -192,9 +207,9 @@ xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
                     "xseg_ipc_open: producer pid %d's reference table is "
                     "full (%d holds)", (int)t->producer_pid, XS_IPC_HOLDERS);
   xs_ipc_holder *h = &t->holders[i];
-  h->pid = xs_ipc_self_pid();
-  h->start = xs_ipc_self_start();
-  h->id = id;
+  atomic_store_explicit(&h->pid, xs_ipc_self_pid(), memory_order_relaxed);
+  atomic_store_explicit(&h->start, xs_ipc_self_start(), memory_order_relaxed);
+  atomic_store_explicit(&h->id, id, memory_order_relaxed);
   atomic_store(&h->state, XS_IPC_HOLDER_HELD);
   xs_ipc_export_slot *e = table_export(t, id);
   uint32_t state = atomic_load(&e->state);

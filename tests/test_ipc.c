@@ -42,6 +42,37 @@ static bool ipc_same(const void *p, size_t n, unsigned tag) {
   return true;
 }
 
+/* ---- README's example, verbatim ---------------------------------------- */
+
+/* Producer: shares a block with whoever is at the other end of `sock`
+   and frees it once the consumer has it open: the block then stays
+   pending until the consumer closes it (or dies). */
+static int produce(xseg_allocator *a, int sock) {
+  void *p = NULL;
+  xseg_ipc_handle *h = NULL;
+  char opened;
+  if (xseg_malloc(a, 4 << 20, NULL, &p) != XSEG_OK) return -1;
+  xseg_status st = xseg_ipc_export(a, p, &h);
+  if (st == XSEG_OK) st = xseg_ipc_send(sock, h);
+  xseg_ipc_handle_free(h);        /* closes our fds; the block stays live */
+  bool held = st == XSEG_OK && read(sock, &opened, 1) == 1;
+  xseg_free(a, p);
+  return held ? 0 : -1;
+}
+
+/* Consumer (another process, its own allocator on the same device). */
+static int consume(xseg_allocator *b, int sock) {
+  xseg_ipc_handle *h = NULL;
+  void *q = NULL;
+  xseg_status st = xseg_ipc_recv(sock, &h);
+  if (st == XSEG_OK) st = xseg_ipc_open(b, h, &q);  /* p's bytes, mapped */
+  if (write(sock, "o", 1) != 1) st = XSEG_ERR_INVALID_ARGUMENT;
+  /* ... kernels on q ... */
+  if (q != NULL && xseg_ipc_close(b, q) != XSEG_OK) st = XSEG_ERR_DRIVER;
+  xseg_ipc_handle_free(h);
+  return st == XSEG_OK ? 0 : -1;
+}
+
 /* ---- the child agent ---------------------------------------------------- */
 
 typedef struct ipc_cmd {
@@ -86,6 +117,7 @@ static int32_t ipc_agent_do(ipc_agent *g, const ipc_cmd *c) {
     case 'w': ipc_fill(g->ptr, c->len, c->tag); return 0;
     case 'c': return xseg_ipc_close(g->a, g->ptr);
     case 'f': return xseg_ipc_send(g->peer, g->h);
+    case 'u': return consume(g->a, g->peer);   /* README's consumer */
     case 'x':                                  /* export a block of its own */
       st = xseg_malloc(g->a, c->len, NULL, &g->own);
       if (st == XSEG_OK) ipc_fill(g->own, c->len, c->tag);
@@ -585,8 +617,9 @@ XSEG_TEST(ipc, forged_handles_fail_and_leave_nothing) {
   XT_OK(xseg_ipc_open(b, h, &q));
   XSEG_EXPECT_EQ(xseg_ipc_close(b, (char *)q + 512), XSEG_ERR_UNKNOWN_POINTER);
   XT_OK(xseg_ipc_close(b, q));
-  XSEG_EXPECT_EQ(xseg_ipc_export(a, p2, &h2), XSEG_ERR_UNKNOWN_POINTER);
   xseg_ipc_handle_free(h2);
+  XSEG_EXPECT_EQ(xseg_ipc_export(a, p2, &h2), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_TRUE(h2 == NULL);
   xseg_ipc_handle_free(h);
   XT_OK(xseg_free(a, p));
   XT_OK(xseg_check(a));
@@ -633,5 +666,123 @@ XSEG_TEST(ipc, snapshot_and_stats_json_show_shared_blocks) {
   XT_OK(xseg_free(a, p2));
   XT_OK(xseg_check(a));
   xseg_destroy(b);
+  xseg_destroy(a);
+}
+
+/* A block both recorded on another stream and held by another process
+   waits for both: once the holder closes, it still waits for the held
+   stream's work queued before the free. */
+XSEG_TEST(ipc, held_block_with_recorded_stream_waits_for_both) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  CUstream s1 = NULL;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  xt_latch *held = xt_latch_new();
+  const size_t size = 64 * 1024;
+  void *p = NULL, *q = NULL, *r = NULL;
+  XT_OK(xseg_malloc(a, size, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XSEG_ASSERT_CU(xt_latch_hold(s1, held));
+  XT_OK(xseg_record_stream(a, p, s1));
+  XT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_ipc_close(b, q));
+  XT_OK(xseg_malloc(a, size, NULL, &r));       /* holder gone, s1 not done */
+  XSEG_EXPECT_TRUE(r != p);
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
+  XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 0);
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_free(a, r));
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  XT_OK(xseg_malloc(a, size, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_TRUE(r == p);
+  XT_OK(xseg_free(a, r));
+  XT_OK(xseg_check(a));
+  xseg_ipc_handle_free(h);
+  xseg_destroy(b);
+  xseg_destroy(a);
+  xt_latch_free(held);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+/* A driver that cannot create fd-exportable handles
+   (CUDA_ERROR_NOT_SUPPORTED) gets plain ones: allocation goes on, and an
+   export then fails saying why. */
+XSEG_TEST(ipc, driver_without_fd_export_still_allocates) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_NOT_SUPPORTED);
+  void *p = NULL;
+  XT_OK(xseg_malloc(a, 1 * MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XSEG_EXPECT_EQ(xseg_ipc_export(a, p, &h), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "refused exportable") != NULL);
+  XSEG_EXPECT_TRUE(h == NULL);
+  XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 0);   /* nothing kept */
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* Classic segments (one handle per segment) share the same way. */
+XSEG_TEST(ipc, classic_segments_are_shared_too) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create("expandable_segments:False");
+  xseg_allocator *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  void *pad = NULL, *p = NULL, *q = NULL;
+  XT_OK(xseg_malloc(a, 3 * MiB, NULL, &pad));
+  XT_OK(xseg_malloc(a, 5 * MiB, NULL, &p));
+  ipc_fill(p, 5 * MiB, 8);
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  xseg_ipc_handle *got = ipc_roundtrip(h);
+  XSEG_ASSERT_TRUE(got != NULL);
+  XT_OK(xseg_ipc_open(b, got, &q));
+  XSEG_EXPECT_TRUE(ipc_same(q, 5 * MiB, 8));
+  XT_OK(xseg_ipc_close(b, q));
+  xseg_ipc_handle_free(got);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_free(a, pad));
+  XT_OK(xseg_check(a));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
+/* README's example as written: produce() here, consume() in another
+   process, over a stream socket; afterwards the block is free. */
+XSEG_TEST(ipc, readme_example) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  int sv[2];
+  XSEG_ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  ipc_child c = ipc_spawn(sv[1]);
+  close(sv[1]);
+  XSEG_ASSERT_GT(c.pid, 0);
+  ipc_cmd use = {.op = 'u'};
+  XSEG_EXPECT_EQ(send(c.ctl, &use, sizeof use, 0), (ssize_t)sizeof use);
+  XSEG_EXPECT_EQ(produce(a, sv[0]), 0);
+  int32_t st = -1;
+  XSEG_EXPECT_EQ(recv(c.ctl, &st, sizeof st, 0), (ssize_t)sizeof st);
+  XSEG_EXPECT_EQ(st, 0);                       /* consume() returned 0 */
+  XSEG_EXPECT_EQ(ipc_finish(c), 0);
+  close(sv[0]);
+  void *p = NULL;
+  XT_OK(xseg_malloc(a, 512, NULL, &p));        /* settles the hold */
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 0);
+  XSEG_EXPECT_EQ(ipc_stats(a).exported_total, 1);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_check(a));
   xseg_destroy(a);
 }
