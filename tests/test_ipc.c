@@ -786,3 +786,25 @@ XSEG_TEST(ipc, readme_example) {
   XT_OK(xseg_check(a));
   xseg_destroy(a);
 }
+
+/* A consumer destroyed with blocks still open lets go of them (its
+   mappings unmapped, its holds released): the producer's free is then
+   immediate. */
+XSEG_TEST(ipc, consumer_destroy_releases_what_it_holds) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  void *p = NULL, *q = NULL;
+  XT_OK(xseg_malloc(a, 2 * MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
+  xseg_destroy(b);                        /* reports the open block */
+  XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 0);
+  XT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
