@@ -117,10 +117,28 @@ uint64_t xs_ipc_self_start(void);
    a zombie, or the pid now names a newer process). */
 bool xs_ipc_process_alive(pid_t pid, uint64_t start);
 
+/* Liveness of holders, cheaply: a process first seen alive (by /proc) is
+   kept with a pidfd, which polls readable once it has exited, zombie or
+   not: one poll() per check instead of a /proc read. At most
+   XS_IPC_ALIVE_MAX processes are kept (the oldest goes first); without
+   pidfd_open every check reads /proc. */
+enum { XS_IPC_ALIVE_MAX = 64 };
+typedef struct xs_ipc_alive_entry {
+  pid_t pid;
+  uint64_t start;
+  int pidfd;
+} xs_ipc_alive_entry;
+typedef struct xs_ipc_alive {
+  xs_ipc_alive_entry e[XS_IPC_ALIVE_MAX];
+  size_t n;
+} xs_ipc_alive;
+bool xs_ipc_alive_check(xs_ipc_alive *c, pid_t pid, uint64_t start);
+void xs_ipc_alive_clear(xs_ipc_alive *c);
+
 /* Holders of block `id` now (HELD slots). */
 size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id);
 /* Frees the HELD slots of `id` whose process is dead; returns how many. */
-size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id);
+size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive);
 /* The producer's handshake before giving a block back: CLOSING, count the
    holders, then EMPTY (true: no holder, the block may go) or back to
    PARKED (false). */
@@ -171,6 +189,7 @@ typedef struct xs_ipc {
   xs_ipc_export *exports;
   size_t n_exports, cap_exports;
   int64_t exported_total, reclaimed;
+  xs_ipc_alive alive;          /* holders known to be running */
   /* Consumer. */
   xs_ipc_peer *peers;
   xs_ipc_mapping *mappings;

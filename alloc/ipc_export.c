@@ -233,7 +233,7 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
       i++;
       continue;
     }
-    ipc->reclaimed += (int64_t)xs_ipc_table_reap(ipc->table, e->id);
+    ipc->reclaimed += (int64_t)xs_ipc_table_reap(ipc->table, e->id, &ipc->alive);
     /* A slot already closed (export_release failed before) stays EMPTY. */
     bool closed = atomic_load(&ipc->table->exports[e->id % XS_IPC_EXPORTS]
                                    .id) != e->id ||
@@ -286,6 +286,7 @@ xseg_status xseg_ipc_get_stats(xseg_allocator *a, xseg_ipc_stats *out) {
 
 /* Withdraws every export: a late xseg_ipc_open finds the slot empty. */
 void xs_ipc_withdraw_locked(xs_ipc *ipc) {
+  xs_ipc_alive_clear(&ipc->alive);
   if (ipc->table == NULL) return;
   while (ipc->n_exports != 0) export_forget(ipc, ipc->n_exports - 1);
   free(ipc->exports);

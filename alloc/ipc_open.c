@@ -182,8 +182,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: %s is NULL",
                     a == NULL ? "allocator" : h == NULL ? "handle" : "ptr");
   *ptr = NULL;
-  xseg_status st = open_check(a, h);
-  if (st != XSEG_OK) return st;
+  xseg_status st = XSEG_OK;
   xs_alloc_lock(a);
   xs_ipc *ipc = xs_ipc_get_locked(a);
   xs_ipc_mapping *m = ipc != NULL ? open_find(ipc, &h->wire) : NULL;
@@ -191,7 +190,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
     st = XSEG_ERR_OUT_OF_MEMORY;
   else if (m != NULL)
     m->refs++;               /* the same block again: the same mapping */
-  else
+  else if ((st = open_check(a, h)) == XSEG_OK)
     st = open_new(a, ipc, h, &m);
   if (st == XSEG_OK) *ptr = (void *)(uintptr_t)m->ptr;
   xs_alloc_unlock(a);

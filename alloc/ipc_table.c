@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -74,6 +76,49 @@ bool xs_ipc_process_alive(pid_t pid, uint64_t start) {
     return now == start && state != 'Z' && state != 'X';
   /* No /proc entry: gone, unless /proc is not there to ask. */
   return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+static void alive_forget(xs_ipc_alive *c, size_t i) {
+  close(c->e[i].pidfd);
+  memmove(&c->e[i], &c->e[i + 1], (c->n - i - 1) * sizeof c->e[0]);
+  c->n--;
+}
+
+/* A pidfd of the process pid started at start, or -1. Opened, then the
+   start time checked again: the pidfd cannot name a later process. */
+static int alive_pidfd(pid_t pid, uint64_t start) {
+#ifdef SYS_pidfd_open
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0 && !xs_ipc_process_alive(pid, start)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+#else
+  (void)pid, (void)start;
+  return -1;
+#endif
+}
+
+bool xs_ipc_alive_check(xs_ipc_alive *c, pid_t pid, uint64_t start) {
+  for (size_t i = 0; i < c->n; i++) {
+    if (c->e[i].pid != pid || c->e[i].start != start) continue;
+    struct pollfd p = {.fd = c->e[i].pidfd, .events = POLLIN};
+    int r = poll(&p, 1, 0);
+    if (r == 0) return true;                 /* still running */
+    alive_forget(c, i);
+    return r < 0 && xs_ipc_process_alive(pid, start);
+  }
+  if (!xs_ipc_process_alive(pid, start)) return false;
+  int fd = alive_pidfd(pid, start);
+  if (fd < 0) return xs_ipc_process_alive(pid, start);
+  if (c->n == XS_IPC_ALIVE_MAX) alive_forget(c, 0);
+  c->e[c->n++] = (xs_ipc_alive_entry){pid, start, fd};
+  return true;
+}
+
+void xs_ipc_alive_clear(xs_ipc_alive *c) {
+  while (c->n != 0) alive_forget(c, c->n - 1);
 }
 
 xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd) {
@@ -156,12 +201,13 @@ size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id) {
   return n;
 }
 
-size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id) {
+size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive) {
   size_t n = 0, used = table_used(t);
   for (size_t i = 0; i < used; i++) {
     xs_ipc_holder *h = &t->holders[i];
     if (!table_holds(h, id) ||
-        xs_ipc_process_alive(atomic_load(&h->pid), atomic_load(&h->start)))
+        xs_ipc_alive_check(alive, atomic_load(&h->pid),
+                           atomic_load(&h->start)))
       continue;
     uint32_t held = XS_IPC_HOLDER_HELD;
     n += atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
