@@ -233,7 +233,8 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
       i++;
       continue;
     }
-    ipc->reclaimed += (int64_t)xs_ipc_table_reap(ipc->table, e->id, &ipc->alive);
+    ipc->reclaimed +=
+        (int64_t)xs_ipc_table_reap(ipc->table, e->id, &ipc->alive);
     /* A slot already closed (export_release failed before) stays EMPTY. */
     bool closed = atomic_load(&ipc->table->exports[e->id % XS_IPC_EXPORTS]
                                    .id) != e->id ||

@@ -5,7 +5,7 @@
  * Other processes are this very test binary, started again with
  * fork + exec (XSEG_IPC_CHILD names its sockets): a fresh process, so the
  * child shares no emulator threads or locks with the parent, as a real
- * consumer would (and as ThreadSanitizer needs). The child is an agent
+ * consumer would (and as ThreadSanitizer needs). The child is a worker
  * that obeys one-packet commands on a SOCK_SEQPACKET control socket (open
  * a received handle, check or write bytes, close, forward, export its own
  * block, quit) and answers each with an int32 status. Device pointers of
@@ -73,24 +73,24 @@ static int consume(xseg_allocator *b, int sock) {
   return st == XSEG_OK ? 0 : -1;
 }
 
-/* ---- the child agent ---------------------------------------------------- */
+/* ---- the child worker ------------------------------------------------- */
 
 typedef struct ipc_cmd {
-  char op;                 /* see ipc_agent_do */
+  char op;                 /* see ipc_worker_do */
   uint8_t tag;
   uint8_t from_peer;       /* 'r': receive on the peer socket */
   uint8_t pad;
   uint32_t len;
 } ipc_cmd;
 
-typedef struct ipc_agent {
+typedef struct ipc_worker {
   xseg_allocator *a;
   int ctl, peer;
   xseg_ipc_handle *h;      /* the handle received last */
   void *ptr;               /* the block it opened */
   void *own;               /* a block it exported itself */
   xseg_ipc_handle *out;    /* its handle, sent after the answer */
-} ipc_agent;
+} ipc_worker;
 
 static xseg_allocator *ipc_create(void) {
   const char *drv = getenv("XSEG_TEST_DRIVER");
@@ -101,7 +101,7 @@ static xseg_allocator *ipc_create(void) {
 }
 
 /* One command; the status it answers. */
-static int32_t ipc_agent_do(ipc_agent *g, const ipc_cmd *c) {
+static int32_t ipc_worker_do(ipc_worker *g, const ipc_cmd *c) {
   void *again = NULL;
   int32_t st = 0;
   switch (c->op) {
@@ -127,12 +127,12 @@ static int32_t ipc_agent_do(ipc_agent *g, const ipc_cmd *c) {
   }
 }
 
-static int ipc_agent_run(int ctl, int peer) {
-  ipc_agent g = {.a = ipc_create(), .ctl = ctl, .peer = peer};
+static int ipc_worker_run(int ctl, int peer) {
+  ipc_worker g = {.a = ipc_create(), .ctl = ctl, .peer = peer};
   if (g.a == NULL) return 3;
   ipc_cmd c;
   while (recv(ctl, &c, sizeof c, 0) == (ssize_t)sizeof c && c.op != 'q') {
-    int32_t st = ipc_agent_do(&g, &c);
+    int32_t st = ipc_worker_do(&g, &c);
     if (send(ctl, &st, sizeof st, MSG_NOSIGNAL) != (ssize_t)sizeof st) break;
     if (g.out != NULL && xseg_ipc_send(ctl, g.out) != XSEG_OK) break;
     xseg_ipc_handle_free(g.out);
@@ -145,22 +145,22 @@ static int ipc_agent_run(int ctl, int peer) {
   return 0;
 }
 
-/* The child's entry: before main, when started as an agent. */
-__attribute__((constructor)) static void ipc_agent_main(void) {
+/* The child's entry: before main, when started as a worker. */
+__attribute__((constructor)) static void ipc_worker_main(void) {
   const char *spec = getenv("XSEG_IPC_CHILD");
   int ctl, peer;
   if (spec == NULL || sscanf(spec, "%d,%d", &ctl, &peer) != 2) return;
-  exit(ipc_agent_run(ctl, peer));
+  exit(ipc_worker_run(ctl, peer));
 }
 
-/* ---- the parent's side of an agent ------------------------------------- */
+/* ---- the parent's side of a worker ------------------------------------- */
 
 typedef struct ipc_child {
   pid_t pid;
   int ctl;                 /* parent's end of the control socket */
 } ipc_child;
 
-/* Starts an agent; `peer` (or -1) is a socket it inherits as its peer. */
+/* Starts a worker; `peer` (or -1) is a socket it inherits as its peer. */
 static ipc_child ipc_spawn(int peer) {
   ipc_child c = {-1, -1};
   int sv[2];
@@ -192,7 +192,7 @@ static ipc_child ipc_spawn(int peer) {
   return c;
 }
 
-/* Sends a command and returns the agent's status (-1: no answer). */
+/* Sends a command and returns the worker's status (-1: no answer). */
 static int32_t ipc_ask(ipc_child c, char op, uint32_t len, unsigned tag) {
   ipc_cmd cmd = {.op = op, .tag = (uint8_t)tag, .len = len};
   int32_t st = -1;
@@ -202,7 +202,7 @@ static int32_t ipc_ask(ipc_child c, char op, uint32_t len, unsigned tag) {
   return st;
 }
 
-/* Sends h, then has the agent receive and open it. */
+/* Sends h, then has the worker receive and open it. */
 static int32_t ipc_give(ipc_child c, const xseg_ipc_handle *h) {
   ipc_cmd cmd = {.op = 'r'};
   int32_t st = -1;
@@ -213,7 +213,7 @@ static int32_t ipc_give(ipc_child c, const xseg_ipc_handle *h) {
   return st;
 }
 
-/* Asks the agent to quit and reaps it; its exit status. */
+/* Asks the worker to quit and reaps it; its exit status. */
 static int ipc_finish(ipc_child c) {
   ipc_cmd cmd = {.op = 'q'};
   send(c.ctl, &cmd, sizeof cmd, MSG_NOSIGNAL);

@@ -1,6 +1,6 @@
 /* ipc.h: physical handles as POSIX file descriptors, for sharing memory
  * with other processes (cuMemExportToShareableHandle and
- * cuMemImportFromShareableHandle with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
+ * cuMemImportFromShareableHandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
  *
  * A handle is exportable only when it was created with that handle type
  * requested: xs_vmm_handle_create asks for it whenever v->shareable is set
