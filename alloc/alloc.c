@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "alloc/allocator.h"
+#include "alloc/ipc.h"
 #include "streams/stream_set.h"
 #include "vmm/error.h"
 
@@ -199,6 +200,7 @@ void xseg_destroy(xseg_allocator *a) {
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   alloc_destroy_pending(a, entered);
+  xs_ipc_destroy_locked(a, entered);
   while (a->streams != NULL) {
     xs_stream_pools *sp = a->streams;
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
@@ -352,6 +354,9 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
+  /* Exported and held by another process: pending until it lets go. */
+  if (__builtin_expect(a->ipc != NULL, 0) && xs_ipc_hold_free_locked(a, b))
+    return XSEG_OK;
   if (__builtin_expect(b->uses.n != 0, 0))
     return xs_alloc_defer_free_locked(a, b);
   alloc_account_free(a, b);

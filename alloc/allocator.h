@@ -92,6 +92,11 @@ struct xseg_allocator {
   xs_capture *captures;
   size_t n_captures, cap_captures, n_implicit;
   xs_trace trace;                     /* device_traces ring (snapshot) */
+  /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
+     first export or open. */
+  struct xs_ipc *ipc;
+  size_t ipc_parked;                  /* pending blocks that other processes
+                                         hold (no events, not in deferred) */
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;
@@ -163,6 +168,11 @@ static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
    parks it pending. Fails (block still live, nothing changed) only when
    the events cannot be recorded or host memory runs out. */
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
+/* A pending block that waited on something else (other processes holding
+   it, alloc/ipc_export.c) now waits on its recorded streams: parked until
+   the next settling of pending frees records their events. Fails only on
+   host OOM (the block is then unchanged). */
+xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
 /* Frees every pending block whose events fired; `wait` blocks on them
    (cuEventSynchronize). Records the events of frees made during a capture
    once none is under way; does nothing while one is. Enters the context. */

@@ -186,7 +186,9 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
       for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
         for (xs_block *b = s->first; b != NULL; b = b->next)
           if (!check_block_streams(c, b, &events, &parked)) return false;
-  if (events != a->pending.entries || parked != a->n_deferred)
+  /* Blocks that other processes hold wait on no event either. */
+  if (events != a->pending.entries ||
+      parked != a->n_deferred + a->ipc_parked)
     CHECK_FAIL(c, "blocks wait on %llu events and %zu are parked; the queues "
                "hold %llu events and %zu parked", (unsigned long long)events,
                parked, (unsigned long long)a->pending.entries, a->n_deferred);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 
 #include "alloc/allocator.h"
+#include "alloc/ipc.h"
 #include "streams/stream_set.h"
 #include "vmm/error.h"
 
@@ -119,8 +120,16 @@ static xseg_status deferred_record_parked(xseg_allocator *a) {
   return first;
 }
 
+xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b) {
+  XS_ASSERT_LOCKED(a);
+  assert(b->pending && b->pending_events == 0 && b->uses.n > 0);
+  return deferred_park(a, b);
+}
+
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   XS_ASSERT_LOCKED(a);
+  /* Blocks other processes held may be free now (no driver call). */
+  if (a->ipc_parked != 0) xs_ipc_reap_locked(a);
   /* An announced capture lasts until xseg_end_allocate_to_pool; only a
      detected one must be asked whether it is still going on. */
   if (!xs_alloc_has_pending(a) || a->n_captures > a->n_implicit)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "alloc/allocator.h"
+#include "alloc/ipc.h"
 #include "vmm/error.h"
 
 static const char *snapshot_state(const xs_block *b) {
@@ -38,17 +39,23 @@ static snapshot_sums snapshot_run_sums(const xs_block *b) {
   return s;
 }
 
-static void snapshot_blocks(FILE *out, const xs_block *b) {
-  for (bool first = true; b != NULL && b->mapped; b = b->next, first = false)
+/* Blocks shared with other processes carry xseg's own key "ipc":
+   "exported" or "open_by_others" (held by another process now). */
+static void snapshot_blocks(FILE *out, xseg_allocator *a, const xs_block *b) {
+  for (bool first = true; b != NULL && b->mapped; b = b->next, first = false) {
+    const char *ipc = b->allocated ? xs_ipc_block_mark_locked(a, b) : NULL;
     fprintf(out,
             "%s\n      {\"address\": %" PRIu64 ", \"size\": %zu, "
-            "\"requested_size\": %zu, \"state\": \"%s\", \"frames\": []}",
+            "\"requested_size\": %zu, \"state\": \"%s\", %s%s%s"
+            "\"frames\": []}",
             first ? "" : ",", b->addr, b->size,
-            b->allocated ? b->requested : 0, snapshot_state(b));
+            b->allocated ? b->requested : 0, snapshot_state(b),
+            ipc ? "\"ipc\": \"" : "", ipc ? ipc : "", ipc ? "\", " : "");
+  }
 }
 
 /* One segment entry for the mapped run that starts at b. */
-static void snapshot_run(FILE *out, const xseg_allocator *a,
+static void snapshot_run(FILE *out, xseg_allocator *a,
                          const xs_stream_pools *sp, const xs_pool *p,
                          const xs_block *b, bool *first) {
   snapshot_sums s = snapshot_run_sums(b);
@@ -62,12 +69,12 @@ static void snapshot_run(FILE *out, const xseg_allocator *a,
           s.active, s.requested, (uintptr_t)p->stream,
           p->kind == XS_POOL_SMALL ? "small" : "large", sp->private_id,
           a->cfg.expandable_segments ? "true" : "false");
-  snapshot_blocks(out, b);
+  snapshot_blocks(out, a, b);
   fputs("]}", out);
   *first = false;
 }
 
-static void snapshot_segments(FILE *out, const xseg_allocator *a) {
+static void snapshot_segments(FILE *out, xseg_allocator *a) {
   bool first = true;
   fputs("{\"segments\": [", out);
   for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)

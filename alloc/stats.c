@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "alloc/allocator.h"
+#include "alloc/ipc.h"
 #include "vmm/error.h"
 
 xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
@@ -70,12 +71,24 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
   xs_alloc_lock(a);
   xs_stats s = a->stats;
   size_t max_split = a->cfg.max_split_size;
+  xseg_ipc_stats ipc;
+  xs_ipc_stats_locked(a, &ipc);
   xs_alloc_unlock(a);
   fputs("{\n", out);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) stats_json_gauge(out, &s, g);
   for (int c = 0; c < XS_COUNTER_COUNT; c++)
     fprintf(out, "  \"%s\": %lld,\n", stats_counter_names[c],
             (long long)s.counter[c]);
+  /* xseg's own: blocks shared with other processes (xseg_ipc_get_stats). */
+  fprintf(out,
+          "  \"ipc.exported_blocks\": %lld,\n  \"ipc.exported_total\": %lld,\n"
+          "  \"ipc.open_by_others\": %lld,\n  \"ipc.pending_on_others\": "
+          "%lld,\n  \"ipc.reclaimed\": %lld,\n  \"ipc.opened_blocks\": "
+          "%lld,\n  \"ipc.opened_total\": %lld,\n",
+          (long long)ipc.exported_blocks, (long long)ipc.exported_total,
+          (long long)ipc.open_by_others, (long long)ipc.pending_on_others,
+          (long long)ipc.reclaimed, (long long)ipc.opened_blocks,
+          (long long)ipc.opened_total);
   /* PyTorch casts SIZE_MAX (unset) to int64: -1. */
   fprintf(out, "  \"max_split_size\": %lld\n}\n",
           max_split == SIZE_MAX ? -1LL : (long long)max_split);

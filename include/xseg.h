@@ -174,6 +174,50 @@ char *xseg_torch_stats_json(int device);
 char *xseg_torch_snapshot_json(int device);
 void  xseg_torch_string_free(char *s);
 
+/* Sharing a live block with other processes (torch.multiprocessing's
+   case), through file descriptors on a Unix socket (SCM_RIGHTS): no
+   pidfd_getfd, no ptrace. The producer exports a block; the handle holds
+   one fd per physical handle the block touches and one of the producer's
+   reference table. A consumer opens it: it maps just those handles (its
+   address space grows by their size, not by a device-sized reservation)
+   and registers by pid in the table. While any process holds the block,
+   the producer's xseg_free leaves it pending (pending_free_bytes) instead
+   of reusing it; the producer reclaims the holds of processes that died
+   (even by SIGKILL) whenever it settles pending frees, e.g. at its next
+   xseg_malloc. A consumer may pass a handle it received on; the producer
+   still decides the block's lifetime. */
+typedef struct xseg_ipc_handle xseg_ipc_handle;            /* opaque */
+/* A handle for the live block at ptr; free it with xseg_ipc_handle_free
+   (which does not affect the block). Exporting the same block again gives
+   a handle to the same block. */
+xseg_status xseg_ipc_export(xseg_allocator *a, void *ptr, xseg_ipc_handle **out);
+/* One message with the handle's fds (the caller keeps the handle). */
+xseg_status xseg_ipc_send(int unix_socket, const xseg_ipc_handle *h);
+/* A handle from one message; a truncated or malformed message is
+   XSEG_ERR_INVALID_ARGUMENT, with every fd that came with it closed. */
+xseg_status xseg_ipc_recv(int unix_socket, xseg_ipc_handle **out);
+void        xseg_ipc_handle_free(xseg_ipc_handle *h);      /* closes its fds */
+/* Maps the block of h read-write (the same pointer, reference-counted,
+   when this allocator has it open already). Fails with a message naming
+   the cause when the producer has exited, the block is no longer
+   exported, h is for another device or an fd is not driver memory; then
+   nothing was kept. */
+xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h, void **ptr);
+/* Drops one open of ptr; the last unmaps it and releases the hold. */
+xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr);
+
+typedef struct xseg_ipc_stats {
+  int64_t exported_blocks;   /* blocks of this allocator with an export now
+                                (live, or freed and held by others) */
+  int64_t exported_total;    /* blocks ever exported */
+  int64_t open_by_others;    /* of exported_blocks, held by a process now */
+  int64_t pending_on_others; /* freed here, waiting for holders to close */
+  int64_t reclaimed;         /* holds of dead processes taken back */
+  int64_t opened_blocks;     /* other processes' blocks open here now */
+  int64_t opened_total;      /* blocks ever mapped by xseg_ipc_open */
+} xseg_ipc_stats;
+xseg_status xseg_ipc_get_stats(xseg_allocator *a, xseg_ipc_stats *out);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

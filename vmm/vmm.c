@@ -70,6 +70,9 @@ xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device) {
   v->access[0].location.id = device;
   v->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   v->n_access = 1;
+  /* Every handle is exportable, so that any live block can be shared
+     (alloc/ipc_export.c): the handle type costs nothing until exported. */
+  v->shareable = true;
   return XSEG_OK;
 }
 
@@ -126,10 +129,15 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size) {
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle) {
   assert(size % v->granularity == 0 && "handles are granule multiples");
-  CUmemAllocationProp prop = vmm_prop(v, exportable);
+  CUmemAllocationProp prop = vmm_prop(v, exportable || v->shareable);
   CUmemGenericAllocationHandle h;
-  XS_CHECK(v, XS_DRV(v->drv, cuMemCreate, &h, size, &prop, 0),
-           "cuMemCreate(size %zu) on device %d", size, v->device);
+  CUresult r = XS_DRV(v->drv, cuMemCreate, &h, size, &prop, 0);
+  if (r == CUDA_ERROR_NOT_SUPPORTED && !exportable && v->shareable) {
+    v->shareable = false;        /* e.g. a sandbox without fd export */
+    prop = vmm_prop(v, false);
+    r = XS_DRV(v->drv, cuMemCreate, &h, size, &prop, 0);
+  }
+  XS_CHECK(v, r, "cuMemCreate(size %zu) on device %d", size, v->device);
   *handle = (uint64_t)h;
   return XSEG_OK;
 }

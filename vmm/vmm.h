@@ -27,6 +27,9 @@ typedef struct xs_vmm {
   size_t granularity;              /* minimum mapping granularity */
   size_t total_memory;             /* cuDeviceTotalMem */
   int n_access;                    /* entries of access[] in use, >= 1 */
+  bool shareable;                  /* handles are created exportable as
+                                      POSIX fds (IPC); cleared if the
+                                      driver refuses that */
   CUmemAccessDesc access[XS_VMM_MAX_ACCESS];
 } xs_vmm;
 
@@ -50,7 +53,9 @@ xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr);
 xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
 
 /* One physical allocation of `size` bytes (a multiple of the granularity).
-   `exportable` asks for POSIX file descriptor export (IPC). */
+   `exportable` (or v->shareable) asks for POSIX file descriptor export
+   (IPC); a driver that does not support it (CUDA_ERROR_NOT_SUPPORTED) gets
+   a plain handle, and v->shareable is cleared. */
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle);
 xseg_status xs_vmm_handle_release(xs_vmm *v, uint64_t handle);

@@ -1,0 +1,220 @@
+/* ipc.h: sharing live blocks with other processes (internal).
+ *
+ * A producer exports a live block as a handle: one POSIX fd per physical
+ * handle the block touches, the block's offset inside them, and an fd of
+ * the producer's reference table. A consumer maps exactly those handles at
+ * a reservation of their size (never 9/8 of the device) and registers
+ * itself, by pid and process start time, in the producer's table.
+ *
+ * The reference table is a memfd (alloc/ipc_table.c) rather than a named
+ * shm_open object: it travels with every handle through SCM_RIGHTS like
+ * the memory fds do, so it needs no name, no /dev/shm (which sandboxes
+ * often lack or share), nothing to unlink when a producer is SIGKILLed,
+ * and no process can find it that was not given a handle.
+ *
+ * Lifetime: a block freed by its producer while any holder remains is
+ * parked pending (pending_free_bytes), out of every tree; the producer
+ * looks at its parked blocks whenever it settles pending frees (every
+ * malloc while any is pending), reclaims the holds of processes that
+ * died, and gives a block back once no holder is left.
+ */
+#ifndef XS_ALLOC_IPC_H
+#define XS_ALLOC_IPC_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "alloc/allocator.h"
+
+/* SCM_MAX_FD is 253 per message: the table's fd and the handles'. A block
+   that touches more physical handles than this cannot be exported. */
+enum { XS_IPC_MAX_HANDLES = 252 };
+enum { XS_IPC_VERSION = 1 };
+#define XS_IPC_MAGIC "XSEGIPC"            /* 8 bytes with its NUL */
+
+/* The message: sent whole, in one sendmsg with 1 + n_handles fds (the
+   table first). Host byte order: both ends are on one machine. */
+typedef struct xs_ipc_wire {
+  char magic[8];
+  uint32_t version;
+  uint32_t n_handles;
+  int32_t producer_pid;
+  int32_t device;
+  uint64_t producer_start;                /* clock ticks after boot */
+  uint64_t block_id;                      /* key in the producer's table */
+  uint64_t block_size;                    /* bytes of the block */
+  uint64_t offset;                        /* of the block in the handles */
+  uint64_t handle_size[XS_IPC_MAX_HANDLES];
+} xs_ipc_wire;
+
+struct xseg_ipc_handle {
+  xs_ipc_wire wire;
+  int table_fd;
+  int fd[XS_IPC_MAX_HANDLES];             /* wire.n_handles of them */
+};
+
+/* ---- the shared reference table (ipc_table.c) -------------------------- */
+
+enum { XS_IPC_EXPORTS = 4096, XS_IPC_HOLDERS = 8192 };
+
+/* An export slot, written by the producer alone. A block id is
+   generation * XS_IPC_EXPORTS + slot, never 0. Holders may register while
+   the slot is LIVE or PARKED; CLOSING means the producer is counting
+   holders to give the block back (a consumer that sees it backs out). */
+typedef enum xs_ipc_export_state {
+  XS_IPC_EMPTY = 0, XS_IPC_LIVE, XS_IPC_PARKED, XS_IPC_CLOSING
+} xs_ipc_export_state;
+
+typedef struct xs_ipc_export_slot {
+  _Atomic uint64_t id;
+  _Atomic uint32_t state;
+  uint32_t pad;
+} xs_ipc_export_slot;
+
+/* A holder slot: one consumer process holding one block. Claimed with a
+   compare-and-swap FREE -> CLAIMING by the consumer, published HELD once
+   pid, start and id are written; set FREE by the consumer when it closes,
+   or by the producer when that process is dead. */
+typedef enum xs_ipc_holder_state {
+  XS_IPC_HOLDER_FREE = 0, XS_IPC_HOLDER_CLAIMING, XS_IPC_HOLDER_HELD
+} xs_ipc_holder_state;
+
+typedef struct xs_ipc_holder {
+  _Atomic uint32_t state;
+  _Atomic int32_t pid;
+  _Atomic uint64_t start;
+  _Atomic uint64_t id;
+  uint64_t pad;
+} xs_ipc_holder;
+
+typedef struct xs_ipc_table {
+  char magic[8];
+  uint32_t version;
+  int32_t producer_pid;
+  uint64_t producer_start;
+  _Atomic uint32_t holders_used;    /* slots below this were ever claimed:
+                                       scans stop there */
+  uint32_t pad32;
+  uint64_t pad[4];
+  xs_ipc_export_slot exports[XS_IPC_EXPORTS];
+  xs_ipc_holder holders[XS_IPC_HOLDERS];
+} xs_ipc_table;
+
+/* A new table in a memfd, mapped shared; XSEG_ERR_* with a message. */
+xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd);
+/* Maps the table behind fd and checks its header against the producer the
+   message names. */
+xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
+                             xs_ipc_table **out);
+void xs_ipc_table_unmap(xs_ipc_table *t);
+
+/* This process's identity: pid and start time. */
+pid_t    xs_ipc_self_pid(void);
+uint64_t xs_ipc_self_start(void);
+/* False only when process `pid` started at `start` is gone (exited,
+   a zombie, or the pid now names a newer process). */
+bool xs_ipc_process_alive(pid_t pid, uint64_t start);
+
+/* Liveness of holders, cheaply: a process first seen alive (by /proc) is
+   kept with a pidfd, which polls readable once it has exited, zombie or
+   not: one poll() per check instead of a /proc read. At most
+   XS_IPC_ALIVE_MAX processes are kept (the oldest goes first); without
+   pidfd_open every check reads /proc. */
+enum { XS_IPC_ALIVE_MAX = 64 };
+typedef struct xs_ipc_alive_entry {
+  pid_t pid;
+  uint64_t start;
+  int pidfd;
+} xs_ipc_alive_entry;
+typedef struct xs_ipc_alive {
+  xs_ipc_alive_entry e[XS_IPC_ALIVE_MAX];
+  size_t n;
+} xs_ipc_alive;
+bool xs_ipc_alive_check(xs_ipc_alive *c, pid_t pid, uint64_t start);
+void xs_ipc_alive_clear(xs_ipc_alive *c);
+
+/* Holders of block `id` now (HELD slots). */
+size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id);
+/* Frees the HELD slots of `id` whose process is dead; returns how many. */
+size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive);
+/* The producer's handshake before giving a block back: CLOSING, count the
+   holders, then EMPTY (true: no holder, the block may go) or back to
+   PARKED (false). */
+bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id);
+/* The consumer's side: claims a holder slot for `id` and checks, after
+   publishing it, that the block is still exported (LIVE or PARKED).
+   Returns the slot, or SIZE_MAX with a message. */
+xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot);
+void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot);
+
+/* ---- the allocator's side ---------------------------------------------- */
+
+/* A block this allocator exported. */
+typedef struct xs_ipc_export {
+  xs_block *block;
+  uint64_t id;
+  bool parked;                 /* freed by the caller, held by others */
+} xs_ipc_export;
+
+/* A block of another process that this allocator has open. */
+typedef struct xs_ipc_mapping {
+  struct xs_ipc_peer *peer;
+  uint64_t id;
+  size_t holder;               /* slot in the peer's table */
+  uint64_t va;                 /* reservation, exactly the handles' size */
+  size_t size;
+  uint64_t ptr;                /* va + offset: what the caller got */
+  uint32_t n;                  /* imported handles */
+  uint64_t refs;               /* xseg_ipc_open calls not yet closed */
+  uint64_t *handles;
+  struct xs_ipc_mapping *next;
+} xs_ipc_mapping;
+
+/* A producer whose table this allocator has mapped. */
+typedef struct xs_ipc_peer {
+  pid_t pid;
+  uint64_t start;
+  xs_ipc_table *table;
+  size_t mappings;             /* xs_ipc_mapping's on it */
+  struct xs_ipc_peer *next;
+} xs_ipc_peer;
+
+typedef struct xs_ipc {
+  /* Producer. */
+  xs_ipc_table *table;         /* NULL until the first export */
+  int table_fd;
+  uint64_t generation;
+  xs_ipc_export *exports;
+  size_t n_exports, cap_exports;
+  int64_t exported_total, reclaimed;
+  xs_ipc_alive alive;          /* holders known to be running */
+  /* Consumer. */
+  xs_ipc_peer *peers;
+  xs_ipc_mapping *mappings;
+  int64_t opened_total;
+} xs_ipc;
+
+/* a->ipc, made on first use; NULL (message set) on host OOM. */
+xs_ipc *xs_ipc_get_locked(xseg_allocator *a);
+
+/* Hook of xseg_free: true when b, exported and still held by another
+   process, was parked pending (a->ipc_parked) instead of freed. */
+bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b);
+/* Hook of pending frees: reclaims dead holders and gives back parked
+   blocks that no one holds. */
+void xs_ipc_reap_locked(xseg_allocator *a);
+/* xseg_destroy: unmaps what this allocator opened and withdraws what it
+   exported (parked blocks go with their segments). Context current when
+   `entered`. */
+void xs_ipc_destroy_locked(xseg_allocator *a, bool entered);
+/* Counts for xseg_ipc_get_stats and xseg_stats_json. */
+void xs_ipc_stats_locked(xseg_allocator *a, xseg_ipc_stats *out);
+/* Empties every export slot (a late open fails cleanly) and lets go of
+   the table. */
+void xs_ipc_withdraw_locked(xs_ipc *ipc);
+/* For the snapshot: "exported", "open_by_others" or NULL. */
+const char *xs_ipc_block_mark_locked(xseg_allocator *a, const xs_block *b);
+
+#endif /* XS_ALLOC_IPC_H */

@@ -1,0 +1,269 @@
+/* ipc_open.c: the consumer's side: xseg_ipc_open maps another process's
+ * block, xseg_ipc_close unmaps it.
+ *
+ * A block is mapped once per allocator however often it is opened (a
+ * reference count), at a reservation of exactly its handles' size: the
+ * consumer's address space grows by what it maps, never by a reservation
+ * of the device's size. Before anything is imported the consumer
+ * registers in the producer's table (ipc_table.c), so the producer keeps
+ * the block from the moment the open can succeed until the close, or until
+ * this process dies.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc/ipc.h"
+#include "vmm/error.h"
+#include "vmm/ipc.h"
+
+static xs_ipc_mapping *open_find(xs_ipc *ipc, const xs_ipc_wire *w) {
+  for (xs_ipc_mapping *m = ipc->mappings; m != NULL; m = m->next)
+    if (m->id == w->block_id && m->peer->pid == w->producer_pid &&
+        m->peer->start == w->producer_start)
+      return m;
+  return NULL;
+}
+
+/* The producer's table, mapped on its first block. */
+static xseg_status open_peer(xs_ipc *ipc, const xseg_ipc_handle *h,
+                             xs_ipc_peer **out) {
+  const xs_ipc_wire *w = &h->wire;
+  for (xs_ipc_peer *p = ipc->peers; p != NULL; p = p->next)
+    if (p->pid == w->producer_pid && p->start == w->producer_start)
+      return *out = p, XSEG_OK;
+  xs_ipc_peer *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
+                    "memory");
+  xseg_status st = xs_ipc_table_map(h->table_fd, w, &p->table);
+  if (st != XSEG_OK) {
+    free(p);
+    return st;
+  }
+  p->pid = w->producer_pid;
+  p->start = w->producer_start;
+  p->next = ipc->peers;
+  ipc->peers = p;
+  *out = p;
+  return XSEG_OK;
+}
+
+static void open_peer_put(xs_ipc *ipc, xs_ipc_peer *p) {
+  if (p->mappings != 0) return;
+  xs_ipc_peer **link = &ipc->peers;
+  while (*link != p) link = &(*link)->next;
+  *link = p->next;
+  xs_ipc_table_unmap(p->table);
+  free(p);
+}
+
+/* Imports the handles of h into m (m->n of them on return, all or those
+   before the one that failed). */
+static xseg_status open_import(xs_vmm *v, const xseg_ipc_handle *h,
+                               xs_ipc_mapping *m) {
+  for (m->n = 0; m->n < h->wire.n_handles; m->n++) {
+    xseg_status st = xs_vmm_handle_import(v, h->fd[m->n], &m->handles[m->n]);
+    if (st != XSEG_OK) return st;
+    m->size += h->wire.handle_size[m->n];
+  }
+  return XSEG_OK;
+}
+
+/* Maps m's imported handles one after another at a fresh reservation of
+   their size and grants access; on failure undoes what it did (the
+   handles stay imported). */
+static xseg_status open_map(xs_vmm *v, const xseg_ipc_handle *h,
+                            xs_ipc_mapping *m) {
+  xseg_status st = xs_vmm_reserve(v, m->size, &m->va);
+  size_t mapped = 0;
+  for (uint32_t i = 0; i < m->n && st == XSEG_OK; i++) {
+    st = xs_vmm_map(v, m->va + mapped, h->wire.handle_size[i], m->handles[i]);
+    if (st == XSEG_OK) mapped += h->wire.handle_size[i];
+  }
+  if (st == XSEG_OK) st = xs_vmm_set_access(v, m->va, m->size);
+  if (st == XSEG_OK) return XSEG_OK;
+  /* Undone around the wrappers: the message stays the failing call's. */
+  if (mapped != 0) XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)m->va, mapped);
+  if (m->va != 0)
+    XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)m->va, m->size);
+  m->va = 0;
+  return st;
+}
+
+/* Releases m's imported handles (unmapped already). */
+static void open_release(xs_vmm *v, xs_ipc_mapping *m) {
+  for (uint32_t i = 0; i < m->n; i++)
+    XS_DRV(v->drv, cuMemRelease, (CUmemGenericAllocationHandle)m->handles[i]);
+  m->n = 0;
+}
+
+/* Driver side of an open: import and map, in the device's context. */
+static xseg_status open_driver(xs_vmm *v, const xseg_ipc_handle *h,
+                               xs_ipc_mapping *m) {
+  for (uint32_t i = 0; i < h->wire.n_handles; i++)
+    if (h->wire.handle_size[i] % v->granularity != 0)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                      "xseg_ipc_open: handle %u's size %llu is not a "
+                      "multiple of the granularity %zu", i,
+                      (unsigned long long)h->wire.handle_size[i],
+                      v->granularity);
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(v, &saved);
+  if (st != XSEG_OK) return st;
+  st = open_import(v, h, m);
+  if (st == XSEG_OK) st = open_map(v, h, m);
+  if (st != XSEG_OK) open_release(v, m);
+  xs_vmm_ctx_leave(v, saved);
+  return st;
+}
+
+/* Why this allocator cannot open h at all, or XSEG_OK. */
+static xseg_status open_check(const xseg_allocator *a,
+                              const xseg_ipc_handle *h) {
+  const xs_ipc_wire *w = &h->wire;
+  if (w->device != a->vmm.device)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: the handle is for device %d, the "
+                    "allocator for device %d", (int)w->device, a->vmm.device);
+  if (!xs_ipc_process_alive(w->producer_pid, w->producer_start))
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: the producer of block %llu (pid %d) has "
+                    "exited; its blocks cannot be opened",
+                    (unsigned long long)w->block_id, (int)w->producer_pid);
+  return XSEG_OK;
+}
+
+/* A new mapping of h: registered as a holder, imported and mapped. */
+static xseg_status open_new(xseg_allocator *a, xs_ipc *ipc,
+                            const xseg_ipc_handle *h, xs_ipc_mapping **out) {
+  xs_ipc_mapping *m = calloc(1, sizeof *m);
+  uint64_t *handles = calloc(h->wire.n_handles, sizeof *handles);
+  if (m == NULL || handles == NULL) {
+    free(m);
+    free(handles);
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
+                    "memory");
+  }
+  m->handles = handles;
+  xseg_status st = open_peer(ipc, h, &m->peer);
+  if (st == XSEG_OK) {
+    m->peer->mappings++;
+    st = xs_ipc_table_hold(m->peer->table, h->wire.block_id, &m->holder);
+    if (st == XSEG_OK) {
+      st = open_driver(&a->vmm, h, m);
+      if (st != XSEG_OK) xs_ipc_table_unhold(m->peer->table, m->holder);
+    }
+    if (st != XSEG_OK) {
+      m->peer->mappings--;
+      open_peer_put(ipc, m->peer);
+    }
+  }
+  if (st != XSEG_OK) {
+    free(handles);
+    free(m);
+    return st;
+  }
+  m->id = h->wire.block_id;
+  m->ptr = m->va + h->wire.offset;
+  m->refs = 1;
+  m->next = ipc->mappings;
+  ipc->mappings = m;
+  ipc->opened_total++;
+  *out = m;
+  return XSEG_OK;
+}
+
+xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
+                          void **ptr) {
+  if (a == NULL || h == NULL || ptr == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: %s is NULL",
+                    a == NULL ? "allocator" : h == NULL ? "handle" : "ptr");
+  *ptr = NULL;
+  xseg_status st = XSEG_OK;
+  xs_alloc_lock(a);
+  xs_ipc *ipc = xs_ipc_get_locked(a);
+  xs_ipc_mapping *m = ipc != NULL ? open_find(ipc, &h->wire) : NULL;
+  if (ipc == NULL)
+    st = XSEG_ERR_OUT_OF_MEMORY;
+  else if (m != NULL)
+    m->refs++;               /* the same block again: the same mapping */
+  else if ((st = open_check(a, h)) == XSEG_OK)
+    st = open_new(a, ipc, h, &m);
+  if (st == XSEG_OK) *ptr = (void *)(uintptr_t)m->ptr;
+  xs_alloc_unlock(a);
+  return st;
+}
+
+/* Unmaps m, releases its handles and its hold, and forgets it. */
+static xseg_status close_mapping(xseg_allocator *a, xs_ipc *ipc,
+                                 xs_ipc_mapping *m, bool entered) {
+  xs_vmm *v = &a->vmm;
+  xseg_status st = XSEG_OK;
+  if (entered) {
+    st = xs_vmm_unmap(v, m->va, m->size);
+    if (st != XSEG_OK) {               /* still mapped: keep everything */
+      m->refs = 1;
+      return st;
+    }
+    open_release(v, m);
+    st = xs_vmm_unreserve(v, m->va, m->size);
+  }
+  xs_ipc_table_unhold(m->peer->table, m->holder);
+  m->peer->mappings--;
+  open_peer_put(ipc, m->peer);
+  xs_ipc_mapping **link = &ipc->mappings;
+  while (*link != m) link = &(*link)->next;
+  *link = m->next;
+  free(m->handles);
+  free(m);
+  return st;
+}
+
+xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_close(%p): "
+                    "allocator is NULL", ptr);
+  xs_alloc_lock(a);
+  xs_ipc *ipc = a->ipc;
+  xs_ipc_mapping *m = ipc != NULL ? ipc->mappings : NULL;
+  while (m != NULL && m->ptr != (uint64_t)(uintptr_t)ptr) m = m->next;
+  xseg_status st = XSEG_OK;
+  if (m == NULL) {
+    st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                  "xseg_ipc_close(%p): not a block this allocator opened "
+                  "with xseg_ipc_open (or already closed)", ptr);
+  } else if (--m->refs == 0) {
+    CUcontext saved;
+    st = xs_vmm_ctx_enter(&a->vmm, &saved);
+    if (st != XSEG_OK) {
+      m->refs = 1;
+    } else {
+      st = close_mapping(a, ipc, m, true);   /* m is gone unless unmap failed */
+      xs_vmm_ctx_leave(&a->vmm, saved);
+    }
+  }
+  xs_alloc_unlock(a);
+  return st;
+}
+
+void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
+  xs_ipc *ipc = a->ipc;
+  if (ipc == NULL) return;
+  if (ipc->mappings != NULL) {
+    size_t n = 0;
+    for (xs_ipc_mapping *m = ipc->mappings; m != NULL; m = m->next) n++;
+    fprintf(stderr, "xseg_destroy: device %d still has %zu blocks of other "
+            "processes open; closing them\n", a->vmm.device, n);
+  }
+  while (ipc->mappings != NULL) {
+    xs_ipc_mapping *m = ipc->mappings;
+    if (close_mapping(a, ipc, m, entered) != XSEG_OK && ipc->mappings == m)
+      close_mapping(a, ipc, m, false);       /* forget what cannot go */
+  }
+  xs_ipc_withdraw_locked(ipc);
+  free(ipc);
+  a->ipc = NULL;
+}

@@ -1,0 +1,277 @@
+/* ipc_table.c: the reference table a producer shares with the processes
+ * that hold its blocks, and how a process is told alive from dead.
+ *
+ * One memfd per producing allocator, mapped MAP_SHARED by every holder
+ * (see ipc.h for why a memfd). Lock-free: export slots are written by the
+ * producer alone; holder slots are claimed by compare-and-swap. Giving a
+ * block back races with a consumer registering, and both sides use the
+ * same sequentially consistent handshake, so one of them always sees the
+ * other:
+ *
+ *     producer                         consumer
+ *     export.state = CLOSING           holder.state = HELD (id, pid)
+ *     count HELD holders of id         read export.state of id
+ *     0: EMPTY, give the block back    not LIVE/PARKED: unhold, fail
+ *     else: PARKED, keep it            else: map it
+ *
+ * A process is identified by pid and start time (from /proc/<pid>/stat),
+ * so a pid reused by a later process does not keep a dead one's holds.
+ */
+#define _GNU_SOURCE
+#include <assert.h>
+#include <errno.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc/ipc.h"
+#include "vmm/error.h"
+
+/* State and start time of `pid` from /proc; false when it has none. */
+static bool table_proc_stat(pid_t pid, char *state, uint64_t *start) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  /* "pid (comm) S ppid ..." : comm may hold anything, so parse after the
+     last ')'. starttime is field 22, the 20th after comm. */
+  char *p = strrchr(buf, ')');
+  if (p == NULL || p[1] != ' ') return false;
+  *state = p[2];
+  p += 2;
+  for (int field = 3; field < 22 && p != NULL; field++) {
+    p = strchr(p, ' ');
+    if (p != NULL) p++;
+  }
+  if (p == NULL) return false;
+  *start = strtoull(p, NULL, 10);
+  return true;
+}
+
+pid_t xs_ipc_self_pid(void) { return getpid(); }
+
+uint64_t xs_ipc_self_start(void) {
+  char state;
+  uint64_t start = 0;
+  if (!table_proc_stat(getpid(), &state, &start)) return 0;
+  return start;
+}
+
+bool xs_ipc_process_alive(pid_t pid, uint64_t start) {
+  if (pid <= 0) return false;
+  char state;
+  uint64_t now;
+  if (table_proc_stat(pid, &state, &now))
+    return now == start && state != 'Z' && state != 'X';
+  /* No /proc entry: gone, unless /proc is not there to ask. */
+  return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+static void alive_forget(xs_ipc_alive *c, size_t i) {
+  close(c->e[i].pidfd);
+  memmove(&c->e[i], &c->e[i + 1], (c->n - i - 1) * sizeof c->e[0]);
+  c->n--;
+}
+
+/* A pidfd of the process pid started at start, or -1. Opened, then the
+   start time checked again: the pidfd cannot name a later process. */
+static int alive_pidfd(pid_t pid, uint64_t start) {
+#ifdef SYS_pidfd_open
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0 && !xs_ipc_process_alive(pid, start)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+#else
+  (void)pid, (void)start;
+  return -1;
+#endif
+}
+
+bool xs_ipc_alive_check(xs_ipc_alive *c, pid_t pid, uint64_t start) {
+  for (size_t i = 0; i < c->n; i++) {
+    if (c->e[i].pid != pid || c->e[i].start != start) continue;
+    struct pollfd p = {.fd = c->e[i].pidfd, .events = POLLIN};
+    int r = poll(&p, 1, 0);
+    if (r == 0) return true;                 /* still running */
+    alive_forget(c, i);
+    return r < 0 && xs_ipc_process_alive(pid, start);
+  }
+  if (!xs_ipc_process_alive(pid, start)) return false;
+  int fd = alive_pidfd(pid, start);
+  if (fd < 0) return xs_ipc_process_alive(pid, start);
+  if (c->n == XS_IPC_ALIVE_MAX) alive_forget(c, 0);
+  c->e[c->n++] = (xs_ipc_alive_entry){pid, start, fd};
+  return true;
+}
+
+void xs_ipc_alive_clear(xs_ipc_alive *c) {
+  while (c->n != 0) alive_forget(c, c->n - 1);
+}
+
+xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd) {
+  int f = memfd_create("xseg-ipc-table", MFD_CLOEXEC);
+  if (f < 0)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "memfd_create for the IPC reference table failed: %s",
+                    strerror(errno));
+  xs_ipc_table *t = MAP_FAILED;
+  if (ftruncate(f, sizeof *t) == 0)
+    t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  if (t == MAP_FAILED) {
+    int e = errno;
+    close(f);
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "sizing or mapping the IPC reference table (%zu bytes) "
+                    "failed: %s", sizeof *t, strerror(e));
+  }
+  /* A fresh memfd reads as zeros: every slot EMPTY or FREE. */
+  memcpy(t->magic, XS_IPC_MAGIC, sizeof t->magic);
+  t->version = XS_IPC_VERSION;
+  t->producer_pid = xs_ipc_self_pid();
+  t->producer_start = xs_ipc_self_start();
+  *out = t;
+  *fd = f;
+  return XSEG_OK;
+}
+
+xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
+                             xs_ipc_table **out) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (size_t)st.st_size != sizeof(xs_ipc_table))
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: the handle's table fd %d is not an xseg "
+                    "reference table (expected a %zu-byte memfd)", fd,
+                    sizeof(xs_ipc_table));
+  xs_ipc_table *t = mmap(NULL, sizeof *t, PROT_READ | PROT_WRITE, MAP_SHARED,
+                         fd, 0);
+  if (t == MAP_FAILED)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "xseg_ipc_open: mapping the reference table failed: %s",
+                    strerror(errno));
+  if (memcmp(t->magic, XS_IPC_MAGIC, sizeof t->magic) != 0 ||
+      t->version != XS_IPC_VERSION || t->producer_pid != w->producer_pid ||
+      t->producer_start != w->producer_start) {
+    xs_ipc_table_unmap(t);
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: the reference table does not belong to "
+                    "producer pid %d named by the handle (forged or mixed-up "
+                    "handle)", (int)w->producer_pid);
+  }
+  *out = t;
+  return XSEG_OK;
+}
+
+void xs_ipc_table_unmap(xs_ipc_table *t) {
+  if (t != NULL) munmap(t, sizeof *t);
+}
+
+static xs_ipc_export_slot *table_export(xs_ipc_table *t, uint64_t id) {
+  return &t->exports[id % XS_IPC_EXPORTS];
+}
+
+/* Holder slots that may be in use: a forged header cannot make a scan
+   run past the table. */
+static size_t table_used(xs_ipc_table *t) {
+  uint32_t n = atomic_load(&t->holders_used);
+  return n < XS_IPC_HOLDERS ? n : XS_IPC_HOLDERS;
+}
+
+static bool table_holds(xs_ipc_holder *h, uint64_t id) {
+  return atomic_load(&h->state) == XS_IPC_HOLDER_HELD &&
+         atomic_load_explicit(&h->id, memory_order_relaxed) == id;
+}
+
+size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id) {
+  size_t n = 0, used = table_used(t);
+  for (size_t i = 0; i < used; i++) n += table_holds(&t->holders[i], id);
+  return n;
+}
+
+size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive) {
+  size_t n = 0, used = table_used(t);
+  for (size_t i = 0; i < used; i++) {
+    xs_ipc_holder *h = &t->holders[i];
+    if (!table_holds(h, id) ||
+        xs_ipc_alive_check(alive, atomic_load(&h->pid),
+                           atomic_load(&h->start)))
+      continue;
+    uint32_t held = XS_IPC_HOLDER_HELD;
+    n += atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
+  }
+  return n;
+}
+
+bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id) {
+  xs_ipc_export_slot *e = table_export(t, id);
+  assert(atomic_load(&e->id) == id && "the producer owns its slots");
+  atomic_store(&e->state, XS_IPC_CLOSING);
+  if (xs_ipc_table_holders(t, id) != 0) {
+    atomic_store(&e->state, XS_IPC_PARKED);
+    return false;
+  }
+  atomic_store(&e->id, 0);
+  atomic_store(&e->state, XS_IPC_EMPTY);
+  return true;
+}
+
+/* A FREE holder slot, claimed; SIZE_MAX when the table is full. */
+static size_t table_claim(xs_ipc_table *t) {
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++) {
+    uint32_t free_ = XS_IPC_HOLDER_FREE;
+    if (atomic_load(&t->holders[i].state) != XS_IPC_HOLDER_FREE ||
+        !atomic_compare_exchange_strong(&t->holders[i].state, &free_,
+                                        XS_IPC_HOLDER_CLAIMING))
+      continue;
+    uint32_t used = atomic_load(&t->holders_used);
+    while (used <= i &&
+           !atomic_compare_exchange_weak(&t->holders_used, &used,
+                                         (uint32_t)i + 1))
+      continue;
+    return i;
+  }
+  return SIZE_MAX;
+}
+
+xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
+  size_t i = table_claim(t);
+  if (i == SIZE_MAX)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "xseg_ipc_open: producer pid %d's reference table is "
+                    "full (%d holds)", (int)t->producer_pid, XS_IPC_HOLDERS);
+  xs_ipc_holder *h = &t->holders[i];
+  atomic_store_explicit(&h->pid, xs_ipc_self_pid(), memory_order_relaxed);
+  atomic_store_explicit(&h->start, xs_ipc_self_start(), memory_order_relaxed);
+  atomic_store_explicit(&h->id, id, memory_order_relaxed);
+  atomic_store(&h->state, XS_IPC_HOLDER_HELD);
+  xs_ipc_export_slot *e = table_export(t, id);
+  uint32_t state = atomic_load(&e->state);
+  if (atomic_load(&e->id) != id ||
+      (state != XS_IPC_LIVE && state != XS_IPC_PARKED)) {
+    xs_ipc_table_unhold(t, i);
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: block %llu is no longer exported by "
+                    "producer pid %d (freed, or the handle is forged)",
+                    (unsigned long long)id, (int)t->producer_pid);
+  }
+  *slot = i;
+  return XSEG_OK;
+}
+
+void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot) {
+  assert(slot < XS_IPC_HOLDERS);
+  atomic_store(&t->holders[slot].state, XS_IPC_HOLDER_FREE);
+}
