@@ -127,7 +127,9 @@ XSEG_TEST(SimDevice, release_of_unretained_primary_context_fails) {
    cuCtxPushCurrent / cuCtxPopCurrent ("Pops the current CUDA context"; an
    empty stack is CUDA_ERROR_INVALID_CONTEXT), cuCtxCreate pushes the new
    context, cuCtxDestroy pops it "as though cuCtxPopCurrent() were called",
-   cuCtxSetCurrent replaces the top and NULL pops it. */
+   cuCtxSetCurrent replaces the top and NULL pops it. A destroyed context's
+   handle is refused by the emulator only: on H100, driver 580, passing it
+   again crashed the process (SIGSEGV), as cuda.h leaves it undefined. */
 static void *st_stack_thread(void *arg) {
   int *bad = arg;
   CUcontext primary, made, cur, popped;
@@ -140,8 +142,10 @@ static void *st_stack_thread(void *arg) {
   *bad |= (cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev != 0) << 5;
   *bad |= (cuCtxDestroy(made) != CUDA_SUCCESS) << 6;
   *bad |= (cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != primary) << 7;
-  *bad |= (cuCtxDestroy(made) != CUDA_ERROR_INVALID_CONTEXT) << 8;
-  *bad |= (cuCtxSetCurrent(made) != CUDA_ERROR_INVALID_CONTEXT) << 9;
+  if (xt_have_sim()) {   /* a stale handle: see above */
+    *bad |= (cuCtxDestroy(made) != CUDA_ERROR_INVALID_CONTEXT) << 8;
+    *bad |= (cuCtxSetCurrent(made) != CUDA_ERROR_INVALID_CONTEXT) << 9;
+  }
   *bad |= (cuCtxPopCurrent(&popped) != CUDA_SUCCESS || popped != primary) << 10;
   *bad |= (cuCtxSetCurrent(primary) != CUDA_SUCCESS) << 11;
   *bad |= (cuCtxSetCurrent(NULL) != CUDA_SUCCESS) << 12;

@@ -140,7 +140,9 @@ XSEG_TEST(SimIpc, import_in_same_process_shares_bytes) {
   CUmemAllocationProp p;
   XSEG_EXPECT_CU(cuMemGetAllocationPropertiesFromHandle(&p, imp));
   XSEG_EXPECT_EQ(p.location.id, 0);
-  XSEG_EXPECT_EQ(p.requestedHandleTypes, ST_POSIX);
+  /* Observed on H100, driver 580: an imported handle requests no export
+     type, whatever the exporter's handle did. */
+  XSEG_EXPECT_EQ(p.requestedHandleTypes, CU_MEM_HANDLE_TYPE_NONE);
   XSEG_EXPECT_CU(cuMemUnmap(va, 2 * g));
   XSEG_EXPECT_CU(cuMemRelease(imp));
   XSEG_EXPECT_CU(cuMemRelease(h));
