@@ -25,6 +25,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cuda.h>
 #include "xsim.h"
 
@@ -69,6 +71,16 @@ static inline bool xt_have_sim(void) { return xsim_get_live != NULL; }
    returns false when something did. */
 bool xt_live_unchanged(const xsim_live *before, const xsim_live *now,
                        char *msg, size_t msg_size);
+
+/* The driver library for xs_vmm_open / xs_driver_load in tests: "sim" (the
+   emulator) unless the tests run on a real GPU (XSEG_TEST_DRIVER=system);
+   then NULL, the default libcuda.so.1, which is the driver the test binary
+   itself links, so that the test's own driver calls and xseg's reach the
+   same driver. */
+static inline const char *xt_driver_name(void) {
+  const char *d = getenv("XSEG_TEST_DRIVER");
+  return d != NULL && strcmp(d, "system") == 0 ? NULL : "sim";
+}
 
 /* A context on device `dev` made current on the calling thread (the primary
    context, retained once per process and never released: the driver keeps it
