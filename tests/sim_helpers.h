@@ -1,7 +1,7 @@
 /* sim_helpers.h: small helpers shared by the emulator's conformance tests
  * (tests/test_sim_*.c). They call only the driver API, so the same tests run
  * on a real GPU; whatever needs the emulator's control API is marked with
- * XT_REQUIRE_SIM() in the test itself.
+ * XT_REQUIRE_SIM_FOR() in the test itself.
  */
 #ifndef XSEG_SIM_HELPERS_H
 #define XSEG_SIM_HELPERS_H

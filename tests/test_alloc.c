@@ -37,8 +37,10 @@ XSEG_TEST(alloc, config_errors_name_the_key) {
 }
 
 XSEG_TEST(alloc, config_from_the_environment) {
-  XT_REQUIRE_SIM();
-  setenv("XSEG_ALLOC_CONF", "xseg_driver:sim,expandable_segments:False", 1);
+  setenv("XSEG_ALLOC_CONF",
+         xt_driver_name() != NULL ? "xseg_driver:sim,expandable_segments:False"
+                                  : "expandable_segments:False",
+         1);
   xseg_allocator *a = NULL;
   xseg_status st = xseg_create(0, NULL, &a);
   unsetenv("XSEG_ALLOC_CONF");
@@ -133,7 +135,7 @@ XSEG_TEST(alloc, pointers_are_aligned_mapped_and_keep_their_data) {
 
 /* A freed block is the next one its stream gets, with no driver call. */
 XSEG_TEST(alloc, freed_block_is_reused_on_its_stream_without_driver_calls) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xseg_allocator *a = at_create(NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, NULL, &p));
@@ -329,7 +331,7 @@ XSEG_TEST(alloc, variable_batch_reserved_stays_near_peak_live) {
 }
 
 XSEG_TEST(alloc, classic_mode_maps_whole_segments_and_releases_them) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xseg_allocator *a = at_create("expandable_segments:False");
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, 100, NULL, &p));           /* 2 MiB */
@@ -353,7 +355,7 @@ XSEG_TEST(alloc, classic_mode_maps_whole_segments_and_releases_them) {
 /* A hole left in the middle is filled again before the end grows, and its
    physical handles are reused rather than created anew. */
 XSEG_TEST(alloc, growth_reuses_whole_free_granules) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xseg_allocator *a = at_create(NULL);
   void *x, *y, *z;
   XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, NULL, &x));
@@ -391,7 +393,7 @@ XSEG_TEST(alloc, a_full_reservation_gets_another_range) {
 /* The caller's current context (another device's) is restored, and the
    allocator's driver work happens in its own device's context. */
 XSEG_TEST(alloc, caller_context_on_another_device_is_kept) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("emulates a second device");
   setenv("XSIM_DEVICE_COUNT", "2", 1);
   xsim_reset();
   CUcontext c1 = xt_context(1);
@@ -412,7 +414,7 @@ XSEG_TEST(alloc, caller_context_on_another_device_is_kept) {
 }
 
 XSEG_TEST(alloc, one_allocator_per_device_and_peer_access) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("emulates a second device");
   setenv("XSIM_DEVICE_COUNT", "2", 1);
   xsim_reset();
   xseg_allocator *a0 = at_create(NULL), *a1 = NULL;

@@ -7,7 +7,7 @@
 #include "alloc_helpers.h"
 
 XSEG_TEST(alloc_oom, message_and_no_lost_data_and_smaller_succeeds) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -47,7 +47,7 @@ XSEG_TEST(alloc_oom, message_and_no_lost_data_and_smaller_succeeds) {
    handles mapped again (none released and created anew), without a retry
    and without a host sync (the stream is idle). */
 XSEG_TEST(alloc_oom, cached_pages_are_released_before_failing) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s1;
@@ -92,7 +92,7 @@ XSEG_TEST(alloc_oom, memory_fraction_caps_what_is_mapped) {
    down to the threshold (oldest frees first), and that is enough here:
    no failed growth, no retry. */
 XSEG_TEST(alloc_oom, garbage_collection_threshold_releases_first) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s1;
@@ -115,7 +115,7 @@ XSEG_TEST(alloc_oom, garbage_collection_threshold_releases_first) {
 }
 
 XSEG_TEST(alloc_oom, classic_mode_oom_releases_free_segments) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   xseg_allocator *a = at_create("expandable_segments:False");
   void *p, *q;

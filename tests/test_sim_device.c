@@ -112,7 +112,7 @@ XSEG_TEST(SimDevice, primary_context_is_one_and_refcounted) {
    previously retained will fail with CUDA_ERROR_INVALID_CONTEXT." Device 1
    (of two emulated) is retained by no one else in this process. */
 XSEG_TEST(SimDevice, release_of_unretained_primary_context_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("emulates a second device");
   st_env("XSIM_DEVICE_COUNT", "2");
   XSEG_EXPECT_CU(cuInit(0));
   CUcontext c;
@@ -214,7 +214,7 @@ static bool st_fresh_open(st_fresh *f) {
    names need no initialization; after cuInit the same calls that need a
    context say so instead. */
 XSEG_TEST(SimDevice, not_initialized_errors) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("loads a fresh copy of the emulator");
   st_fresh f;
   XSEG_ASSERT_TRUE(st_fresh_open(&f));
   CUresult (*count)(int *) = (CUresult(*)(int *))dlsym(f.lib, "cuDeviceGetCount");
@@ -312,7 +312,7 @@ XSEG_TEST(SimDevice, get_proc_address_finds_versioned_names) {
    back as the versioned symbol cuda.h's macros name at CUDA 13, for the
    memory copies and sets as much as for the VMM calls. */
 XSEG_TEST(SimDevice, get_proc_address_serves_copy_and_set_versions) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's own entry points");
   XSEG_ASSERT_TRUE(st_setup() > 0);
   static const char *const pairs[][2] = {
       {"cuMemcpyDtoD", "cuMemcpyDtoD_v2"},

@@ -254,7 +254,7 @@ XSEG_TEST(SimEvent, invalid_flags_are_refused) {
 /* xsim.h: events are live from create to destroy; a destroyed event is an
    invalid handle (the emulator tells; a real driver need not). */
 XSEG_TEST(SimEvent, live_count_and_stale_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_live before, during;
   xsim_get_live(&before);

@@ -473,7 +473,7 @@ XSEG_TEST(SimGraph, legacy_stream_during_blocking_capture) {
    in capture mode"; cuStreamEndCapture needs a capture begun on that stream.
    The exact codes are the driver's, hence sim-only. */
 XSEG_TEST(SimGraph, begin_and_end_misuse) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's error codes for misuse");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   CUgraph g = NULL;

@@ -80,7 +80,8 @@ static void st_importer(void *arg) {
    and reads the parent's bytes and writes its own, which the parent then
    reads through its own mapping: both processes share one memory. */
 XSEG_TEST(SimIpc, export_import_across_fork_through_unix_socket) {
-  XT_REQUIRE_SIM();   /* a forked child cannot use a real GPU context */
+  /* A forked child cannot use the parent's context on a real GPU. */
+  XT_REQUIRE_SIM_FOR("shares device memory with a forked child");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   int sv[2];
@@ -155,7 +156,7 @@ XSEG_TEST(SimIpc, import_in_same_process_shares_bytes) {
    fabric handles are CUDA_ERROR_NOT_SUPPORTED here; flags are "Reserved,
    must be zero". */
 XSEG_TEST(SimIpc, export_needs_the_posix_handle_type) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's error codes for misuse");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUmemGenericAllocationHandle none, posix;
@@ -183,7 +184,7 @@ XSEG_TEST(SimIpc, export_needs_the_posix_handle_type) {
    CUDA_ERROR_NOT_SUPPORTED": an fd that is not emulator memory. A closed fd
    is an invalid argument. */
 XSEG_TEST(SimIpc, import_of_foreign_or_closed_fd_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("imports a file that is not device memory");
   XSEG_ASSERT_TRUE(st_setup() > 0);
   CUmemGenericAllocationHandle h;
   int foreign = memfd_create("not-xsim", MFD_CLOEXEC);
@@ -208,7 +209,7 @@ XSEG_TEST(SimIpc, import_of_foreign_or_closed_fd_fails) {
    allocated memory referenced will be released"): after the exporter
    releases its handle, the importer's mapping still reads the bytes. */
 XSEG_TEST(SimIpc, imported_memory_outlives_the_exporting_handle) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads device memory from the host");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUdeviceptr va;

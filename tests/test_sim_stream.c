@@ -303,7 +303,7 @@ XSEG_TEST(SimStream, flags_and_priority) {
 /* xsim.h: streams are live from create to destroy; the legacy stream is not
    counted. A destroyed handle is refused (CUDA_ERROR_INVALID_HANDLE). */
 XSEG_TEST(SimStream, live_count_and_stale_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_live before, during, after;
   XSEG_EXPECT_CU(cuStreamSynchronize(NULL));   /* the legacy stream exists */
@@ -325,7 +325,7 @@ XSEG_TEST(SimStream, live_count_and_stale_handles) {
 /* xsim.h: every cu* call is counted under its unversioned name and honours
    injected faults before it does anything. */
 XSEG_TEST(SimStream, calls_are_counted_and_faults_injected) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls and injects faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s;
   xsim_fail_call("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY);

@@ -40,7 +40,7 @@ XSEG_TEST(SimVmm, granularity_minimum_and_recommended) {
 
 /* The emulator's default granularity is 2 MiB (DESIGN.md section 4). */
 XSEG_TEST(SimVmm, default_granularity_is_2mib) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's default granularity");
   XSEG_EXPECT_EQ(st_setup(), 2 * MiB);
 }
 
@@ -80,7 +80,7 @@ XSEG_TEST(SimVmm, create_checks_properties) {
    emulator answers CUDA_ERROR_INVALID_VALUE (in cuMemRelease's list) and
    never crashes, including on a second release. */
 XSEG_TEST(SimVmm, release_of_unknown_or_released_handle_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("passes stale handles (undefined on a real driver)");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   XSEG_EXPECT_CU_ERR(cuMemRelease(12345), CUDA_ERROR_INVALID_VALUE);
@@ -113,7 +113,7 @@ XSEG_TEST(SimVmm, reserve_checks_arguments_and_aligns) {
 /* The emulator also refuses a size that is not whole granules (the real
    driver's rule; cuda.h states only the host-page rule). */
 XSEG_TEST(SimVmm, reserve_of_partial_granule_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's error codes for misuse");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUdeviceptr p;
@@ -124,7 +124,7 @@ XSEG_TEST(SimVmm, reserve_of_partial_granule_fails) {
 /* cuMemAddressReserve: "when it is non-zero then the driver treats it as a
    hint about where to place the reservation". A free hint is honoured. */
 XSEG_TEST(SimVmm, reserve_honours_a_free_hint) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("relies on the emulator's address placement");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUdeviceptr a, b;
@@ -330,7 +330,7 @@ static void st_write(void *p) { *(volatile char *)p = 1; }
    touches it dies of SIGSEGV; after cuMemSetAccess it does not; after
    PROT_READ, writing faults again. */
 XSEG_TEST(SimVmm, access_before_set_access_faults) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("touches device memory from the host");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));
   CUmemGenericAllocationHandle h;
@@ -354,7 +354,7 @@ XSEG_TEST(SimVmm, access_before_set_access_faults) {
    section 4, "faithful errors"; cuda.h names no code, the emulator answers
    CUDA_ERROR_INVALID_VALUE), and the mapping stays usable. */
 XSEG_TEST(SimVmm, free_of_reservation_with_mappings_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("touches device memory from the host");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 2));
   CUmemGenericAllocationHandle h;
@@ -374,7 +374,7 @@ XSEG_TEST(SimVmm, free_of_reservation_with_mappings_fails) {
    cuMemGetInfo's free follows what live handles hold, and comes back on
    release. */
 XSEG_TEST(SimVmm, capacity_is_enforced_and_mem_get_info_follows) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   xsim_set_device_memory(0, 4 * g);
@@ -402,7 +402,7 @@ XSEG_TEST(SimVmm, capacity_is_enforced_and_mem_get_info_follows) {
    memory represented by handle"): bytes written through one mapping are read
    through a second mapping of the same handle. */
 XSEG_TEST(SimVmm, data_written_through_one_mapping_is_read_through_another) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("touches device memory from the host");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 2));
   CUmemGenericAllocationHandle h;
@@ -426,7 +426,7 @@ XSEG_TEST(SimVmm, data_written_through_one_mapping_is_read_through_another) {
    outstanding mappings made with this handle"; the memory is freed only
    "when all outstanding mappings to the memory are unmapped". */
 XSEG_TEST(SimVmm, physical_memory_survives_release_while_mapped) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));
   xsim_live before, mid, after;
@@ -550,7 +550,7 @@ XSEG_TEST(SimVmm, properties_from_handle) {
    an 80 GiB device costs nothing until used. The memfd behind a handle has no
    blocks until a page of it is written. */
 XSEG_TEST(SimVmm, pages_are_committed_only_when_touched) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("inspects the emulator's memory files");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 512));       /* 1 GiB at 2 MiB */
   CUmemGenericAllocationHandle h;
@@ -579,7 +579,7 @@ XSEG_TEST(SimVmm, pages_are_committed_only_when_touched) {
    cuMemGetAccess reads them back per location. The emulator records a peer
    device's flags; host access follows the owning device's. */
 XSEG_TEST(SimVmm, peer_device_access_is_recorded) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("emulates a second device");
   st_env("XSIM_DEVICE_COUNT", "2");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));

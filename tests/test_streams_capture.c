@@ -33,7 +33,7 @@ static void expect_none_since(const uint64_t before[N_FORBIDDEN]) {
 }
 
 XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = stream_new(), s0 = stream_new(), s1 = stream_new();
@@ -116,7 +116,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
 /* After release, another stream growing at the device limit takes the
    private pool's memory, its handles mapped again. */
 XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -150,7 +150,7 @@ XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
 /* An unannounced capture is seen on the slow path: the allocation goes to
    the capture's implicit pool, and nothing forbidden is called. */
 XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = stream_new(), s1 = stream_new();

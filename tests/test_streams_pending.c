@@ -180,7 +180,7 @@ XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
 
 /* A failing cuEventRecord queues nothing and loses no event. */
 XSEG_TEST(streams_pending, record_failure_queues_nothing) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
   CUstream s;

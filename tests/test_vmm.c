@@ -92,7 +92,7 @@ XSEG_TEST(vmm, map_run_maps_a_writable_run_and_unmap_run_returns_it) {
 
 /* One cuMemSetAccess for the whole run, never one per granule. */
 XSEG_TEST(vmm, map_run_sets_access_once_per_run) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   opened o;
   XSEG_ASSERT_TRUE(opened_init(&o, 8));
   size_t g = o.v.granularity;
@@ -132,7 +132,7 @@ static void map_run_fails_cleanly(const char *fn, uint64_t nth) {
 }
 
 XSEG_TEST(vmm, map_run_rolls_back_on_every_failing_call) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   for (uint64_t nth = 1; nth <= 4; nth++) {
     map_run_fails_cleanly("cuMemCreate", nth);
     map_run_fails_cleanly("cuMemMap", nth);
@@ -141,7 +141,7 @@ XSEG_TEST(vmm, map_run_rolls_back_on_every_failing_call) {
 }
 
 XSEG_TEST(vmm, failed_unmap_keeps_the_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   opened o;
   XSEG_ASSERT_TRUE(opened_init(&o, 2));
   size_t g = o.v.granularity;

@@ -17,7 +17,7 @@
  * faults, capacities) and fails the test when it ends with more live handles,
  * mappings, reservations, streams or events than it started with. On a real
  * driver (-DXSEG_TEST_DRIVER=system) the xsim_* symbols are absent: they are
- * declared weak here, tests that need them start with XT_REQUIRE_SIM(), and
+ * declared weak here, tests that need them start with XT_REQUIRE_SIM_FOR(why), and
  * the leak check is skipped.
  */
 #ifndef XSEG_TEST_H
@@ -175,6 +175,17 @@ void      xt_latch_free(xt_latch *l);
   do {                                                                      \
     if (!xt_have_sim()) {                                                   \
       xt_skip(__FILE__, __LINE__, "needs the emulator's control API");      \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
+/* The same, saying what of the emulator the test needs, so that a run on a
+   GPU lists why each test skipped: XT_REQUIRE_SIM_FOR("injects driver
+   faults"). `what` is a string literal. */
+#define XT_REQUIRE_SIM_FOR(what)                                            \
+  do {                                                                      \
+    if (!xt_have_sim()) {                                                   \
+      xt_skip(__FILE__, __LINE__, "needs the emulator: " what);             \
       return;                                                               \
     }                                                                       \
   } while (0)
