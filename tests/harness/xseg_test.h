@@ -17,8 +17,8 @@
  * faults, capacities) and fails the test when it ends with more live handles,
  * mappings, reservations, streams or events than it started with. On a real
  * driver (-DXSEG_TEST_DRIVER=system) the xsim_* symbols are absent: they are
- * declared weak here, tests that need them start with XT_REQUIRE_SIM_FOR(why), and
- * the leak check is skipped.
+ * declared weak here, tests that need them start with
+ * XT_REQUIRE_SIM_FOR(why), and the leak check is skipped.
  */
 #ifndef XSEG_TEST_H
 #define XSEG_TEST_H
