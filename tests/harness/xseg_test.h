@@ -89,7 +89,15 @@ CUcontext xt_context(int dev);
 
 /* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
    function that blocks the stream until xt_latch_open. Open every latch
-   before the test ends, then synchronise, then free it. */
+   before the test ends, then synchronise, then free it. On a real driver
+   host functions run one at a time (observed on H100, driver 580): while
+   one latch blocks, no other host function of the process runs, so a
+   latch on a second stream holds that stream too but is not seen waiting,
+   and "stream B is not held back" must be shown with device work on B,
+   not a host function. Nothing the test thread does between hold and open
+   may wait for the held stream: no synchronising call, no copy into
+   pageable host memory on it or on the legacy stream behind a blocking
+   stream it holds. */
 typedef struct xt_latch xt_latch;
 xt_latch *xt_latch_new(void);
 CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
