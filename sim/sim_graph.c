@@ -249,10 +249,10 @@ static CUresult xs_capture_end_check_locked(const struct CUstream_st *s) {
    stream capture, then a NULL graph will be returned" (with
    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a fork not joined back is
    CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Either way the capture is over. So it
-   is after an end from the wrong thread (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD):
-   observed on H100, driver 580, the beginning thread's own end then gets
-   CUDA_ERROR_ILLEGAL_STATE, the answer for a stream that is not
-   capturing. */
+   is after an end from the wrong thread
+   (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD): observed on H100, driver 580,
+   the beginning thread's own end then gets CUDA_ERROR_ILLEGAL_STATE, the
+   answer for a stream that is not capturing. */
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
   XSIM_ENTER("cuStreamEndCapture");
   if (!phGraph) return CUDA_ERROR_INVALID_VALUE;

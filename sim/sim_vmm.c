@@ -539,9 +539,9 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
       !xs_range_no_partial_mapping_locked((uintptr_t)ptr, size))
     r = CUDA_ERROR_INVALID_VALUE;
   uintptr_t end = (uintptr_t)ptr + size;
-  xs_mapping *m;
-  while (r == CUDA_SUCCESS && (m = xs_map_from_locked((uintptr_t)ptr)) != NULL &&
-         m->base < end)
+  for (xs_mapping *m = xs_map_from_locked((uintptr_t)ptr);
+       r == CUDA_SUCCESS && m != NULL && m->base < end;
+       m = xs_map_from_locked((uintptr_t)ptr))
     r = xs_map_remove_locked(m);
   pthread_mutex_unlock(&xs_vmm.lock);
   return r;

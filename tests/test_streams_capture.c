@@ -237,9 +237,9 @@ typedef struct foreign_capture {
 
 static void *foreign_capture_run(void *arg) {
   foreign_capture *f = arg;
-  f->began = xt_context(0) != NULL
-                 ? cuStreamBeginCapture(f->stream, CU_STREAM_CAPTURE_MODE_GLOBAL)
-                 : CUDA_ERROR_INVALID_CONTEXT;
+  f->began = CUDA_ERROR_INVALID_CONTEXT;
+  if (xt_context(0) != NULL)
+    f->began = cuStreamBeginCapture(f->stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
   pthread_barrier_wait(&f->begun);
   pthread_barrier_wait(&f->done);
   CUgraph g = NULL;

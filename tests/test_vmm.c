@@ -22,9 +22,11 @@ XSEG_TEST(vmm, missing_library_names_it_and_dlerror) {
 
 XSEG_TEST(vmm, bad_device_is_an_invalid_argument) {
   xs_vmm v;
-  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), 99), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), 99),
+                     XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(contains(xseg_last_error(), "device 99"));
-  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), -1), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), -1),
+                     XSEG_ERR_INVALID_ARGUMENT);
 }
 
 XSEG_TEST(vmm, open_reads_granularity_and_memory) {

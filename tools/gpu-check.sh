@@ -54,7 +54,9 @@ summarize_log() {
       name = $0; sub(/^ *[0-9]+\/[0-9]+ +Test +#[0-9]+: /, "", name)
       sub(/ .*/, "", name)
       if ($0 ~ /\*\*\*Skipped|Not Run|Disabled/) skipped++
-      else if ($0 ~ /\*\*\*Timeout/) { timeout++; bad[++nbad] = name " (timeout)" }
+      else if ($0 ~ /\*\*\*Timeout/) {
+        timeout++; bad[++nbad] = name " (timeout)"
+      }
       else if ($0 ~ / Passed /) passed++
       else {
         st = $0; sub(/.*\*\*\*/, "", st); sub(/ +[0-9.]+ sec.*/, "", st)
