@@ -203,6 +203,13 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a);
    current. */
 xseg_status xs_capture_sweep_locked(xseg_allocator *a);
 
+/* The calling thread's stream-capture mode, relaxed around xseg's own
+   event and stream queries (capture_mode.c); *saved is the caller's mode,
+   which xs_capture_mode_restore puts back. */
+xseg_status xs_capture_mode_relax(xseg_allocator *a,
+                                  CUstreamCaptureMode *saved);
+void xs_capture_mode_restore(xseg_allocator *a, CUstreamCaptureMode saved);
+
 /* Reclaiming memory (reclaim.c). All need the context current and do
    nothing (XSEG_OK) while a capture is under way. */
 /* Moves sp's guard towards its newest unsafe free (one query or one

@@ -138,6 +138,10 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st != XSEG_OK) return st;
   if (a->n_implicit != 0) st = xs_capture_refresh_locked(a);
+  /* Captures xseg does not know of may be under way (capture_mode.c). */
+  CUstreamCaptureMode mode;
+  if (st == XSEG_OK && !xs_alloc_capturing(a))
+    st = xs_capture_mode_relax(a, &mode);
   if (st != XSEG_OK || xs_alloc_capturing(a)) {
     xs_vmm_ctx_leave(&a->vmm, saved);
     return st;
@@ -148,6 +152,7 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
     xs_pending_drain(&a->pending, deferred_fired, a, &qs);
   else
     xs_pending_poll(&a->pending, deferred_fired, a, &qs);
+  xs_capture_mode_restore(a, mode);
   xs_vmm_ctx_leave(&a->vmm, saved);
   return st != XSEG_OK ? st : qs;
 }

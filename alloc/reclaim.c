@@ -25,8 +25,12 @@ xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
   uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
   if (t1 > target) target = t1;
   if (target == 0) return XSEG_OK;
-  xseg_status st = xs_guard_advance(&sp->guard, &a->events, sp->stream,
-                                    target, a->free_clock, wait);
+  CUstreamCaptureMode mode;   /* unknown captures: see capture_mode.c */
+  xseg_status st = xs_capture_mode_relax(a, &mode);
+  if (st != XSEG_OK) return st;
+  st = xs_guard_advance(&sp->guard, &a->events, sp->stream, target,
+                        a->free_clock, wait);
+  xs_capture_mode_restore(a, mode);
   for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
   return st;
 }

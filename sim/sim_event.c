@@ -41,6 +41,9 @@ static bool xs_event_captured_locked(const struct CUevent_st *e) {
   return e->capture_id && xs_capture_is_active_locked(e->capture_id);
 }
 
+static struct CUstream_st *xs_event_cap_stream_locked(
+    const struct CUevent_st *e);
+
 static bool xs_event_done_locked(const struct CUevent_st *e) {
   return !e->stream || e->stream->completed >= e->seq;
 }
@@ -151,6 +154,17 @@ CUresult cuEventDestroy(CUevent hEvent) {
 
 /* ---- record ------------------------------------------------------------ */
 
+/* A plain record inside a capture is a dependency inside the capture only,
+   and adds no node to the graph (CUDA programming guide, "Cross-stream
+   dependencies and events"); with CU_EVENT_RECORD_EXTERNAL it is an event
+   record node, which every launch of the graph performs (cuda.h). */
+static CUresult xs_event_record_internal_locked(struct CUevent_st *e,
+                                                struct CUstream_st *s) {
+  if (s->capture->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  xs_event_capture_locked(e, s);
+  return CUDA_SUCCESS;
+}
+
 static CUresult xs_event_record(CUevent hEvent, CUstream hStream,
                                 unsigned flags) {
   struct CUstream_st *s;
@@ -158,7 +172,9 @@ static CUresult xs_event_record(CUevent hEvent, CUstream hStream,
   if (r != CUDA_SUCCESS) return r;
   if (!xs_event_valid_locked(hEvent)) r = CUDA_ERROR_INVALID_HANDLE;
   else if ((flags & CU_EVENT_RECORD_EXTERNAL) && !s->capture)
-    r = CUDA_ERROR_INVALID_VALUE;
+    r = CUDA_ERROR_ILLEGAL_STATE;
+  else if (s->capture && !(flags & CU_EVENT_RECORD_EXTERNAL))
+    r = xs_event_record_internal_locked(hEvent, s);
   else r = xs_event_record_locked(hEvent, s);
   xs_sim_unlock();
   return r;
@@ -172,7 +188,8 @@ CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
   return xs_event_record(hEvent, hStream, 0);
 }
 
-/* cuda.h: CU_EVENT_RECORD_EXTERNAL "is invalid outside of stream capture". */
+/* cuda.h: CU_EVENT_RECORD_EXTERNAL "is invalid outside of stream capture":
+   CUDA_ERROR_ILLEGAL_STATE (observed on H100, driver 580). */
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
                                 unsigned int flags) {
   XSIM_ENTER("cuEventRecordWithFlags");
@@ -186,14 +203,17 @@ CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream,
 /* Locks and checks what cuEventQuery and cuEventSynchronize share: a live
    handle, the unsafe-call rule, and cuThreadExchangeStreamCaptureMode's
    "attempting cuEventQuery on an event that was last recorded inside a
-   capture sequence" (CUDA_ERROR_CAPTURED_EVENT, in every mode). The lock is
-   held on return whatever the result. */
+   capture sequence" (CUDA_ERROR_CAPTURED_EVENT, in every mode), which
+   also invalidates that capture (observed on H100, driver 580, in relaxed
+   mode). The lock is held on return whatever the result. */
 static CUresult xs_event_check_wait_locked(CUevent e) {
   if (!xs_event_valid_locked(e)) return CUDA_ERROR_INVALID_HANDLE;
   CUresult r = xs_capture_check_unsafe_locked();
   if (r != CUDA_SUCCESS) return r;
-  return xs_event_captured_locked(e) ? CUDA_ERROR_CAPTURED_EVENT
-                                     : CUDA_SUCCESS;
+  if (!xs_event_captured_locked(e)) return CUDA_SUCCESS;
+  struct CUstream_st *rec = xs_event_cap_stream_locked(e);
+  if (rec) xs_capture_invalidate_locked(rec);
+  return CUDA_ERROR_CAPTURED_EVENT;
 }
 
 /* Blocks until the event's current record completes (nothing to wait for
@@ -330,7 +350,7 @@ static CUresult xs_event_wait_locked(struct CUstream_st *s,
                                      struct CUevent_st *e, unsigned flags) {
   if (xs_event_captured_locked(e)) return xs_event_wait_captured_locked(s, e);
   if (s->capture) return xs_event_wait_outside_locked(s, e, flags);
-  if (flags & CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_ILLEGAL_STATE;
   if (!e->stream || xs_event_done_locked(e)) return CUDA_SUCCESS;
   xs_work w = {.kind = XS_WORK_NOP};
   xs_dep d = {e->stream, e->seq};
@@ -341,7 +361,7 @@ static CUresult xs_event_wait_locked(struct CUstream_st *s,
 /* cuda.h: "Makes all future work submitted to hStream wait for all work
    captured in hEvent", using "the most recently captured state at the time
    of the API call". CU_EVENT_WAIT_EXTERNAL "is invalid outside of stream
-   capture". */
+   capture": CUDA_ERROR_ILLEGAL_STATE (observed on H100, driver 580). */
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent,
                            unsigned int Flags) {
   XSIM_ENTER("cuStreamWaitEvent");

@@ -105,11 +105,12 @@ void xs_capture_invalidate_locked(struct CUstream_st *s) {
    from unsafe calls if it has a capture not begun RELAXED, "or if any other
    thread has a concurrent capture sequence initiated with
    CU_STREAM_CAPTURE_MODE_GLOBAL"; in THREAD_LOCAL mode only its own count;
-   in RELAXED mode none do. */
+   in RELAXED mode none do. A mode value the driver does not name (it
+   accepts any, see cuThreadExchangeStreamCaptureMode) acts as GLOBAL. */
 static bool xs_capture_forbids(const xs_capture *c, pthread_t self) {
   if (pthread_equal(c->owner, self))
     return c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
-  return xs_thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+  return xs_thread_mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
          c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
@@ -120,6 +121,22 @@ CUresult xs_capture_check_unsafe_locked(void) {
   for (xs_capture *c = xs_captures; c; c = c->next)
     if (xs_capture_forbids(c, self)) {
       c->invalidated = true;   /* the capture no longer describes the work */
+      forbidden = true;
+    }
+  return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* CUDA programming guide, "Prohibited and Unhandled Operations": it is
+   invalid to "synchronize a broader handle which encompasses an active
+   stream capture, such as a device or context handle", in every mode.
+   Observed on H100, driver 580: a relaxed-mode capture refused one of the
+   calls the emulator allowed, and invalidated the capture; of those, only
+   cuCtxSynchronize waits on the capturing stream. */
+CUresult xs_capture_check_device_locked(int device) {
+  bool forbidden = false;
+  for (xs_capture *c = xs_captures; c; c = c->next)
+    if (c->origin->device == device) {
+      c->invalidated = true;
       forbidden = true;
     }
   return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
@@ -231,7 +248,11 @@ static CUresult xs_capture_end_check_locked(const struct CUstream_st *s) {
 /* cuda.h: "If capture was invalidated, due to a violation of the rules of
    stream capture, then a NULL graph will be returned" (with
    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); a fork not joined back is
-   CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Either way the capture is over. */
+   CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Either way the capture is over. So it
+   is after an end from the wrong thread
+   (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD): observed on H100, driver 580,
+   the beginning thread's own end then gets CUDA_ERROR_ILLEGAL_STATE, the
+   answer for a stream that is not capturing. */
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
   XSIM_ENTER("cuStreamEndCapture");
   if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
@@ -239,6 +260,8 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
   CUresult r = xs_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
   r = xs_capture_end_check_locked(s);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
+    xs_graph_free_locked(xs_capture_end_locked(s->capture));
   if (r == CUDA_SUCCESS) {
     xs_capture *c = s->capture;
     if (c->invalidated) r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -351,12 +374,14 @@ CUresult cuStreamGetCaptureInfo(CUstream hStream,
 }
 
 /* cuda.h: "Sets the calling thread's stream capture interaction mode to the
-   value contained in *mode, and overwrites *mode with the previous mode". */
+   value contained in *mode, and overwrites *mode with the previous mode".
+   Any value is taken (observed on H100, driver 580: 7 gets CUDA_SUCCESS);
+   xs_capture_forbids treats one cuda.h does not name as GLOBAL. */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   XSIM_ENTER("cuThreadExchangeStreamCaptureMode");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (!mode || !xs_mode_valid(*mode)) return CUDA_ERROR_INVALID_VALUE;
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
   CUstreamCaptureMode previous = xs_thread_mode;
   xs_thread_mode = *mode;
   *mode = previous;

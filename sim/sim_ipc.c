@@ -95,7 +95,10 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
    contents of handle will be the same CUDA memory handle"), paired with its
    own cuMemRelease. The caller keeps its fd. Memory this process "cannot
    support" (not an emulator memfd, or on a device it does not have) is
-   CUDA_ERROR_NOT_SUPPORTED; a closed fd is CUDA_ERROR_INVALID_VALUE. */
+   CUDA_ERROR_NOT_SUPPORTED; a closed fd is CUDA_ERROR_INVALID_VALUE. The
+   imported handle's requestedHandleTypes is 0 (observed on H100, driver
+   580, with cuMemGetAllocationPropertiesFromHandle), so it cannot be
+   exported again. */
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                         void *osHandle,
                                         CUmemAllocationHandleType shHandleType) {
@@ -112,5 +115,6 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
     return CUDA_ERROR_NOT_SUPPORTED;
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) return CUDA_ERROR_OUT_OF_MEMORY;  /* out of descriptors */
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
   return xsim_vmm_handle_import_fd(own, &prop, handle);
 }

@@ -575,13 +575,17 @@ static CUresult xs_stream_submit(CUstream h, const xs_work *w) {
 }
 
 /* The synchronous forms (cuMemsetD8, cuMemcpyHtoD ...): on the legacy
-   stream, returning after completion; potentially unsafe during capture. */
+   stream, returning after completion; the copies are potentially unsafe
+   during capture. A memset of device memory is not: the driver runs it
+   asynchronously to the host (observed on H100, driver 580, a global-mode
+   capture allowed one of the calls the emulator refused; of those, only the
+   memset does not wait for the device). */
 static CUresult xs_legacy_run(const xs_work *w) {
   struct CUstream_st *s;
   CUresult r = xs_stream_acquire(NULL, &s);
   if (r != CUDA_SUCCESS) return r;
   xs_ticket ticket = {0};
-  r = xs_capture_check_unsafe_locked();
+  if (w->kind != XS_WORK_SET) r = xs_capture_check_unsafe_locked();
   if (r == CUDA_SUCCESS) r = xs_stream_submit_locked(s, w, NULL, &ticket);
   if (r == CUDA_SUCCESS) {
     assert(!ticket.captured && "the legacy stream never captures");
@@ -754,6 +758,7 @@ static CUresult xs_device_synchronize(int device) {
   xs_sim_lock();
   xs_deps d = {0};
   CUresult r = xs_capture_check_unsafe_locked();
+  if (r == CUDA_SUCCESS) r = xs_capture_check_device_locked(device);
   struct CUstream_st *legacy = xs_legacy[device];
   if (r == CUDA_SUCCESS && legacy)
     r = xs_deps_push_locked(&d, legacy, legacy->submitted);

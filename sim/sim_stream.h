@@ -199,6 +199,10 @@ CUresult xs_capture_append_locked(struct CUstream_st *s, const xs_work *w);
    cuThreadExchangeStreamCaptureMode): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
    invalidating the captures that forbid the call, or CUDA_SUCCESS. */
 CUresult xs_capture_check_unsafe_locked(void);
+/* Synchronizing a device (context) while one of its streams captures
+   conflicts with capture in every mode: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+   invalidating those captures, or CUDA_SUCCESS. */
+CUresult xs_capture_check_device_locked(int device);
 /* Invalidates the capture of a stream misused by a call that conflicts with
    capture in every mode. */
 void xs_capture_invalidate_locked(struct CUstream_st *s);

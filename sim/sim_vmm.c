@@ -149,9 +149,8 @@ static xs_mapping *xs_map_from_locked(uintptr_t addr) {
 }
 
 /* Whether [ptr, ptr+size) is tiled exactly by whole mappings, with no gap and
-   no mapping sticking out at either end (cuda.h, cuMemUnmap: "cannot unmap a
-   sub-range"; cuMemSetAccess: "a fully mapped address range containing all
-   allocations"). */
+   no mapping sticking out at either end (cuda.h, cuMemSetAccess: "a fully
+   mapped address range containing all allocations"). */
 static bool xs_range_whole_mappings_locked(uintptr_t ptr, size_t size) {
   uintptr_t at = ptr, end = ptr + size;
   xs_mapping key = {.base = ptr};
@@ -204,7 +203,9 @@ CUresult xsim_vmm_prop_check(const CUmemAllocationProp *prop) {
 /* ---- granularity ------------------------------------------------------- */
 
 /* cuda.h (cuMemGetAllocationGranularity): "Calculates either the minimal or
-   recommended granularity"; both are the XSIM_GRANULARITY knob here. */
+   recommended granularity"; both are the XSIM_GRANULARITY knob here. The
+   location's device ordinal is not checked: observed on H100, driver 580, a
+   prop naming device 4096 gets CUDA_SUCCESS. */
 CUresult cuMemGetAllocationGranularity(size_t *granularity,
                                        const CUmemAllocationProp *prop,
                                        CUmemAllocationGranularity_flags option) {
@@ -215,7 +216,8 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity,
   if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
       option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
     return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xsim_vmm_prop_check(prop)) != CUDA_SUCCESS) return r;
+  r = xsim_vmm_prop_check(prop);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_DEVICE) return r;
   *granularity = (size_t)xsim_knob_granularity();
   return CUDA_SUCCESS;
 }
@@ -430,11 +432,14 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
 /* ---- mappings ---------------------------------------------------------- */
 
 /* Why cuMemMap may not map [ptr, ptr+size) with h: inside one reservation,
-   over no existing mapping. */
+   over no existing mapping, no larger than h (CUDA_ERROR_NOT_SUPPORTED:
+   observed on H100, driver 580, for a 2-granule map of a 1-granule
+   handle). */
 static CUresult xs_map_check_locked(uintptr_t ptr, size_t size,
                                     const xs_handle *h,
                                     xs_reservation **res) {
-  if (h == NULL || size > h->size) return CUDA_ERROR_INVALID_VALUE;
+  if (h == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (size > h->size) return CUDA_ERROR_NOT_SUPPORTED;
   *res = xs_res_containing_locked(ptr);
   if (*res == NULL || size > (*res)->size - (ptr - (*res)->base))
     return CUDA_ERROR_INVALID_VALUE;
@@ -450,16 +455,20 @@ static CUresult xs_map_check_locked(uintptr_t ptr, size_t size,
    currently mapped"; and "calling cuMemMap does not make the address
    accessible" (PROT_NONE until cuMemSetAccess). cuda.h says offset + size
    must be "less than" the allocation's size; mapping the whole allocation is
-   the common case, so size may equal it. Every misuse is
-   CUDA_ERROR_INVALID_VALUE. */
+   the common case, so size may equal it. A non-zero offset, and a size
+   beyond the handle, are CUDA_ERROR_NOT_SUPPORTED (observed on H100, driver
+   580: cuda.h's "currently must be zero" is a missing feature, not a bad
+   argument); every other misuse (misaligned ptr, outside the reservation,
+   flags) is CUDA_ERROR_INVALID_VALUE, as observed there too. */
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                   CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
   XSIM_ENTER("cuMemMap");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (offset != 0 || flags != 0 || !xs_range_valid((uintptr_t)ptr, size))
+  if (flags != 0 || !xs_range_valid((uintptr_t)ptr, size))
     return CUDA_ERROR_INVALID_VALUE;
+  if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;
   xs_mapping *m = calloc(1, sizeof *m);
   if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&xs_vmm.lock);
@@ -498,27 +507,42 @@ static CUresult xs_map_remove_locked(xs_mapping *m) {
   return CUDA_SUCCESS;
 }
 
+/* Whether no mapping sticks out of [ptr, ptr+size) at either end: every
+   mapping the range touches lies wholly inside it (cuda.h, cuMemUnmap:
+   "cannot unmap a sub-range"). Gaps are allowed. */
+static bool xs_range_no_partial_mapping_locked(uintptr_t ptr, size_t size) {
+  uintptr_t end = ptr + size;
+  xs_mapping *m = xs_map_from_locked(ptr);
+  for (; m != NULL && m->base < end;
+       m = RB_NEXT(xs_map_tree, &xs_vmm.mappings, m))
+    if (m->base < ptr || m->base + m->size > end) return false;
+  return true;
+}
+
 /* cuda.h (cuMemUnmap): "The range must be the entire contiguous address range
    that was mapped to. In other words, cuMemUnmap cannot unmap a sub-range of
-   an address range mapped by cuMemCreate / cuMemMap." One call may cover
-   several adjacent whole mappings. The memory goes if no mapping and no
-   handle reference remains. */
+   an address range mapped by cuMemCreate / cuMemMap." Observed on H100,
+   driver 580: a range holding whole mappings and never-mapped space (va, 3
+   granules where only va, 2 granules is mapped), or never-mapped space
+   alone, is CUDA_SUCCESS; part of one mapping is CUDA_ERROR_INVALID_VALUE.
+   The range must lie inside one reservation (not observed: the emulator's
+   choice, so that a stray address is still an error). The memory goes if no
+   mapping and no handle reference remains. */
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   XSIM_ENTER("cuMemUnmap");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (!xs_range_valid((uintptr_t)ptr, size)) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&xs_vmm.lock);
-  if (!xs_range_whole_mappings_locked((uintptr_t)ptr, size))
+  xs_reservation *res = xs_res_containing_locked((uintptr_t)ptr);
+  if (res == NULL || size > res->size - ((uintptr_t)ptr - res->base) ||
+      !xs_range_no_partial_mapping_locked((uintptr_t)ptr, size))
     r = CUDA_ERROR_INVALID_VALUE;
-  uintptr_t at = (uintptr_t)ptr, end = at + size;
-  while (r == CUDA_SUCCESS && at < end) {
-    xs_mapping key = {.base = at};
-    xs_mapping *m = RB_FIND(xs_map_tree, &xs_vmm.mappings, &key);
-    assert(m != NULL && "range checked to be whole mappings");
-    at += m->size;
+  uintptr_t end = (uintptr_t)ptr + size;
+  for (xs_mapping *m = xs_map_from_locked((uintptr_t)ptr);
+       r == CUDA_SUCCESS && m != NULL && m->base < end;
+       m = xs_map_from_locked((uintptr_t)ptr))
     r = xs_map_remove_locked(m);
-  }
   pthread_mutex_unlock(&xs_vmm.lock);
   return r;
 }
@@ -538,7 +562,11 @@ static CUresult xs_access_desc_check(const CUmemAccessDesc *d) {
       d->flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
       d->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
     return CUDA_ERROR_INVALID_VALUE;
-  return xsim_device_check(d->location.id);
+  /* Observed on H100, driver 580: device 4096 is CUDA_ERROR_INVALID_VALUE
+     here, not CUDA_ERROR_INVALID_DEVICE. */
+  return xsim_device_check(d->location.id) == CUDA_SUCCESS
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* Records the descs on one mapping and shows the owner's access through

@@ -5,6 +5,7 @@
 #ifndef XSEG_ALLOC_HELPERS_H
 #define XSEG_ALLOC_HELPERS_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,25 @@ static inline xseg_allocator *at_create(const char *extra) {
     XSEG_FAIL("xseg_create(\"%s\"): %s: %s", conf, xseg_status_name(st),
               xseg_last_error());
   return a;
+}
+
+/* An allocator whose memory-fraction cap is `cap` bytes of device 0, for
+   tests of the device limit that must run on a GPU too (where the device's
+   real capacity cannot be set). The fraction is taken a MiB above `cap`,
+   so that rounding it to a double cannot lose a granule. */
+static inline xseg_allocator *at_create_capped(const char *extra,
+                                               size_t cap) {
+  CUdevice dev;
+  size_t total = 0;
+  if (!XSEG_EXPECT_CU(cuInit(0)) || !XSEG_EXPECT_CU(cuDeviceGet(&dev, 0)) ||
+      !XSEG_EXPECT_CU(cuDeviceTotalMem(&total, dev)) ||
+      !XSEG_EXPECT_GT(total, cap + MiB))
+    return NULL;
+  char conf[256];
+  snprintf(conf, sizeof conf, "xseg_memory_fraction:%.12g%s%s",
+           ((double)cap + (double)MiB) / (double)total,
+           extra && extra[0] ? "," : "", extra ? extra : "");
+  return at_create(conf);
 }
 
 /* The byte a block is filled with: from its address and a tag. */

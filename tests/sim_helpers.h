@@ -1,7 +1,7 @@
 /* sim_helpers.h: small helpers shared by the emulator's conformance tests
  * (tests/test_sim_*.c). They call only the driver API, so the same tests run
  * on a real GPU; whatever needs the emulator's control API is marked with
- * XT_REQUIRE_SIM() in the test itself.
+ * XT_REQUIRE_SIM_FOR() in the test itself.
  */
 #ifndef XSEG_SIM_HELPERS_H
 #define XSEG_SIM_HELPERS_H
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "xseg_test.h"
@@ -93,6 +94,19 @@ static inline void st_buf_free(st_buf *b) {
   XSEG_EXPECT_CU(cuMemUnmap(b->ptr, b->size));
   XSEG_EXPECT_CU(cuMemRelease(b->handle));
   XSEG_EXPECT_CU(cuMemAddressFree(b->ptr, b->size));
+}
+
+/* Polls s until its work is done: CUDA_SUCCESS, the error cuStreamQuery
+   gave, or CUDA_ERROR_NOT_READY after about 10 s, so that a stream that
+   never drains fails the test instead of hanging it. */
+static inline CUresult st_stream_drain(CUstream s) {
+  const struct timespec ms = {0, 1000 * 1000};
+  CUresult r = cuStreamQuery(s);
+  for (int i = 0; i < 10000 && r == CUDA_ERROR_NOT_READY; i++) {
+    nanosleep(&ms, NULL);
+    r = cuStreamQuery(s);
+  }
+  return r;
 }
 
 /* A host function's view of the test: did it run, and had the test

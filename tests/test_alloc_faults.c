@@ -77,15 +77,15 @@ static void fault_sweep(const char *name, CUresult err, const char *conf) {
 
 #define FAULT_TEST(fn, err)                                                 \
   XSEG_TEST(alloc_faults, fn##_expandable) {                                \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep(#fn, err, NULL);                                            \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_classic) {                                   \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep(#fn, err, "expandable_segments:False");                     \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_multi_granule_handles) {                     \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep(#fn, err, "xseg_handle_max_mb:0,xseg_handle_max_part:0");   \
   }
 
@@ -100,7 +100,7 @@ FAULT_TEST(cuCtxGetCurrent, CUDA_ERROR_UNKNOWN)
 
 /* Out of memory from cuMemCreate is retried after releasing the cache. */
 XSEG_TEST(alloc_faults, create_out_of_memory_is_retried) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   fault_sweep("cuMemCreate", CUDA_ERROR_OUT_OF_MEMORY, NULL);
   xseg_allocator *a = at_create(NULL);
@@ -115,7 +115,7 @@ XSEG_TEST(alloc_faults, create_out_of_memory_is_retried) {
 
 /* A failure in the middle of a growth rolls back every granule it mapped. */
 XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL);
   xsim_live before;
   xsim_get_live(&before);

@@ -39,7 +39,7 @@ static void *malloc_ok(xseg_allocator *a, size_t size) {
 }
 
 XSEG_TEST(alloc_handles, growth_maps_one_handle_with_three_calls) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(ONE_HANDLE);
   calls before = calls_now();
@@ -57,7 +57,7 @@ XSEG_TEST(alloc_handles, growth_maps_one_handle_with_three_calls) {
 }
 
 XSEG_TEST(alloc_handles, granule_policy_keeps_one_handle_per_granule) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("xseg_handle_policy:granule");
   calls before = calls_now();
@@ -68,7 +68,7 @@ XSEG_TEST(alloc_handles, granule_policy_keeps_one_handle_per_granule) {
 }
 
 XSEG_TEST(alloc_handles, handle_size_is_capped) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   /* pow2 under an 8 MiB cap: 22 MiB = 8 + 8 + 4 + 2. */
   xseg_allocator *a =
@@ -97,7 +97,7 @@ XSEG_TEST(alloc_handles, handle_size_is_capped) {
  *     blocks:                 [ y  ][  free: g2..g4 whole ]
  */
 XSEG_TEST(alloc_handles, a_pinned_handle_stays_mapped_whole) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(ONE_HANDLE);
   void *x = malloc_ok(a, 10 * MiB);
@@ -125,7 +125,7 @@ XSEG_TEST(alloc_handles, a_pinned_handle_stays_mapped_whole) {
  *     after:   [ unmapped .............][ b: H2 ][ c: H1 + H3 (5) ]
  */
 XSEG_TEST(alloc_handles, growth_moves_whole_free_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(ONE_HANDLE);
   void *x = malloc_ok(a, 20 * MiB);
@@ -153,7 +153,7 @@ XSEG_TEST(alloc_handles, growth_moves_whole_free_handles) {
  *     after:   [ unmapped .....][ b1 ][ unmapped ....][ b2 ][ c: 21 | 3 ]
  */
 XSEG_TEST(alloc_handles, a_larger_free_handle_moves_whole) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(ONE_HANDLE);
   void *x = malloc_ok(a, 40 * MiB);
@@ -177,7 +177,7 @@ XSEG_TEST(alloc_handles, a_larger_free_handle_moves_whole) {
 }
 
 XSEG_TEST(alloc_handles, grow_min_maps_ahead_at_the_end) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(ONE_HANDLE ",xseg_grow_min_mb:20");
   calls before = calls_now();

@@ -1,13 +1,15 @@
-/* Out of memory on the emulator: the retry after freeing cached pages, the
-   PyTorch-style message, no live data lost, the memory-fraction cap and the
-   garbage-collection threshold. */
+/* Out of memory: the retry after freeing cached pages, the PyTorch-style
+   message, no live data lost, the memory-fraction cap and the
+   garbage-collection threshold. The device limit is the memory-fraction cap
+   (at_create_capped) wherever the test does not need the device's own
+   out-of-memory answer, so that those tests run on a GPU as well. */
 #include <stdio.h>
 #include <string.h>
 
 #include "alloc_helpers.h"
 
 XSEG_TEST(alloc_oom, message_and_no_lost_data_and_smaller_succeeds) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -47,12 +49,11 @@ XSEG_TEST(alloc_oom, message_and_no_lost_data_and_smaller_succeeds) {
    handles mapped again (none released and created anew), without a retry
    and without a host sync (the stream is idle). */
 XSEG_TEST(alloc_oom, cached_pages_are_released_before_failing) {
-  XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(NULL, 1 * GiB);
+  XSEG_ASSERT_TRUE(a != NULL);
   CUstream s1;
   XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-  xseg_allocator *a = at_create(NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 800 * MiB, s1, &p));
   XSEG_ASSERT_OK(xseg_free(a, p));      /* cached on s1 */
@@ -92,12 +93,12 @@ XSEG_TEST(alloc_oom, memory_fraction_caps_what_is_mapped) {
    down to the threshold (oldest frees first), and that is enough here:
    no failed growth, no retry. */
 XSEG_TEST(alloc_oom, garbage_collection_threshold_releases_first) {
-  XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a =
+      at_create_capped("garbage_collection_threshold:0.5", 1 * GiB);
+  XSEG_ASSERT_TRUE(a != NULL);
   CUstream s1;
   XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-  xseg_allocator *a = at_create("garbage_collection_threshold:0.5");
   void *p[3], *q;
   for (int i = 0; i < 3; i++)
     XSEG_ASSERT_OK(xseg_malloc(a, 300 * MiB, s1, &p[i]));
@@ -115,9 +116,9 @@ XSEG_TEST(alloc_oom, garbage_collection_threshold_releases_first) {
 }
 
 XSEG_TEST(alloc_oom, classic_mode_oom_releases_free_segments) {
-  XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 1 * GiB);
-  xseg_allocator *a = at_create("expandable_segments:False");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped("expandable_segments:False", 1 * GiB);
+  XSEG_ASSERT_TRUE(a != NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 700 * MiB, NULL, &p));
   XSEG_ASSERT_OK(xseg_free(a, p));

@@ -7,7 +7,7 @@
 /* A physical handle created and not released must be reported by the check
    that the fixture runs after every test. */
 XSEG_TEST(harness, leak_check_catches_a_leaked_handle) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_live before, after;
   xsim_get_live(&before);

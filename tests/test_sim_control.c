@@ -16,7 +16,7 @@
 /* xsim_call_count: "Calls of the named function since process start or the
    last reset", by the unversioned name. */
 XSEG_TEST(SimControl, counters_count) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   int v;
   XSEG_EXPECT_EQ(xsim_call_count("cuDriverGetVersion"), 0);  /* reset */
   for (int i = 0; i < 3; i++) XSEG_EXPECT_CU(cuDriverGetVersion(&v));
@@ -35,7 +35,7 @@ XSEG_TEST(SimControl, counters_count) {
    function returns err and does nothing": calls before it succeed, the one
    after it too. */
 XSEG_TEST(SimControl, fault_fires_on_the_nth_call_and_not_before) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUmemGenericAllocationHandle h[3], failed = 0xdead;
@@ -57,7 +57,7 @@ XSEG_TEST(SimControl, fault_fires_on_the_nth_call_and_not_before) {
 /* xsim_fail_calls: "every call after it fails too, `repeat` calls in all
    (UINT64_MAX: until xsim_reset)". */
 XSEG_TEST(SimControl, fault_repeat_mode) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   int v;
   xsim_fail_calls("cuDriverGetVersion", 2, 3, CUDA_ERROR_NOT_PERMITTED);
   XSEG_EXPECT_CU(cuDriverGetVersion(&v));
@@ -86,7 +86,7 @@ static uint64_t st_random_pattern(double p, uint64_t seed) {
    p, drawn from a generator seeded with seed (reproducible for one sequence
    of calls)". */
 XSEG_TEST(SimControl, fault_random_is_reproducible_with_a_seed) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   uint64_t a = st_random_pattern(0.5, 42), b = st_random_pattern(0.5, 42);
   uint64_t c = st_random_pattern(0.5, 43);
   XSEG_EXPECT_EQ(a, b);
@@ -103,7 +103,7 @@ XSEG_TEST(SimControl, fault_random_is_reproducible_with_a_seed) {
    CUDA_ERROR_OUT_OF_MEMORY and other functions with CUDA_ERROR_UNKNOWN
    (xsim.h). */
 XSEG_TEST(SimControl, env_fail_list) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   st_env("XSIM_FAIL",
@@ -123,7 +123,7 @@ XSEG_TEST(SimControl, env_fail_list) {
 
 /* XSIM_FAIL_RATE is name:probability:seed[:CUDA_ERROR_NAME]. */
 XSEG_TEST(SimControl, env_fail_rate) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   st_env("XSIM_FAIL_RATE", "cuDriverGetVersion:1.0:5:CUDA_ERROR_NOT_READY");
   int v;
   XSEG_EXPECT_CU_ERR(cuDriverGetVersion(&v), CUDA_ERROR_NOT_READY);
@@ -136,7 +136,7 @@ XSEG_TEST(SimControl, env_fail_rate) {
    XSIM_GRANULARITY, as cuDeviceGetCount, cuDeviceTotalMem and
    cuMemGetAllocationGranularity report them. */
 XSEG_TEST(SimControl, env_knobs) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("tests the emulator's environment knobs");
   XSEG_ASSERT_CU(cuInit(0));
   st_env("XSIM_DEVICE_COUNT", "3");
   st_env("XSIM_DEVICE_MEMORY", "3G");
@@ -167,7 +167,7 @@ XSEG_TEST(SimControl, env_knobs) {
 
 /* xsim_reset: "Back to the environment's settings: ... device capacities." */
 XSEG_TEST(SimControl, reset_restores_device_memory) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   XSEG_ASSERT_CU(cuInit(0));
   size_t total = 0;
   xsim_set_device_memory(0, 1 << 30);
@@ -187,7 +187,7 @@ static uint64_t st_now_ns(void) {
 /* xsim_set_latency: "Modeled host-side latency of a call, in nanoseconds",
    both spun (short) and slept (long). */
 XSEG_TEST(SimControl, latency_is_applied) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets emulated latency");
   int v;
   xsim_set_latency("cuDriverGetVersion", 20000);        /* 20 us */
   uint64_t t0 = st_now_ns();
@@ -202,7 +202,7 @@ XSEG_TEST(SimControl, latency_is_applied) {
 
 /* xsim_get_live: "What is alive now, over every device". */
 XSEG_TEST(SimControl, live_counts_follow_objects) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   xsim_live a, b;
@@ -229,7 +229,7 @@ XSEG_TEST(SimControl, live_counts_follow_objects) {
 /* xsim_report_live: "Writes one line per live handle, mapping and
    reservation to `out` (a leak report); returns how many lines it wrote." */
 XSEG_TEST(SimControl, leak_report_lists_a_leaked_handle) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUmemGenericAllocationHandle h;
@@ -259,7 +259,7 @@ XSEG_TEST(SimControl, leak_report_lists_a_leaked_handle) {
    dereferences one must fault, not read our state): they are non-canonical
    x86-64 addresses. */
 XSEG_TEST(SimControl, handles_are_opaque_ids) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's handle values");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUmemGenericAllocationHandle a, b;

@@ -112,7 +112,7 @@ XSEG_TEST(SimDevice, primary_context_is_one_and_refcounted) {
    previously retained will fail with CUDA_ERROR_INVALID_CONTEXT." Device 1
    (of two emulated) is retained by no one else in this process. */
 XSEG_TEST(SimDevice, release_of_unretained_primary_context_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("emulates a second device");
   st_env("XSIM_DEVICE_COUNT", "2");
   XSEG_EXPECT_CU(cuInit(0));
   CUcontext c;
@@ -127,7 +127,9 @@ XSEG_TEST(SimDevice, release_of_unretained_primary_context_fails) {
    cuCtxPushCurrent / cuCtxPopCurrent ("Pops the current CUDA context"; an
    empty stack is CUDA_ERROR_INVALID_CONTEXT), cuCtxCreate pushes the new
    context, cuCtxDestroy pops it "as though cuCtxPopCurrent() were called",
-   cuCtxSetCurrent replaces the top and NULL pops it. */
+   cuCtxSetCurrent replaces the top and NULL pops it. A destroyed context's
+   handle is refused by the emulator only: on H100, driver 580, passing it
+   again crashed the process (SIGSEGV), as cuda.h leaves it undefined. */
 static void *st_stack_thread(void *arg) {
   int *bad = arg;
   CUcontext primary, made, cur, popped;
@@ -140,8 +142,10 @@ static void *st_stack_thread(void *arg) {
   *bad |= (cuCtxGetDevice(&dev) != CUDA_SUCCESS || dev != 0) << 5;
   *bad |= (cuCtxDestroy(made) != CUDA_SUCCESS) << 6;
   *bad |= (cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != primary) << 7;
-  *bad |= (cuCtxDestroy(made) != CUDA_ERROR_INVALID_CONTEXT) << 8;
-  *bad |= (cuCtxSetCurrent(made) != CUDA_ERROR_INVALID_CONTEXT) << 9;
+  if (xt_have_sim()) {   /* a stale handle: see above */
+    *bad |= (cuCtxDestroy(made) != CUDA_ERROR_INVALID_CONTEXT) << 8;
+    *bad |= (cuCtxSetCurrent(made) != CUDA_ERROR_INVALID_CONTEXT) << 9;
+  }
   *bad |= (cuCtxPopCurrent(&popped) != CUDA_SUCCESS || popped != primary) << 10;
   *bad |= (cuCtxSetCurrent(primary) != CUDA_SUCCESS) << 11;
   *bad |= (cuCtxSetCurrent(NULL) != CUDA_SUCCESS) << 12;
@@ -210,7 +214,7 @@ static bool st_fresh_open(st_fresh *f) {
    names need no initialization; after cuInit the same calls that need a
    context say so instead. */
 XSEG_TEST(SimDevice, not_initialized_errors) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("loads a fresh copy of the emulator");
   st_fresh f;
   XSEG_ASSERT_TRUE(st_fresh_open(&f));
   CUresult (*count)(int *) = (CUresult(*)(int *))dlsym(f.lib, "cuDeviceGetCount");
@@ -308,7 +312,7 @@ XSEG_TEST(SimDevice, get_proc_address_finds_versioned_names) {
    back as the versioned symbol cuda.h's macros name at CUDA 13, for the
    memory copies and sets as much as for the VMM calls. */
 XSEG_TEST(SimDevice, get_proc_address_serves_copy_and_set_versions) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's own entry points");
   XSEG_ASSERT_TRUE(st_setup() > 0);
   static const char *const pairs[][2] = {
       {"cuMemcpyDtoD", "cuMemcpyDtoD_v2"},

@@ -80,7 +80,8 @@ static void st_importer(void *arg) {
    and reads the parent's bytes and writes its own, which the parent then
    reads through its own mapping: both processes share one memory. */
 XSEG_TEST(SimIpc, export_import_across_fork_through_unix_socket) {
-  XT_REQUIRE_SIM();   /* a forked child cannot use a real GPU context */
+  /* A forked child cannot use the parent's context on a real GPU. */
+  XT_REQUIRE_SIM_FOR("shares device memory with a forked child");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   int sv[2];
@@ -140,7 +141,9 @@ XSEG_TEST(SimIpc, import_in_same_process_shares_bytes) {
   CUmemAllocationProp p;
   XSEG_EXPECT_CU(cuMemGetAllocationPropertiesFromHandle(&p, imp));
   XSEG_EXPECT_EQ(p.location.id, 0);
-  XSEG_EXPECT_EQ(p.requestedHandleTypes, ST_POSIX);
+  /* Observed on H100, driver 580: an imported handle requests no export
+     type, whatever the exporter's handle did. */
+  XSEG_EXPECT_EQ(p.requestedHandleTypes, CU_MEM_HANDLE_TYPE_NONE);
   XSEG_EXPECT_CU(cuMemUnmap(va, 2 * g));
   XSEG_EXPECT_CU(cuMemRelease(imp));
   XSEG_EXPECT_CU(cuMemRelease(h));
@@ -153,7 +156,7 @@ XSEG_TEST(SimIpc, import_in_same_process_shares_bytes) {
    fabric handles are CUDA_ERROR_NOT_SUPPORTED here; flags are "Reserved,
    must be zero". */
 XSEG_TEST(SimIpc, export_needs_the_posix_handle_type) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks the emulator's error codes for misuse");
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUmemGenericAllocationHandle none, posix;
@@ -181,7 +184,7 @@ XSEG_TEST(SimIpc, export_needs_the_posix_handle_type) {
    CUDA_ERROR_NOT_SUPPORTED": an fd that is not emulator memory. A closed fd
    is an invalid argument. */
 XSEG_TEST(SimIpc, import_of_foreign_or_closed_fd_fails) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("imports a file that is not device memory");
   XSEG_ASSERT_TRUE(st_setup() > 0);
   CUmemGenericAllocationHandle h;
   int foreign = memfd_create("not-xsim", MFD_CLOEXEC);
@@ -206,7 +209,6 @@ XSEG_TEST(SimIpc, import_of_foreign_or_closed_fd_fails) {
    allocated memory referenced will be released"): after the exporter
    releases its handle, the importer's mapping still reads the bytes. */
 XSEG_TEST(SimIpc, imported_memory_outlives_the_exporting_handle) {
-  XT_REQUIRE_SIM();
   size_t g = st_setup();
   XSEG_ASSERT_GT(g, 0);
   CUdeviceptr va;
@@ -217,7 +219,7 @@ XSEG_TEST(SimIpc, imported_memory_outlives_the_exporting_handle) {
   XSEG_ASSERT_CU(cuMemExportToShareableHandle(&fd, h, ST_POSIX, 0));
   XSEG_ASSERT_CU(cuMemMap(va, g, 0, h, 0));
   XSEG_ASSERT_CU(st_access(va, g, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-  ((volatile char *)va)[9] = 0x19;
+  XSEG_ASSERT_CU(cuMemsetD8(va + 9, 0x19, 1));
   XSEG_ASSERT_CU(cuMemUnmap(va, g));
   XSEG_ASSERT_CU(cuMemRelease(h));
   XSEG_ASSERT_CU(cuMemImportFromShareableHandle(&imp, (void *)(intptr_t)fd,
@@ -225,7 +227,9 @@ XSEG_TEST(SimIpc, imported_memory_outlives_the_exporting_handle) {
   close(fd);
   XSEG_ASSERT_CU(cuMemMap(va, g, 0, imp, 0));
   XSEG_ASSERT_CU(st_access(va, g, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-  XSEG_EXPECT_EQ(((volatile char *)va)[9], 0x19);
+  unsigned char v = 0;
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&v, va + 9, 1));
+  XSEG_EXPECT_EQ(v, 0x19);
   XSEG_EXPECT_CU(cuMemUnmap(va, g));
   XSEG_EXPECT_CU(cuMemRelease(imp));
   XSEG_EXPECT_CU(cuMemAddressFree(va, g));

@@ -111,7 +111,6 @@ XSEG_TEST(snapshot, empty_allocator) {
 }
 
 XSEG_TEST(snapshot, segments_blocks_states_and_traces) {
-  XT_REQUIRE_SIM();
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("xseg_memory_fraction:0.01");
   CUstream s1;

@@ -13,9 +13,11 @@
 
 enum { SIZE = 64 * 1024 };
 
+/* A new non-blocking stream; NULL, the failure reported, if the driver
+   refused (a test then fails instead of using the legacy stream). */
 static CUstream stream_new(void) {
   CUstream s = NULL;
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
+  if (!XSEG_EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) return NULL;
   return s;
 }
 
@@ -222,7 +224,7 @@ XSEG_TEST(streams, destroy_with_pending_frees) {
 
 /* A failed event record leaves the block live, as if free was not called. */
 XSEG_TEST(streams, failed_event_record_keeps_the_block_live) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s1 = stream_new(), s2 = stream_new();
@@ -252,7 +254,7 @@ XSEG_TEST(streams, failed_event_record_keeps_the_block_live) {
    on s0: the granules stay mapped and nothing waits; released s0, a later
    call releases them. */
 XSEG_TEST(streams, empty_cache_leaves_guarded_granules_and_never_blocks) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s0 = stream_new();
@@ -310,7 +312,7 @@ static bool finishes_soon(call_thread *t) {
 
 /* The blocking form waits for that work (on its event), then releases. */
 XSEG_TEST(streams, empty_cache_blocking_waits_on_the_guard_event_only) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s0 = stream_new(), other = stream_new();
@@ -354,7 +356,7 @@ XSEG_TEST(streams, empty_cache_blocking_waits_on_the_guard_event_only) {
 
 /* A freshly mapped, never-used block needs no guard at all. */
 XSEG_TEST(streams, never_used_memory_is_released_without_a_query) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xseg_allocator *a = at_create("xseg_reserve_mb:64");
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, NULL, &p));
@@ -376,7 +378,7 @@ XSEG_TEST(streams, never_used_memory_is_released_without_a_query) {
    host sync at all, and A's handles are mapped again (none released or
    created). */
 XSEG_TEST(streams, growth_at_the_limit_takes_an_idle_streams_memory) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -420,7 +422,7 @@ static void *malloc_thread(void *arg) {
 /* A is busy with work queued before its free: B waits for that work (its
    guard event), not for A's stream, another stream or the device. */
 XSEG_TEST(streams, growth_at_the_limit_waits_only_for_the_guarding_work) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -463,10 +465,9 @@ XSEG_TEST(streams, growth_at_the_limit_waits_only_for_the_guarding_work) {
 /* A pending free's memory is not moved to another stream before its
    events fired, even at the limit; after they fire it is. */
 XSEG_TEST(streams, pending_memory_moves_only_after_its_events) {
-  XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
+  xseg_allocator *a = at_create_capped(NULL, 64 * MiB);   /* the limit */
+  XSEG_ASSERT_TRUE(a != NULL);
   CUstream sa = stream_new(), sb = stream_new(), s1 = stream_new();
   xt_latch *l1 = xt_latch_new();
   void *p, *q;
@@ -501,7 +502,7 @@ XSEG_TEST(streams, pending_memory_moves_only_after_its_events) {
 /* Above the threshold, growth first releases the oldest free memory: the
    block freed first goes, the one freed last stays cached. */
 XSEG_TEST(streams, garbage_collection_releases_oldest_first) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   xsim_set_device_memory(0, 100 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("garbage_collection_threshold:0.5");
@@ -532,7 +533,7 @@ XSEG_TEST(streams, garbage_collection_releases_oldest_first) {
    the pool reuses them. XSEG_TEST_CROSS_FREES sets the loop's length
    (10^6 for the figure in the report; 10^5 by default). */
 XSEG_TEST(streams, steady_cross_stream_frees_create_bounded_events) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   const char *env = getenv("XSEG_TEST_CROSS_FREES");
   long n = env != NULL ? atol(env) : 100000;

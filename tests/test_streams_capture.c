@@ -3,13 +3,16 @@
    fails them and invalidates the capture, so a capture that ends cleanly
    proves it), and a private pool's memory is reused by others only after
    xseg_release_pool. */
+#include <pthread.h>
 #include <string.h>
 
 #include "alloc_helpers.h"
 
+/* A new non-blocking stream; NULL, the failure reported, if the driver
+   refused (a test then fails instead of using the legacy stream). */
 static CUstream stream_new(void) {
   CUstream s = NULL;
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
+  if (!XSEG_EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) return NULL;
   return s;
 }
 
@@ -32,7 +35,7 @@ static void expect_none_since(const uint64_t before[N_FORBIDDEN]) {
 }
 
 XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = stream_new(), s0 = stream_new(), s1 = stream_new();
@@ -115,7 +118,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
 /* After release, another stream growing at the device limit takes the
    private pool's memory, its handles mapped again. */
 XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -149,7 +152,7 @@ XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
 /* An unannounced capture is seen on the slow path: the allocation goes to
    the capture's implicit pool, and nothing forbidden is called. */
 XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = stream_new(), s1 = stream_new();
@@ -223,4 +226,75 @@ XSEG_TEST(streams_capture, pool_calls_check_their_arguments) {
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* A global-mode capture on another thread, on a stream xseg never saw. */
+typedef struct foreign_capture {
+  CUstream stream;
+  pthread_barrier_t begun, done;
+  CUresult began, ended;
+} foreign_capture;
+
+static void *foreign_capture_run(void *arg) {
+  foreign_capture *f = arg;
+  f->began = CUDA_ERROR_INVALID_CONTEXT;
+  if (xt_context(0) != NULL)
+    f->began = cuStreamBeginCapture(f->stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  pthread_barrier_wait(&f->begun);
+  pthread_barrier_wait(&f->done);
+  CUgraph g = NULL;
+  f->ended = f->began == CUDA_SUCCESS ? cuStreamEndCapture(f->stream, &g)
+                                      : f->began;
+  if (g != NULL) cuGraphDestroy(g);
+  return NULL;
+}
+
+/* xseg queries its events and streams while another thread captures in
+   global mode, into no allocator xseg knows of. In global mode those
+   queries would be "potentially unsafe" calls, which the driver refuses
+   (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) and which invalidate the other
+   thread's capture (cuda.h, cuThreadExchangeStreamCaptureMode; observed on
+   H100, driver 580). xseg makes them in relaxed mode: its calls succeed,
+   the capture ends valid. The pending free waits on a held stream, so the
+   queries are real ones (the event has not fired). */
+XSEG_TEST(streams_capture, queries_leave_another_threads_capture_valid) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s = stream_new(), held = stream_new(), captured = stream_new();
+  XSEG_ASSERT_TRUE(s != NULL && held != NULL && captured != NULL);
+  xt_latch *latch = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(held, latch));
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, s, &p));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, held));
+  XSEG_ASSERT_OK(xseg_free(a, p));          /* pending on held's work */
+
+  foreign_capture f = {.stream = captured};
+  pthread_barrier_init(&f.begun, NULL, 2);
+  pthread_barrier_init(&f.done, NULL, 2);
+  pthread_t t;
+  XSEG_ASSERT_EQ(pthread_create(&t, NULL, foreign_capture_run, &f), 0);
+  pthread_barrier_wait(&f.begun);
+  XSEG_EXPECT_OK(xseg_malloc(a, 4 * MiB, s, &q));   /* polls the event */
+  XSEG_EXPECT_OK(xseg_empty_cache(a));      /* queries streams, the event */
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 4 * MiB);
+  pthread_barrier_wait(&f.done);
+  pthread_join(t, NULL);
+  XSEG_EXPECT_CU(f.began);
+  XSEG_EXPECT_CU(f.ended);                  /* not invalidated */
+  pthread_barrier_destroy(&f.begun);
+  pthread_barrier_destroy(&f.done);
+
+  xt_latch_open(latch);
+  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(latch);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(captured));
 }

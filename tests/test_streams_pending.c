@@ -1,5 +1,7 @@
 /* streams/: the event pool and the per-stream queues of recorded frees.
- * Streams are held back with a latch, so "not yet" is certain, not likely. */
+ * Streams are held back with a latch, so "not yet" is certain, not likely.
+ * The fixture checks every driver call it makes, so that a failure names
+ * its cause instead of showing up later on a stream that does not exist. */
 #include <stdint.h>
 #include <string.h>
 
@@ -24,8 +26,13 @@ typedef struct fixture {
 } fixture;
 
 static bool fixture_open(fixture *f) {
-  if (xs_vmm_open(&f->vmm, "sim", 0) != XSEG_OK) return false;
-  if (xs_vmm_ctx_enter(&f->vmm, &f->saved) != XSEG_OK) return false;
+  if (!XSEG_EXPECT_TRUE(xt_context(0) != NULL) ||
+      !XSEG_EXPECT_OK(xs_vmm_open(&f->vmm, xt_driver_name(), 0)))
+    return false;
+  if (!XSEG_EXPECT_OK(xs_vmm_ctx_enter(&f->vmm, &f->saved))) {
+    xs_vmm_close(&f->vmm);
+    return false;
+  }
   xs_event_pool_init(&f->events, &f->vmm);
   xs_pending_init(&f->pending, &f->events);
   return true;
@@ -38,16 +45,20 @@ static void fixture_close(fixture *f) {
   xs_vmm_close(&f->vmm);
 }
 
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-  return s;
+/* A new non-blocking stream in *s; false (the failure reported) if the
+   driver refused. */
+static bool stream_new(CUstream *s) {
+  return XSEG_EXPECT_CU(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
 }
 
 XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s = stream_new();
+  CUstream s;
+  if (!stream_new(&s)) {
+    fixture_close(&f);
+    return;
+  }
   xt_latch *latch = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(s, latch));
 
@@ -75,7 +86,16 @@ XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
 XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream held = stream_new(), idle = stream_new();
+  CUstream held, idle;
+  if (!stream_new(&held)) {
+    fixture_close(&f);
+    return;
+  }
+  if (!stream_new(&idle)) {
+    XSEG_EXPECT_CU(cuStreamDestroy(held));
+    fixture_close(&f);
+    return;
+  }
   xt_latch *latch = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(held, latch));
 
@@ -104,7 +124,11 @@ XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
 XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s = stream_new();
+  CUstream s;
+  if (!stream_new(&s)) {
+    fixture_close(&f);
+    return;
+  }
   int first = 0;
   XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &first));
   xt_latch *latch = xt_latch_new();
@@ -134,7 +158,11 @@ XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
 XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s = stream_new();
+  CUstream s;
+  if (!stream_new(&s)) {
+    fixture_close(&f);
+    return;
+  }
   int block = 0;
   fired_log log = {0};
   xseg_status err;
@@ -152,10 +180,14 @@ XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
 
 /* A failing cuEventRecord queues nothing and loses no event. */
 XSEG_TEST(streams_pending, record_failure_queues_nothing) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s = stream_new();
+  CUstream s;
+  if (!stream_new(&s)) {
+    fixture_close(&f);
+    return;
+  }
   int block = 0;
   xsim_fail_call("cuEventRecord", 1, CUDA_ERROR_LAUNCH_FAILED);
   XSEG_EXPECT_STATUS(xs_pending_add(&f.pending, s, &block), XSEG_ERR_DRIVER);
@@ -174,7 +206,11 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
 XSEG_TEST(streams_pending, events_per_stream_are_bounded) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s = stream_new();
+  CUstream s;
+  if (!stream_new(&s)) {
+    fixture_close(&f);
+    return;
+  }
   xt_latch *latch = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(s, latch));
   static int blocks[100];

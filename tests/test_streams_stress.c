@@ -199,7 +199,7 @@ static long stress_ops(void) {
 }
 
 XSEG_TEST(streams_stress, four_threads_four_streams_record_stream) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 96 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   stress_ctx ctx = {.a = at_create(NULL)};

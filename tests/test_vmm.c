@@ -1,5 +1,7 @@
 /* vmm/: loading the driver, the counted table, error messages, and the run
- * helpers' promise never to leave a half-mapped run behind. */
+ * helpers' promise never to leave a half-mapped run behind. Every test
+ * initialises the driver it links and makes a context current (xt_context)
+ * before its own driver calls, as a real driver requires. */
 #include <stdint.h>
 #include <string.h>
 
@@ -20,14 +22,16 @@ XSEG_TEST(vmm, missing_library_names_it_and_dlerror) {
 
 XSEG_TEST(vmm, bad_device_is_an_invalid_argument) {
   xs_vmm v;
-  XSEG_EXPECT_STATUS(xs_vmm_open(&v, "sim", 99), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), 99),
+                     XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(contains(xseg_last_error(), "device 99"));
-  XSEG_EXPECT_STATUS(xs_vmm_open(&v, "sim", -1), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xs_vmm_open(&v, xt_driver_name(), -1),
+                     XSEG_ERR_INVALID_ARGUMENT);
 }
 
 XSEG_TEST(vmm, open_reads_granularity_and_memory) {
   xs_vmm v;
-  XSEG_ASSERT_OK(xs_vmm_open(&v, "sim", 0));
+  XSEG_ASSERT_OK(xs_vmm_open(&v, xt_driver_name(), 0));
   XSEG_EXPECT_GT(v.granularity, 0);
   XSEG_EXPECT_EQ(v.granularity & (v.granularity - 1), 0);
   XSEG_EXPECT_GT(v.total_memory, 0);
@@ -38,8 +42,9 @@ XSEG_TEST(vmm, open_reads_granularity_and_memory) {
 
 /* The context is made current for the call and the caller's comes back. */
 XSEG_TEST(vmm, ctx_enter_and_leave_restore_the_callers_context) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xs_vmm v;
-  XSEG_ASSERT_OK(xs_vmm_open(&v, "sim", 0));
+  XSEG_ASSERT_OK(xs_vmm_open(&v, xt_driver_name(), 0));
   XSEG_ASSERT_CU(cuCtxSetCurrent(NULL));
   CUcontext saved, now;
   XSEG_ASSERT_OK(xs_vmm_ctx_enter(&v, &saved));
@@ -60,7 +65,8 @@ typedef struct opened {
 } opened;
 
 static bool opened_init(opened *o, size_t granules) {
-  if (xs_vmm_open(&o->v, "sim", 0) != XSEG_OK) return false;
+  if (xt_context(0) == NULL) return false;
+  if (xs_vmm_open(&o->v, xt_driver_name(), 0) != XSEG_OK) return false;
   if (xs_vmm_ctx_enter(&o->v, &o->saved) != XSEG_OK) return false;
   o->size = granules * o->v.granularity;
   return xs_vmm_reserve(&o->v, o->size, &o->base) == XSEG_OK;
@@ -88,7 +94,7 @@ XSEG_TEST(vmm, map_run_maps_a_writable_run_and_unmap_run_returns_it) {
 
 /* One cuMemSetAccess for the whole run, never one per granule. */
 XSEG_TEST(vmm, map_run_sets_access_once_per_run) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   opened o;
   XSEG_ASSERT_TRUE(opened_init(&o, 8));
   size_t g = o.v.granularity;
@@ -128,7 +134,7 @@ static void map_run_fails_cleanly(const char *fn, uint64_t nth) {
 }
 
 XSEG_TEST(vmm, map_run_rolls_back_on_every_failing_call) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   for (uint64_t nth = 1; nth <= 4; nth++) {
     map_run_fails_cleanly("cuMemCreate", nth);
     map_run_fails_cleanly("cuMemMap", nth);
@@ -137,7 +143,7 @@ XSEG_TEST(vmm, map_run_rolls_back_on_every_failing_call) {
 }
 
 XSEG_TEST(vmm, failed_unmap_keeps_the_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   opened o;
   XSEG_ASSERT_TRUE(opened_init(&o, 2));
   size_t g = o.v.granularity;
@@ -154,7 +160,7 @@ XSEG_TEST(vmm, failed_unmap_keeps_the_handles) {
 
 XSEG_TEST(vmm, driver_calls_are_counted_in_the_table) {
   xs_vmm v;
-  XSEG_ASSERT_OK(xs_vmm_open(&v, "sim", 0));
+  XSEG_ASSERT_OK(xs_vmm_open(&v, xt_driver_name(), 0));
   xs_driver_reset_counts(v.drv);
   size_t free_b = 0, total_b = 0;
   CUcontext saved;
@@ -171,7 +177,7 @@ XSEG_TEST(vmm, driver_calls_are_counted_in_the_table) {
 
 XSEG_TEST(vmm, peers_join_the_access_list_once) {
   xs_vmm v;
-  XSEG_ASSERT_OK(xs_vmm_open(&v, "sim", 0));
+  XSEG_ASSERT_OK(xs_vmm_open(&v, xt_driver_name(), 0));
   XSEG_EXPECT_OK(xs_vmm_add_peer(&v, 1));
   XSEG_EXPECT_OK(xs_vmm_add_peer(&v, 1));
   XSEG_EXPECT_EQ(v.n_access, 2);

@@ -2,7 +2,9 @@
  *
  * Races are forced, not hoped for: xt_latch_hold() enqueues a host function
  * that blocks the stream's worker on the latch, so everything queued behind
- * it stays queued, deterministically, until xt_latch_open().
+ * it stays queued, deterministically, until xt_latch_open(). The host
+ * function makes no driver call (a real driver forbids them there) and
+ * waits on nothing but the test thread's xt_latch_open().
  */
 #include <pthread.h>
 #include <stdbool.h>

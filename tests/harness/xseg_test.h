@@ -17,14 +17,16 @@
  * faults, capacities) and fails the test when it ends with more live handles,
  * mappings, reservations, streams or events than it started with. On a real
  * driver (-DXSEG_TEST_DRIVER=system) the xsim_* symbols are absent: they are
- * declared weak here, tests that need them start with XT_REQUIRE_SIM(), and
- * the leak check is skipped.
+ * declared weak here, tests that need them start with
+ * XT_REQUIRE_SIM_FOR(why), and the leak check is skipped.
  */
 #ifndef XSEG_TEST_H
 #define XSEG_TEST_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cuda.h>
 #include "xsim.h"
 
@@ -70,6 +72,16 @@ static inline bool xt_have_sim(void) { return xsim_get_live != NULL; }
 bool xt_live_unchanged(const xsim_live *before, const xsim_live *now,
                        char *msg, size_t msg_size);
 
+/* The driver library for xs_vmm_open / xs_driver_load in tests: "sim" (the
+   emulator) unless the tests run on a real GPU (XSEG_TEST_DRIVER=system);
+   then NULL, the default libcuda.so.1, which is the driver the test binary
+   itself links, so that the test's own driver calls and xseg's reach the
+   same driver. */
+static inline const char *xt_driver_name(void) {
+  const char *d = getenv("XSEG_TEST_DRIVER");
+  return d != NULL && strcmp(d, "system") == 0 ? NULL : "sim";
+}
+
 /* A context on device `dev` made current on the calling thread (the primary
    context, retained once per process and never released: the driver keeps it
    for the process's lifetime anyway). */
@@ -77,7 +89,15 @@ CUcontext xt_context(int dev);
 
 /* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
    function that blocks the stream until xt_latch_open. Open every latch
-   before the test ends, then synchronise, then free it. */
+   before the test ends, then synchronise, then free it. On a real driver
+   host functions run one at a time (observed on H100, driver 580): while
+   one latch blocks, no other host function of the process runs, so a
+   latch on a second stream holds that stream too but is not seen waiting,
+   and "stream B is not held back" must be shown with device work on B,
+   not a host function. Nothing the test thread does between hold and open
+   may wait for the held stream: no synchronising call, no copy into
+   pageable host memory on it or on the legacy stream behind a blocking
+   stream it holds. */
 typedef struct xt_latch xt_latch;
 xt_latch *xt_latch_new(void);
 CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
@@ -163,6 +183,17 @@ void      xt_latch_free(xt_latch *l);
   do {                                                                      \
     if (!xt_have_sim()) {                                                   \
       xt_skip(__FILE__, __LINE__, "needs the emulator's control API");      \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
+/* The same, saying what of the emulator the test needs, so that a run on a
+   GPU lists why each test skipped: XT_REQUIRE_SIM_FOR("injects driver
+   faults"). `what` is a string literal. */
+#define XT_REQUIRE_SIM_FOR(what)                                            \
+  do {                                                                      \
+    if (!xt_have_sim()) {                                                   \
+      xt_skip(__FILE__, __LINE__, "needs the emulator: " what);             \
       return;                                                               \
     }                                                                       \
   } while (0)
