@@ -288,6 +288,17 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return xs_stream_pools_get_locked(a, stream, out);
 }
 
+/* A block just taken from pool p becomes the caller's. */
+static inline void alloc_hand_out_locked(xseg_allocator *a, xs_pool *p,
+                                         xs_block *b, size_t size,
+                                         struct CUstream_st *stream) {
+  b->requested = size;
+  b->stream = stream;
+  xs_ptrtable_add(&a->live, b);
+  alloc_account_malloc(a, b, p->kind);
+  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+}
+
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
@@ -303,13 +314,43 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
   if (st != XSEG_OK) return st;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  b->requested = size;
-  b->stream = stream;
-  xs_ptrtable_add(&a->live, b);
-  alloc_account_malloc(a, b, p->kind);
-  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+  alloc_hand_out_locked(a, p, b, size, stream);
   *out = b;
   return XSEG_OK;
+}
+
+/* The cached malloc with a block parked (allocator.h): the parked block
+   itself when the request is its size on its pool and settling then
+   taking the best fit would hand out exactly it (xs_pool_retake). False
+   (nothing changed) otherwise: the caller settles and goes the usual way.
+   Pending frees and captures go the usual way, in the usual order. */
+static bool alloc_retake_locked(xseg_allocator *a, size_t size,
+                                size_t rounded, struct CUstream_st *stream,
+                                xs_block **out) {
+  xs_block *b = a->parked;
+  if (b->size != rounded || xs_alloc_has_pending(a) || xs_alloc_capturing(a))
+    return false;
+  if (!xs_ptrtable_reserve(&a->live)) return false;
+  xs_stream_pools *sp;
+  xs_pool *p = b->seg->pool;
+  if (xs_stream_pools_get_locked(a, stream, &sp) != XSEG_OK ||
+      p != &sp->pool[xs_alloc_kind(rounded)])
+    return false;
+  /* The merged block must be what xs_alloc_find_free accepts and
+     xs_alloc_should_split splits; both look at sizes only. */
+  size_t rest = b->next->size, merged = rounded + rest;
+  size_t max_split = a->cfg.max_split_size;
+  if (rounded < max_split && merged >= max_split) return false;
+  if (rounded >= max_split && rest >= a->cfg.max_non_split_rounding)
+    return false;
+  bool split = p->kind == XS_POOL_SMALL || a->cfg.expandable_segments
+                   ? rest >= XS_MIN_BLOCK
+                   : rounded < max_split && rest > XS_SMALL_SIZE;
+  if (!split || !xs_pool_retake(p, b)) return false;
+  a->parked = NULL;
+  alloc_hand_out_locked(a, p, b, size, stream);
+  *out = b;
+  return true;
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
@@ -332,14 +373,19 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
                     "to blocks and granules", size);
-  xs_alloc_lock(a);
-  /* Frees waiting on other streams are settled first, as PyTorch's
-     process_events; a counter check when none waits. A failed query only
-     leaves them waiting: the allocation goes on. */
-  if (__builtin_expect(xs_alloc_has_pending(a), 0))
-    xs_alloc_process_pending_locked(a, false);
+  xs_alloc_lock_cached(a);
   xs_block *b = NULL;
-  xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
+  xseg_status st = XSEG_OK;
+  if (a->parked != NULL && !alloc_retake_locked(a, size, rounded, stream, &b))
+    xs_alloc_settle_locked(a);
+  if (b == NULL) {
+    /* Frees waiting on other streams are settled first, as PyTorch's
+       process_events; a counter check when none waits. A failed query
+       only leaves them waiting: the allocation goes on. */
+    if (__builtin_expect(xs_alloc_has_pending(a), 0))
+      xs_alloc_process_pending_locked(a, false);
+    st = alloc_block_locked(a, size, rounded, stream, &b);
+  }
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
@@ -360,7 +406,16 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
   if (__builtin_expect(b->uses.n != 0, 0))
     return xs_alloc_defer_free_locked(a, b);
   alloc_account_free(a, b);
-  xs_alloc_give_locked(a, b);
+  if (!xs_pool_parkable(b)) {
+    xs_alloc_give_locked(a, b);
+    return XSEG_OK;
+  }
+  /* Stamped and traced as xs_alloc_give_locked does, merged later. */
+  b->free_epoch = ++a->free_clock;
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
+  xs_pool_park(b->seg->pool, b);
+  a->parked = b;
   return XSEG_OK;
 }
 
@@ -370,7 +425,10 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                     "NULL", ptr);
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_alloc_lock(a);
+  xs_alloc_lock_cached(a);
+  /* At most one block is parked: the one before is merged now, as it
+     would have been at its own free. */
+  if (a->parked != NULL) xs_alloc_settle_locked(a);
   size_t slot = xs_ptrtable_find(&a->live, addr);
   if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);

@@ -92,6 +92,11 @@ struct xseg_allocator {
   xs_capture *captures;
   size_t n_captures, cap_captures, n_implicit;
   xs_trace trace;                     /* device_traces ring (snapshot) */
+  /* A block the cached free parked unmerged (segments/pool.h, lazy
+     merging), or NULL. Every entry point but the cached malloc and free
+     settles it as it takes the lock (xs_alloc_lock), so nothing else ever
+     sees it. */
+  xs_block *parked;
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
@@ -114,7 +119,17 @@ struct xseg_allocator {
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
 
-static inline void xs_alloc_lock(xseg_allocator *a) {
+/* Merges the parked block (allocator.h's `parked`) as its free would
+   have. */
+static inline void xs_alloc_settle_locked(xseg_allocator *a) {
+  xs_block *b = a->parked;
+  a->parked = NULL;
+  xs_pool_settle(b->seg->pool, b);
+}
+
+/* The lock for the cached malloc and free alone, which deal with a parked
+   block themselves. */
+static inline void xs_alloc_lock_cached(xseg_allocator *a) {
   xs_lock_take(&a->lock);
 #ifndef NDEBUG
   a->owner = pthread_self();
@@ -122,11 +137,19 @@ static inline void xs_alloc_lock(xseg_allocator *a) {
 #endif
 }
 
+/* The lock for everything else: every pool keeps block.h's rules. */
+static inline void xs_alloc_lock(xseg_allocator *a) {
+  xs_alloc_lock_cached(a);
+  if (__builtin_expect(a->parked != NULL, 0)) xs_alloc_settle_locked(a);
+}
+
 static inline void xs_alloc_unlock(xseg_allocator *a) {
 #ifndef NDEBUG
   if (a->debug_check_every != 0 &&
-      ++a->debug_ops % a->debug_check_every == 0)
+      ++a->debug_ops % a->debug_check_every == 0) {
+    if (a->parked != NULL) xs_alloc_settle_locked(a);
     xs_alloc_debug_check_locked(a);
+  }
   a->owned = false;
 #endif
   xs_lock_drop(&a->lock);

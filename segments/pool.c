@@ -128,6 +128,50 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
   return xs_pool_coalesce(p, b);
 }
 
+void xs_pool_park(xs_pool *p, xs_block *b) {
+  (void)p;
+  assert(b->allocated && xs_pool_parkable(b));
+  b->allocated = false;
+  b->requested = 0;
+}
+
+xs_block *xs_pool_settle(xs_pool *p, xs_block *b) {
+  assert(!b->allocated && b->next != NULL && !b->next->allocated);
+  return xs_pool_coalesce(p, b);
+}
+
+bool xs_pool_retake(xs_pool *p, xs_block *b) {
+  xs_block *rest = b->next;
+  assert(!b->allocated && rest != NULL && !rest->allocated && rest->mapped);
+  /* The best fit once merged: the merged block (b->size + rest->size at
+     b->addr) against the best fit among the other free blocks, which is
+     the real best fit unless that is `rest`, and then the one after it. */
+  size_t merged = b->size + rest->size;
+  xs_block *other = xs_freetree_best_fit(&p->free, b->size);
+  if (other == rest) other = xs_freetree_larger(&p->free, rest);
+  if (other != NULL && !xs_freetree_before(merged, b->addr, other))
+    return false;
+  /* Settling would take `rest` out of inactive_split and put the merged
+     block in when it is a piece of a larger range; the split would swap
+     it back for `rest`: every count returns to where it is, the bytes
+     having been up by b->size in between. */
+  bool merged_split = b->prev != NULL || rest->next != NULL;
+  int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
+  if (merged_split) {
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split, p->kind, 0, 2);
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
+                    sz + 2 * r);
+  } else {
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split, p->kind, 0, 1);
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, 0, r);
+  }
+  /* The split leaves the rest stamped with the merged block's epoch: the
+     newer of the two. */
+  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
+  b->allocated = true;
+  return true;
+}
+
 static xs_segment *pool_segment_new(size_t size, size_t granule) {
   xs_segment *s = calloc(1, sizeof *s);
   if (s == NULL) return NULL;

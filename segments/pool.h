@@ -59,6 +59,36 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b);
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
 
+/* Lazy merging. The cached free's common case is a block whose next
+   neighbour is free (the rest of the block it was split from) and whose
+   previous one is not, and the next malloc often asks for the same size
+   again: merging then splitting the same two blocks back costs two tree
+   updates for nothing. The allocator may instead park such a block: free,
+   in no tree, not merged yet. Until it is settled the pool breaks block.h's
+   rules for that block alone, so nothing but xs_pool_retake and
+   xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
+   other operation). */
+/* Whether live block b's give would merge it with its next neighbour
+   alone. */
+static inline bool xs_pool_parkable(const xs_block *b) {
+  const xs_block *prev = b->prev, *next = b->next;
+  return b->mapped && next != NULL && !next->allocated && next->mapped &&
+         (prev == NULL || prev->allocated || !prev->mapped);
+}
+/* Frees parkable block b without merging it. */
+void xs_pool_park(xs_pool *p, xs_block *b);
+/* The merge xs_pool_give would have done for parked block b; returns the
+   merged block, indexed. */
+xs_block *xs_pool_settle(xs_pool *p, xs_block *b);
+/* Parked block b handed out again for a request of b->size bytes, when
+   that is exactly what settling it and then taking the best fit would do:
+   the merged block is the best fit for b->size (the caller has checked
+   that its policy would take and split it) and the split gives back b and
+   its neighbour as they are. The stats move as that merge and split would
+   have moved them. False (nothing changed) when another block fits
+   better. */
+bool xs_pool_retake(xs_pool *p, xs_block *b);
+
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
                                 xs_segment **out);
