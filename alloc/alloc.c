@@ -230,13 +230,19 @@ void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign) {
                 sign * (int64_t)b->size);
   xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
                 sign * (int64_t)b->requested);
+  /* active stays: it is derived from allocation (segments/stats.h). */
+  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, sign, 0);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k,
+                     sign * (int64_t)b->size, 0);
 }
 
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
                              int sign) {
+  assert(sign < 0 && "active rises only with a malloc");
   xs_pool_kind k = b->seg->pool->kind;
-  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, 0, sign);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k, 0,
+                     sign * (int64_t)b->size);
 }
 
 /* Nothing announces the end of a capture found by the driver: ask, lest
@@ -253,25 +259,23 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
 
 /* The cached path's accounting: live and active together, the direction
    known at compile time (no sign multiplications, decreases without peak
-   checks). The same moves as xs_alloc_account_live and _active. */
+   checks). The same as xs_alloc_account_live and _active together. */
 static inline void alloc_account_malloc(xseg_allocator *a, const xs_block *b,
                                         xs_pool_kind k) {
-  int64_t size = (int64_t)b->size;
   xs_stats_inc(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  xs_stats_inc(&a->stats, XS_GAUGE_active, k, 1);
-  xs_stats_inc(&a->stats, XS_GAUGE_active_bytes, k, size);
+  /* active follows allocation (derived); its peak needs a look only while
+     freed blocks are still active. */
+  if (__builtin_expect(a->stats.all[XS_GAUGE_active].current != 0, 0))
+    xs_stats_held_peak(&a->stats, k);
 }
 
 static inline void alloc_account_free(xseg_allocator *a, const xs_block *b) {
   xs_pool_kind k = b->seg->pool->kind;
-  int64_t size = (int64_t)b->size;
   xs_stats_dec(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_dec(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  xs_stats_dec(&a->stats, XS_GAUGE_active, k, 1);
-  xs_stats_dec(&a->stats, XS_GAUGE_active_bytes, k, size);
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
