@@ -41,6 +41,8 @@ typedef struct xs_stream_pools {
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
+  uint64_t grew_at;                   /* free clock at its last growth */
+  uint64_t stole_at;                  /* free clock at its last steal */
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;
 } xs_stream_pools;
@@ -199,11 +201,22 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a);
    event at most; see streams/guard.h). */
 xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
                                        xs_stream_pools *sp, bool wait);
-/* Advances the guard of every reclaimable pair with unsafe free blocks. */
+/* Unmaps sp's lent aliases whose old work its guard has proven done
+   (segments/release.c). Never between choosing a growth's placement and
+   mapping it: a retired alias merges with unmapped neighbours. */
+xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
+                                        xs_stream_pools *sp);
+/* Advances the guard of every reclaimable pair with unsafe free blocks,
+   and retires what it proved done. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
-/* Whole free handles of other streams' pools, safe to move, for growth
-   in p at the device limit: at least `want` granules of `granule` bytes
-   if there are, never more than `max` (a handle is taken whole). */
+/* Frees a donor must see between taking memory with a wait and giving
+   memory with a wait (the steal rule, reclaim.c). */
+#define XS_STEAL_QUIET ((uint64_t)64)
+/* Whole free handles of other streams' pools for growth in p: safe ones
+   first, then (the steal rule, reclaim.c) ones their stream may still use,
+   p's stream made to wait on an event for them: at least `want` granules
+   of `granule` bytes if there are, never more than `max` (a handle is
+   taken whole). */
 size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
                                     size_t granule, size_t want, size_t max,
                                     uint64_t *handles);

@@ -96,9 +96,12 @@ static grow_plan grow_plan_for(const xseg_allocator *a, const xs_place *pl) {
 }
 
 /* Whole free handles from p and its sibling pool (the same stream's, or
-   the same private pool's), once the guard has passed them: at least
-   `want` granules if there are, at most `max`; nothing while a capture is
-   under way (no unmap then). */
+   the same private pool's): those the guard has passed are unmapped, and
+   a stream's own pools lend the others (map before unmap: the new user is
+   queued on the same stream after the old ones; the old mapping retires
+   when the guard passes). At least `want` granules if there are, at most
+   `max`; nothing while a capture is under way (no unmap then). A private
+   pool lends nothing: a graph may replay its blocks on any stream. */
 static size_t grow_harvest(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                            size_t want, size_t max, uint64_t *handles) {
   xs_stream_pools *sp = xs_pools_of(p);
@@ -106,6 +109,7 @@ static size_t grow_harvest(xseg_allocator *a, xs_pool *p, const xs_place *pl,
   if (want == 0 || xs_alloc_capturing(a)) return 0;
   /* A failed guard only means fewer reused handles. */
   xs_alloc_guard_pair_locked(a, sp, false);
+  uint64_t lend_upto = sp->private_id == 0 ? UINT64_MAX : 0;
   for (int k = 0; k < 2 && got < want; k++) {
     xs_pool *donor = k == 0 ? p : &sp->pool[!p->kind];
     xseg_status st;
@@ -113,7 +117,7 @@ static size_t grow_harvest(xseg_allocator *a, xs_pool *p, const xs_place *pl,
        unmapped and so never a donor. A failed harvest only means more
        fresh handles. */
     got += xs_pool_harvest(donor, g, want - got, max - got, pl->keep,
-                           handles + got, &st);
+                           lend_upto, handles + got, &st);
   }
   return got;
 }
@@ -167,8 +171,8 @@ static xseg_status grow_create(xseg_allocator *a, size_t g, size_t want,
   return XSEG_OK;
 }
 
-/* Fills handles[*have .. pl->n) at the device limit: other streams' free
-   handles, safe to move. */
+/* Fills handles[*have .. pl->n) from other streams' free memory (the
+   steal rule is in reclaim.c). */
 static void grow_foreign(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                          size_t max, uint64_t *handles, size_t *have) {
   *have += xs_alloc_take_foreign_locked(a, p, pl->seg->granule,
@@ -176,29 +180,23 @@ static void grow_foreign(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                                         handles + *have);
 }
 
-/* Gets handles for at least pl->n granules into handles[0..*have): reused
-   ones first (as the plan says), then fresh ones, then other streams'. */
+/* Gets handles for at least pl->n granules into handles[0..*have): one
+   budget across streams — the stream's own free memory first (as the
+   plan says), then other streams', and new memory only when none of that
+   can serve the request. */
 static xseg_status grow_collect(xseg_allocator *a, xs_pool *p,
                                 const xs_place *pl, const grow_plan *gp,
                                 size_t max, uint64_t *handles,
                                 size_t *have) {
   size_t n = pl->n, g = gp->g;
   *have = grow_harvest(a, p, pl, gp->harvest, max, handles);
+  if (*have < n) grow_foreign(a, p, pl, max, handles, have);
   if (*have >= n) return XSEG_OK;
   size_t fresh = gp->fresh > *have ? gp->fresh : n;
   if (!grow_within_cap(a, (fresh - *have) * g)) fresh = n;
-  xseg_status st = XSEG_OK;
-  if (!grow_within_cap(a, (n - *have) * g)) {
-    grow_foreign(a, p, pl, max, handles, have);
-    if (*have < n && !grow_within_cap(a, (n - *have) * g))
-      st = grow_cap_error(a, (n - *have) * g);
-  }
-  if (st == XSEG_OK && *have < n) st = grow_create(a, g, fresh, handles, have);
-  if (st == XSEG_ERR_OUT_OF_MEMORY && *have < n) {
-    grow_foreign(a, p, pl, max, handles, have);
-    if (*have >= n) st = XSEG_OK;
-  }
-  return st;
+  if (!grow_within_cap(a, (n - *have) * g))
+    return grow_cap_error(a, (n - *have) * g);
+  return grow_create(a, g, fresh, handles, have);
 }
 
 /* Maps at least pl->n granules at pl: see grow_collect for where the
@@ -220,9 +218,11 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
   at.n = have;
   uint64_t addr = pl->hole->addr;  /* the hole may merge away in the map */
   if (st == XSEG_OK) st = xs_pool_map(p, &at, handles, out);
-  if (st == XSEG_OK)
+  if (st == XSEG_OK) {
+    xs_pools_of(p)->grew_at = a->free_clock;
     xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, addr, have * gp.g,
                     p->stream);
+  }
   if (st != XSEG_OK) grow_release(a, handles, have);
   free(handles);
   return st;
@@ -231,6 +231,14 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
 static xseg_status grow_expandable(xseg_allocator *a, xs_pool *p,
                                    size_t rounded, xs_block **out) {
   xs_place pl;
+  /* Retired aliases become holes before a placement is chosen (never
+     after: one merging into the chosen hole would free it). */
+  xs_stream_pools *sp = xs_pools_of(p);
+  if (!xs_alloc_capturing(a) &&
+      (sp->pool[0].n_retiring != 0 || sp->pool[1].n_retiring != 0)) {
+    xs_alloc_guard_pair_locked(a, sp, false);
+    xs_alloc_retire_pair_locked(a, sp);
+  }
   if (!xs_pool_place(p, rounded, &pl)) {
     size_t g = a->granule[p->kind];
     size_t size = (rounded + g - 1) / g * g;
