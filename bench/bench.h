@@ -55,6 +55,7 @@ enum { XB_EV_ALLOC = 0, XB_EV_FREE = 1 };
    its block was allocated with. */
 typedef struct xb_event {
   uint64_t size;
+  uint64_t time_ns;    /* the trace's Time column, in ns */
   uint32_t slot;
   uint16_t stream;     /* index into xb_trace.stream_ids */
   uint8_t action;      /* XB_EV_ALLOC or XB_EV_FREE */
@@ -76,6 +77,7 @@ typedef struct xb_trace {
   int64_t stream_ids[XB_MAX_STREAMS]; /* the trace's Stream values */
   uint64_t live_bytes, peak_live_bytes;
   size_t peak_event;
+  uint64_t now_ns;                  /* time given to the next event added */
   /* Building state, released by xb_trace_done: live pointers -> slots, and
      freed entries kept for reuse with their slot. */
   struct xb_live *live, *recycled;
@@ -91,6 +93,11 @@ bool xb_trace_alloc(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
    for an unknown pointer or a size mismatch. */
 bool xb_trace_free(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
                    xb_error *err);
+/* Events appended from now on carry `time_ns` (the builder's clock; times
+   may repeat but a caller should not go back). */
+static inline void xb_trace_at(xb_trace *t, uint64_t time_ns) {
+  t->now_ns = time_ns;
+}
 /* Ends building: releases the pointer table (events stay). */
 void xb_trace_done(xb_trace *t);
 void xb_trace_release(xb_trace *t);
@@ -102,6 +109,11 @@ void xb_trace_release(xb_trace *t);
    "path:line: reason". Rows whose action is "allocate failure" (an
    allocation that failed in the recorded run) are skipped. */
 bool xb_trace_load(const char *path, xb_trace *t, xb_error *err);
+/* Writes t as such a CSV, gzip-compressed when path ends in ".gz": Time from
+   each event's time_ns, Stream from t->stream_ids, and Pointer a made-up
+   address per slot (a slot is reused only after its block's free, as the
+   format allows). False with the reason on an I/O error. */
+bool xb_trace_write(const char *path, const xb_trace *t, xb_error *err);
 
 /* ---- env.c: the driver, its counters and the emulator's knobs ---------- */
 
@@ -114,6 +126,15 @@ typedef struct xb_env {
   uint64_t (*sim_call_count)(const char *name);
   void (*sim_reset_counters)(void);
   void (*sim_set_device_memory)(int device, uint64_t bytes);
+  void (*sim_clock_enable)(uint64_t lag_ns);
+  void (*sim_clock_disable)(void);
+  uint64_t (*sim_clock_advance)(uint64_t now_ns);
+  /* cuMemsetD8Async, the "kernel" that uses a replayed block under lag. */
+  CUresult (*memset_async)(CUdeviceptr dst, unsigned char v, size_t n,
+                           CUstream s);
+  /* The device lag of the replay being run, in trace microseconds (0:
+     none); set by xb_replay for the policy it opens. */
+  uint64_t gpu_lag_us;
 } xb_env;
 
 xseg_status xb_env_open(xb_env *env, const char *driver);
@@ -125,11 +146,20 @@ void xb_env_reset_counts(xb_env *env);
 uint64_t xb_env_call_count(xb_env *env, xs_driver_fn fn);
 /* The emulator's capacity; false on a real driver. */
 bool xb_env_set_device_memory(xb_env *env, uint64_t bytes);
+/* Starts the emulator's virtual clock with a lag (xsim.h); false on a
+   driver without one. */
+bool xb_env_clock_start(xb_env *env, uint64_t lag_ns);
+void xb_env_clock_stop(xb_env *env);
+void xb_env_clock_advance(xb_env *env, uint64_t now_ns);
+/* Host waits so far: cuStreamSynchronize + cuCtxSynchronize +
+   cuEventSynchronize calls. */
+uint64_t xb_env_host_waits(xb_env *env);
 /* One created stream, and its destruction (NULL is ignored). */
 xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out);
 void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s);
-/* Streams for a workload's stream ids: id 0 is the legacy default stream
-   (NULL), as in RMM's logs; each other id gets a cuStreamCreate'd stream. */
+/* Streams for a workload's stream ids: each id, 0 included, gets a stream
+   created with CU_STREAM_NON_BLOCKING, so that no two trace streams order
+   behind each other through the legacy stream. */
 xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
                                   struct CUstream_st **out);
 void xb_env_streams_destroy(xb_env *env, const xb_trace *t,
@@ -144,7 +174,8 @@ typedef struct xb_usage {
 
 typedef struct xb_policy {
   const char *name;                 /* "exact", "expandable", "classic" */
-  /* Opens a fresh instance for a workload of n_slots slots. */
+  /* Opens a fresh instance for a workload of n_slots slots (and
+     env->gpu_lag_us: under lag, blocks are used by stream work). */
   xseg_status (*open)(xb_env *env, const char *conf, uint32_t n_slots,
                       void **self);
   xseg_status (*malloc)(void *self, uint32_t slot, size_t size,
@@ -188,6 +219,8 @@ typedef struct xb_result {
   uint64_t allocated_end, reserved_end;
   double fragmentation;             /* peak_reserved / peak_allocated */
   uint64_t ooms;
+  uint64_t gpu_lag_us;              /* --gpu-lag of the run */
+  uint64_t host_waits;              /* synchronize calls during the replay */
   uint64_t calls[XS_DRIVER_FN_COUNT];
   uint64_t vmm_calls;               /* the VMM functions only */
   xb_latency malloc_ns, free_ns;
@@ -202,11 +235,18 @@ typedef struct xb_replay_opts {
   const char *conf;                 /* extra allocator conf, or NULL */
   size_t max_points;                /* timeline samples; 0 = none */
   bool snapshot;                    /* take one at the allocated peak */
+  uint64_t gpu_lag_us;              /* device lag in trace time; 0: none */
 } xb_replay_opts;
 
 /* Replays t through policy p on env's driver. Out-of-memory is counted and
    the block's free skipped; any other failure stops the replay with the
-   policy's message. */
+   policy's message.
+
+   With o->gpu_lag_us > 0 the device runs that far behind in trace time: the
+   emulator's virtual clock follows the events' times, each block gets a
+   one-byte memset on its stream when allocated and just before its free (a
+   kernel's first and last use), and work queued at time t completes at
+   t + lag. Needs the emulator (false otherwise). */
 bool xb_replay(xb_env *env, const xb_trace *t, const xb_policy *p,
                const xb_replay_opts *o, xb_result *r, xb_error *err);
 void xb_result_release(xb_result *r);

@@ -38,6 +38,10 @@ int xb_cli_option(xb_cli *c, int opt, const char *arg) {
       if (!xb_cli_u64("--points", arg, &n)) return -1;
       c->points = (size_t)n;
       return 1;
+    case XB_OPT_GPU_LAG:
+      if (!xb_cli_u64("--gpu-lag", arg, &c->gpu_lag_us)) return -1;
+      c->gpu_lag_set = true;
+      return 1;
     case XB_OPT_DEVICE_MEMORY:
       if (xb_parse_size(arg, &c->device_memory) && c->device_memory > 0)
         return 1;

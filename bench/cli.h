@@ -17,12 +17,15 @@ typedef struct xb_cli {
   const char *conf, *mode, *json, *svg, *traces, *trace;
   uint64_t device_memory;           /* 0: leave the emulator's */
   size_t points;
+  uint64_t gpu_lag_us;              /* --gpu-lag (trace microseconds) */
+  bool gpu_lag_set;
 } xb_cli;
 
 /* Option letters of the shared options, for getopt_long tables. */
 enum {
   XB_OPT_DRIVER = 256, XB_OPT_DEVICE_MEMORY, XB_OPT_CONF, XB_OPT_MODE,
   XB_OPT_JSON, XB_OPT_SVG, XB_OPT_TRACES, XB_OPT_TRACE, XB_OPT_POINTS,
+  XB_OPT_GPU_LAG,
   XB_OPT_FIRST_OWN                  /* commands number theirs from here */
 };
 
@@ -35,7 +38,8 @@ enum {
   {"svg", required_argument, 0, XB_OPT_SVG},                                 \
   {"traces", required_argument, 0, XB_OPT_TRACES},                           \
   {"trace", required_argument, 0, XB_OPT_TRACE},                             \
-  {"points", required_argument, 0, XB_OPT_POINTS}
+  {"points", required_argument, 0, XB_OPT_POINTS},                           \
+  {"gpu-lag", required_argument, 0, XB_OPT_GPU_LAG}
 
 void xb_cli_defaults(xb_cli *c);
 /* A shared option: 1 taken, 0 not a shared one, -1 bad value (printed). */
@@ -55,7 +59,16 @@ int xb_cmd_default(int argc, char **argv);
 int xb_cmd_replay(int argc, char **argv);
 int xb_cmd_varbatch(int argc, char **argv);
 int xb_cmd_micro(int argc, char **argv);
-/* Replays a built workload in the modes of c, as the default run does. */
+/* Replays a built workload in the modes of c at c's --gpu-lag (0 unless
+   given). */
 int xb_run_trace(const xb_cli *c, const xb_trace *t);
+
+/* varbatch's workload with its default settings on `streams` streams,
+   named "varbatch_<n>_stream(s)" (the default run's rows). */
+bool xb_varbatch_default_trace(uint64_t streams, xb_trace *t, xb_error *err);
+
+/* The default run's lag when --gpu-lag is not given: every trace is
+   replayed without lag and with this much (bench/README.md says why). */
+enum { XB_DEFAULT_GPU_LAG_US = 5000 };
 
 #endif /* XB_CLI_H */

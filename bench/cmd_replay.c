@@ -1,8 +1,9 @@
 /* cmd_replay.c: `xseg-bench replay` (one trace) and the default run (every
- * bundled trace in every mode, one table).
+ * bundled trace in every mode, without and with device lag, one table).
  *
- * Each trace is loaded once and replayed by each mode in turn, on a fresh
- * policy instance with the driver counters reset, so rows are independent.
+ * Each trace is loaded once and replayed by each mode at each lag in turn,
+ * on a fresh policy instance with the driver counters reset, so rows are
+ * independent.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -25,12 +26,13 @@ static void print_intro(FILE *out, xb_env *env) {
 
 /* Shows "[k/n] trace mode" on stderr when someone is watching it. */
 static void progress(bool tty, size_t k, size_t n, const char *trace,
-                     const char *mode) {
+                     const char *mode, uint64_t lag) {
   if (!tty) return;
   if (trace == NULL)
     fprintf(stderr, "\r\033[K");
   else
-    fprintf(stderr, "\r\033[K[%zu/%zu] %s, %s mode ...", k, n, trace, mode);
+    fprintf(stderr, "\r\033[K[%zu/%zu] %s, %s mode, lag %llu us ...", k, n,
+            trace, mode, (unsigned long long)lag);
   fflush(stderr);
 }
 
@@ -39,20 +41,24 @@ typedef struct xb_batch {
   const xb_policy *policies[3];
   size_t n_policies;
   xb_replay_opts opts;
+  uint64_t lags[2];                 /* replayed at each, in this order */
+  size_t n_lags;
   xb_result *results;
   size_t n_results, cap_results;
   bool tty;
 } xb_batch;
 
-/* Replays one loaded trace in every policy of the batch. */
+/* Replays one loaded trace in every policy of the batch at every lag. */
 static bool batch_trace(xb_batch *b, const xb_trace *t, size_t *done,
                         size_t total) {
-  for (size_t i = 0; i < b->n_policies; i++) {
-    progress(b->tty, ++*done, total, t->name, b->policies[i]->name);
+  for (size_t k = 0; k < b->n_policies * b->n_lags; k++) {
+    const xb_policy *p = b->policies[k / b->n_lags];
+    b->opts.gpu_lag_us = b->lags[k % b->n_lags];
+    progress(b->tty, ++*done, total, t->name, p->name, b->opts.gpu_lag_us);
     xb_error err;
     xb_result *r = &b->results[b->n_results];
-    if (!xb_replay(&b->env, t, b->policies[i], &b->opts, r, &err)) {
-      progress(b->tty, 0, 0, NULL, NULL);
+    if (!xb_replay(&b->env, t, p, &b->opts, r, &err)) {
+      progress(b->tty, 0, 0, NULL, NULL, 0);
       fprintf(stderr, "xseg-bench: %s\n", err.text);
       return false;
     }
@@ -66,7 +72,7 @@ static bool batch_file(xb_batch *b, const char *path, size_t *done,
   xb_trace t;
   xb_error err;
   if (!xb_trace_load(path, &t, &err)) {
-    progress(b->tty, 0, 0, NULL, NULL);
+    progress(b->tty, 0, 0, NULL, NULL, 0);
     fprintf(stderr, "xseg-bench: %s\n", err.text);
     return false;
   }
@@ -80,17 +86,28 @@ static void batch_release(xb_batch *b) {
   free(b->results);
 }
 
-/* Chooses the policies, opens the driver and sizes the results for n
-   traces; an exit code on failure (printed), else -1. */
-static int batch_open(xb_batch *b, const xb_cli *c, size_t n) {
+/* Chooses the policies and lags, opens the driver and sizes the results
+   for n traces (and `extra` more rows); an exit code on failure (printed),
+   else -1. With `compare`, every trace runs without lag and with c's lag
+   (XB_DEFAULT_GPU_LAG_US unless given); else at c's lag only. */
+static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
+                      size_t extra) {
+  /* extra: built workloads replayed after the n trace files */
   b->opts = (xb_replay_opts){.conf = c->conf, .max_points = c->points,
                              .snapshot = c->svg != NULL};
+  b->n_lags = 1;
+  b->lags[0] = c->gpu_lag_us;
+  if (compare) {
+    b->lags[0] = 0;
+    b->lags[1] = c->gpu_lag_set ? c->gpu_lag_us : XB_DEFAULT_GPU_LAG_US;
+    b->n_lags = b->lags[1] > 0 ? 2 : 1;
+  }
   b->tty = isatty(STDERR_FILENO);
   b->n_policies = xb_cli_policies(c->mode, b->policies);
   if (b->n_policies == 0) return 2;
   if (!xb_cli_env_open(c, &b->env)) return 1;
   print_intro(stdout, &b->env);
-  b->cap_results = n * b->n_policies;
+  b->cap_results = (n + extra) * b->n_policies * b->n_lags;
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
   if (b->results != NULL) return -1;
   fprintf(stderr, "xseg-bench: out of host memory\n");
@@ -108,12 +125,32 @@ static bool batch_report(xb_batch *b, const xb_cli *c, uint64_t t0) {
   return xb_cli_outputs(c, b->results, b->n_results);
 }
 
+/* The default run's synthetic rows: varbatch's server at these stream
+   counts. */
+static const uint64_t xb_default_varbatch[] = {1, 2, 4};
+enum { XB_N_DEFAULT_VARBATCH = 3 };
+
+static bool batch_varbatch(xb_batch *b, size_t *done, size_t total) {
+  bool ok = true;
+  for (size_t i = 0; ok && i < XB_N_DEFAULT_VARBATCH; i++) {
+    xb_trace t;
+    xb_error err;
+    ok = xb_varbatch_default_trace(xb_default_varbatch[i], &t, &err);
+    if (!ok) fprintf(stderr, "xseg-bench: varbatch: %s\n", err.text);
+    ok = ok && batch_trace(b, &t, done, total);
+    xb_trace_release(&t);
+  }
+  return ok;
+}
+
 /* Runs n trace files, or the one trace `built`, in every policy, then
-   prints the table and writes the outputs. */
+   prints the table and writes the outputs. The default run (`is_default`)
+   compares each trace without and with lag and adds the varbatch rows. */
 static int batch_run(const xb_cli *c, char **paths, size_t n,
-                     const xb_trace *built) {
+                     const xb_trace *built, bool is_default) {
   xb_batch b = {.n_results = 0};
-  int rc = batch_open(&b, c, n);
+  int rc = batch_open(&b, c, n, is_default,
+                      is_default ? XB_N_DEFAULT_VARBATCH : 0);
   if (rc >= 0) return rc;
   size_t done = 0;
   uint64_t t0 = xb_now_ns();
@@ -121,7 +158,8 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
   for (size_t i = 0; ok && i < n; i++)
     ok = built != NULL ? batch_trace(&b, built, &done, b.cap_results)
                        : batch_file(&b, paths[i], &done, b.cap_results);
-  progress(b.tty, 0, 0, NULL, NULL);
+  if (ok && is_default) ok = batch_varbatch(&b, &done, b.cap_results);
+  progress(b.tty, 0, 0, NULL, NULL, 0);
   ok = ok && batch_report(&b, c, t0);
   batch_release(&b);
   xb_env_close(&b.env);
@@ -129,7 +167,7 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
 }
 
 int xb_run_trace(const xb_cli *c, const xb_trace *t) {
-  return batch_run(c, NULL, 1, t);
+  return batch_run(c, NULL, 1, t, false);
 }
 
 static int name_cmp(const void *a, const void *b) {
@@ -204,7 +242,7 @@ int xb_cmd_default(int argc, char **argv) {
   if (dir == NULL || dir[0] == '\0') dir = XB_TRACE_DIR;
   size_t n = 0;
   char **paths = NULL;
-  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL) : 1;
+  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL, true) : 1;
   for (size_t i = 0; i < n; i++) free(paths[i]);
   free(paths);
   return rc;
@@ -220,5 +258,5 @@ int xb_cmd_replay(int argc, char **argv) {
     return 2;
   }
   char *paths[1] = {(char *)c.trace};
-  return batch_run(&c, paths, 1, NULL);
+  return batch_run(&c, paths, 1, NULL, false);
 }

@@ -31,6 +31,10 @@ xseg_status xb_env_open(xb_env *env, const char *driver) {
   XB_DLSYM(lib, "xsim_call_count", env->sim_call_count);
   XB_DLSYM(lib, "xsim_reset_counters", env->sim_reset_counters);
   XB_DLSYM(lib, "xsim_set_device_memory", env->sim_set_device_memory);
+  XB_DLSYM(lib, "xsim_clock_enable", env->sim_clock_enable);
+  XB_DLSYM(lib, "xsim_clock_disable", env->sim_clock_disable);
+  XB_DLSYM(lib, "xsim_clock_advance", env->sim_clock_advance);
+  XB_DLSYM(lib, "cuMemsetD8Async", env->memset_async);
   return XSEG_OK;
 }
 
@@ -57,15 +61,42 @@ bool xb_env_set_device_memory(xb_env *env, uint64_t bytes) {
   return true;
 }
 
-xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out) {
+bool xb_env_clock_start(xb_env *env, uint64_t lag_ns) {
+  if (env->sim_clock_enable == NULL || env->sim_clock_advance == NULL ||
+      env->sim_clock_disable == NULL || env->memset_async == NULL)
+    return false;
+  env->sim_clock_enable(lag_ns);
+  return true;
+}
+
+void xb_env_clock_stop(xb_env *env) {
+  if (env->sim_clock_disable != NULL) env->sim_clock_disable();
+}
+
+void xb_env_clock_advance(xb_env *env, uint64_t now_ns) {
+  env->sim_clock_advance(now_ns);
+}
+
+uint64_t xb_env_host_waits(xb_env *env) {
+  return xb_env_call_count(env, XS_DRIVER_FN_cuStreamSynchronize) +
+         xb_env_call_count(env, XS_DRIVER_FN_cuCtxSynchronize) +
+         xb_env_call_count(env, XS_DRIVER_FN_cuEventSynchronize);
+}
+
+static xseg_status stream_create(xb_env *env, unsigned flags,
+                                 struct CUstream_st **out) {
   xs_vmm *v = &env->vmm;
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(v, &saved);
   if (st != XSEG_OK) return st;
-  CUresult r = XS_DRV(v->drv, cuStreamCreate, out, CU_STREAM_DEFAULT);
+  CUresult r = XS_DRV(v->drv, cuStreamCreate, out, flags);
   if (r != CUDA_SUCCESS) st = xs_driver_error(v->drv, r, "cuStreamCreate");
   xs_vmm_ctx_leave(v, saved);
   return st;
+}
+
+xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out) {
+  return stream_create(env, CU_STREAM_DEFAULT, out);
 }
 
 void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s) {
@@ -81,7 +112,7 @@ xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
   for (int i = 0; i < t->n_streams; i++) out[i] = NULL;
   xseg_status st = XSEG_OK;
   for (int i = 0; i < t->n_streams && st == XSEG_OK; i++)
-    if (t->stream_ids[i] != 0) st = xb_env_stream_create(env, &out[i]);
+    st = stream_create(env, CU_STREAM_NON_BLOCKING, &out[i]);
   if (st != XSEG_OK) xb_env_streams_destroy(env, t, out);
   return st;
 }

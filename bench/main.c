@@ -30,10 +30,13 @@ static void usage(FILE *out) {
           "  --conf STR         allocator settings (key:value,...)\n"
           "  --mode M           expandable, classic, exact or all\n"
           "  --traces DIR       traces for the default run\n"
+          "  --gpu-lag US       the device runs US microseconds of trace time "
+          "behind\n"
+          "                     (default run: without lag and with %d)\n"
           "  --json OUT         results as JSON\n"
           "  --svg OUT          allocated/reserved chart as SVG\n"
           "  --points N         chart samples per replay (default %d)\n",
-          XB_DEFAULT_POINTS);
+          XB_DEFAULT_GPU_LAG_US, XB_DEFAULT_POINTS);
 }
 
 int main(int argc, char **argv) {

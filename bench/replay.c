@@ -7,13 +7,20 @@
  * teardown that frees the blocks still live at the end (which is not).
  * Reserved bytes come from the policy at timeline samples: each sample
  * returns the peak since the previous one, so no peak is missed between.
+ *
+ * Under --gpu-lag the emulator's virtual clock is moved to each event's
+ * trace time before the event (untimed), and each block is touched by a
+ * one-byte memset on its stream after its allocation and before its free
+ * (untimed): the kernels that use it, which complete `lag` later.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "vmm/error.h"
 
 typedef struct xb_run {
+  xb_env *env;
   const xb_trace *t;
   const xb_policy *p;
   void *self;
@@ -75,6 +82,17 @@ static bool run_fail(xb_run *run, size_t i, xb_error *err) {
                  (unsigned long long)e->size, xseg_last_error());
 }
 
+/* A kernel's use of the block: queued on its stream under lag. */
+static bool run_use(xb_run *run, const xb_event *e, void *ptr) {
+  if (run->o->gpu_lag_us == 0 || ptr == NULL || e->size == 0) return true;
+  CUresult r = run->env->memset_async((CUdeviceptr)(uintptr_t)ptr, 0, 1,
+                                      run->streams[e->stream]);
+  if (r == CUDA_SUCCESS) return true;
+  xs_error(XSEG_ERR_DRIVER, "cuMemsetD8Async on the block failed (%d)",
+           (int)r);
+  return false;
+}
+
 static bool run_alloc(xb_run *run, const xb_event *e) {
   void *ptr = NULL;
   uint64_t t0 = xb_now_ns();
@@ -94,12 +112,13 @@ static bool run_alloc(xb_run *run, const xb_event *e) {
     run->window_allocated = run->allocated;
   if (run->allocated > run->r->peak_allocated)
     run->r->peak_allocated = run->allocated;
-  return true;
+  return run_use(run, e, ptr);
 }
 
 /* The free of a block whose allocation ran out of memory is skipped. */
 static bool run_free(xb_run *run, const xb_event *e) {
   if (!run->live[e->slot]) return true;
+  if (!run_use(run, e, run->ptr[e->slot])) return false;
   uint64_t t0 = xb_now_ns();
   xseg_status st = run->p->free(run->self, e->slot, run->ptr[e->slot]);
   uint64_t t1 = xb_now_ns();
@@ -114,6 +133,7 @@ static bool run_events(xb_run *run, xb_error *err) {
   const xb_trace *t = run->t;
   for (size_t i = 0; i < t->n_events; i++) {
     const xb_event *e = &t->events[i];
+    if (run->o->gpu_lag_us > 0) xb_env_clock_advance(run->env, e->time_ns);
     bool ok = e->action == XB_EV_ALLOC ? run_alloc(run, e) : run_free(run, e);
     if (!ok) return run_fail(run, i, err);
     if (i == t->peak_event && run->o->snapshot && run->p->snapshot != NULL &&
@@ -159,6 +179,7 @@ static void run_finish(xb_run *run, xb_env *env) {
     r->calls[f] = xb_env_call_count(env, (xs_driver_fn)f);
     if (xb_fn_is_vmm((xs_driver_fn)f)) r->vmm_calls += r->calls[f];
   }
+  r->host_waits = xb_env_host_waits(env);
   xb_usage u;
   run->p->usage(run->self, &u);
   r->reserved_end = u.reserved;
@@ -216,25 +237,39 @@ static void result_init(xb_result *r, xb_env *env, const xb_trace *t,
   r->frees = t->n_frees;
 }
 
+/* Under lag the clock starts before the policy opens and stops after it
+   closed, once the device has run everything queued. */
 static bool run_policy(xb_run *run, xb_env *env, xb_error *err) {
+  uint64_t lag = run->o->gpu_lag_us;
+  env->gpu_lag_us = lag;
+  if (lag > 0 && (lag > UINT64_MAX / 1000 || !xb_env_clock_start(env, lag * 1000)))
+    return xb_fail(err, "--gpu-lag %llu needs the emulator's virtual clock "
+                   "(driver '%s' has no xsim_clock_enable)",
+                   (unsigned long long)lag, env->driver);
   xb_env_reset_counts(env);
   xseg_status st = run->p->open(env, run->o->conf, run->t->n_slots,
                                 &run->self);
-  if (st != XSEG_OK)
+  if (st != XSEG_OK) {
+    if (lag > 0) xb_env_clock_stop(env);
     return xb_fail(err, "%s mode: cannot start: %s", run->p->name,
                    xseg_last_error());
+  }
   uint64_t t0 = xb_now_ns();
   bool ok = run_events(run, err);
   run->r->wall_s = (double)(xb_now_ns() - t0) * 1e-9;
   if (ok) run_finish(run, env);
+  /* The device finishes its work before the blocks still live go. */
+  if (lag > 0) xb_env_clock_advance(env, UINT64_MAX);
   run_teardown(run);
+  if (lag > 0) xb_env_clock_stop(env);
   return ok;
 }
 
 bool xb_replay(xb_env *env, const xb_trace *t, const xb_policy *p,
                const xb_replay_opts *o, xb_result *r, xb_error *err) {
-  xb_run run = {.t = t, .p = p, .o = o, .r = r};
+  xb_run run = {.env = env, .t = t, .p = p, .o = o, .r = r};
   result_init(r, env, t, p);
+  r->gpu_lag_us = o->gpu_lag_us;
   bool ok = run_alloc_arrays(&run, err);
   xseg_status st = ok ? xb_env_streams_create(env, t, run.streams) : XSEG_OK;
   if (st != XSEG_OK)

@@ -12,9 +12,9 @@
 #include "bench.h"
 
 void xb_report_table_header(FILE *out) {
-  fprintf(out, "%-22s %-10s %14s %14s %7s %10s %9s %9s %5s\n", "trace",
-          "mode", "peak alloc", "peak reserved", "frag", "VMM calls",
-          "malloc ns", "free ns", "OOMs");
+  fprintf(out, "%-22s %-10s %7s %14s %14s %7s %10s %9s %9s %5s %10s\n",
+          "trace", "mode", "lag us", "peak alloc", "peak reserved", "frag",
+          "VMM calls", "malloc ns", "free ns", "OOMs", "host waits");
 }
 
 static const char *mib(uint64_t n, char *buf, size_t size) {
@@ -31,13 +31,14 @@ static const char *ns_cell(uint64_t ns, uint64_t calls, char *buf, size_t n) {
 
 void xb_report_table_row(FILE *out, const xb_result *r) {
   char a[32], b[32], m[32], f[32];
-  fprintf(out, "%-22s %-10s %14s %14s %7.3f %10llu %9s %9s %5llu\n", r->trace,
-          r->mode, mib(r->peak_allocated, a, sizeof a),
+  fprintf(out, "%-22s %-10s %7llu %14s %14s %7.3f %10llu %9s %9s %5llu %10llu\n",
+          r->trace, r->mode, (unsigned long long)r->gpu_lag_us,
+          mib(r->peak_allocated, a, sizeof a),
           mib(r->peak_reserved, b, sizeof b), r->fragmentation,
           (unsigned long long)r->vmm_calls,
           ns_cell(r->malloc_ns.median, r->allocs, m, sizeof m),
           ns_cell(r->free_ns.median, r->frees, f, sizeof f),
-          (unsigned long long)r->ooms);
+          (unsigned long long)r->ooms, (unsigned long long)r->host_waits);
 }
 
 void xb_json_string(FILE *out, const char *s) {
@@ -98,6 +99,8 @@ static void json_object(FILE *out, const xb_result *r) {
   json_u64(out, "allocated_end_bytes", r->allocated_end, true);
   json_u64(out, "reserved_end_bytes", r->reserved_end, true);
   json_u64(out, "ooms", r->ooms, true);
+  json_u64(out, "gpu_lag_us", r->gpu_lag_us, true);
+  json_u64(out, "host_waits", r->host_waits, true);
   json_calls(out, r);
   json_u64(out, "vmm_calls", r->vmm_calls, true);
   json_latency(out, "malloc_ns", &r->malloc_ns);

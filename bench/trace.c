@@ -40,6 +40,7 @@ static bool trace_push(xb_trace *t, xb_event ev, xb_error *err) {
     t->events = p;
     t->cap_events = cap;
   }
+  ev.time_ns = t->now_ns;
   t->events[t->n_events++] = ev;
   return true;
 }

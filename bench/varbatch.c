@@ -14,6 +14,12 @@
  * Requests run `streams` at a time, one per stream, their events interleaved
  * one by one, so blocks of different streams live side by side as in a
  * server with a stream per worker.
+ *
+ * Event i happens at time i x --event-us (default 20 us, a host launching
+ * about one kernel per allocation at 50k launches per second), the clock a
+ * replay under --gpu-lag follows. --write-trace writes the workload as an
+ * RMM replay CSV with these times and the real stream ids (1..streams), so
+ * other allocators can replay the same multi-stream work.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +29,7 @@
 typedef struct xb_varbatch {
   uint64_t layers, hidden, heads, requests, streams;
   uint64_t batch_min, batch_max, seq_min, seq_max, decode_steps, seed;
+  uint64_t event_us;                /* trace time between two events */
 } xb_varbatch;
 
 /* One request's events before interleaving: key > 0 allocates `size`
@@ -129,8 +136,9 @@ static void request_script(xb_script *s, const xb_varbatch *v, uint64_t *rng,
   script_free(s, x);
 }
 
-static bool op_apply(xb_trace *t, const xb_op *op, int64_t stream,
-                     xb_error *err) {
+static bool op_apply(xb_trace *t, const xb_varbatch *v, const xb_op *op,
+                     int64_t stream, xb_error *err) {
+  xb_trace_at(t, t->n_events * v->event_us * 1000);
   if (op->key > 0)
     return xb_trace_alloc(t, (uint64_t)op->key, op->size, stream, err);
   return xb_trace_free(t, (uint64_t)-op->key, UINT64_MAX, stream, err);
@@ -138,13 +146,13 @@ static bool op_apply(xb_trace *t, const xb_op *op, int64_t stream,
 
 /* Interleaves the scripts one event at a time; script i runs on stream
    i + 1 (all created streams, none the legacy one). */
-static bool scripts_interleave(xb_trace *t, xb_script *s, size_t n,
-                               xb_error *err) {
+static bool scripts_interleave(xb_trace *t, const xb_varbatch *v,
+                               xb_script *s, size_t n, xb_error *err) {
   for (bool more = true; more;) {
     more = false;
     for (size_t i = 0; i < n; i++) {
       if (s[i].next == s[i].n) continue;
-      if (!op_apply(t, &s[i].ops[s[i].next++], (int64_t)i + 1, err))
+      if (!op_apply(t, v, &s[i].ops[s[i].next++], (int64_t)i + 1, err))
         return false;
       more = true;
     }
@@ -156,6 +164,7 @@ static bool weights_add(xb_trace *t, const xb_varbatch *v, int64_t *key,
                         xb_error *err) {
   uint64_t h = v->hidden;
   for (uint64_t l = 0; l < v->layers; l++) {
+    xb_trace_at(t, t->n_events * v->event_us * 1000);
     if (!xb_trace_alloc(t, (uint64_t)++*key, 3 * h * h * 2, 1, err) ||
         !xb_trace_alloc(t, (uint64_t)++*key, h * h * 2, 1, err) ||
         !xb_trace_alloc(t, (uint64_t)++*key, 8 * h * h * 2, 1, err))
@@ -165,8 +174,9 @@ static bool weights_add(xb_trace *t, const xb_varbatch *v, int64_t *key,
 }
 
 /* Builds the whole workload into t. */
-static bool varbatch_build(const xb_varbatch *v, xb_trace *t, xb_error *err) {
-  xb_trace_init(t, "varbatch");
+static bool varbatch_build(const xb_varbatch *v, const char *name,
+                           xb_trace *t, xb_error *err) {
+  xb_trace_init(t, name);
   int64_t key = 0;
   uint64_t rng = v->seed;
   size_t ns = (size_t)v->streams;
@@ -181,7 +191,7 @@ static bool varbatch_build(const xb_varbatch *v, xb_trace *t, xb_error *err) {
       request_script(&s[i], v, &rng, k, k + v->layers);
       if (s[i].oom) ok = xb_fail(err, "out of host memory for the script");
     }
-    ok = ok && scripts_interleave(t, s, ns, err);
+    ok = ok && scripts_interleave(t, v, s, ns, err);
     for (size_t i = 0; i < ns; i++) s[i].n = s[i].next = 0;
   }
   for (size_t i = 0; s != NULL && i < ns; i++) free(s[i].ops);
@@ -193,7 +203,8 @@ static bool varbatch_build(const xb_varbatch *v, xb_trace *t, xb_error *err) {
 
 enum {
   XB_VB_LAYERS = XB_OPT_FIRST_OWN, XB_VB_HIDDEN, XB_VB_HEADS, XB_VB_REQUESTS,
-  XB_VB_STREAMS, XB_VB_BATCH, XB_VB_SEQ, XB_VB_DECODE, XB_VB_SEED, XB_VB_HELP
+  XB_VB_STREAMS, XB_VB_BATCH, XB_VB_SEQ, XB_VB_DECODE, XB_VB_SEED, XB_VB_HELP,
+  XB_VB_EVENT_US, XB_VB_WRITE_TRACE
 };
 
 static void varbatch_usage(FILE *out, const xb_varbatch *d) {
@@ -209,13 +220,20 @@ static void varbatch_usage(FILE *out, const xb_varbatch *d) {
           "  --seq MIN:MAX      prompt length per request (default %llu:%llu)\n"
           "  --decode-steps N   decode steps with a growing KV cache; 0 = "
           "prefill only (default %llu)\n"
-          "  --seed N           generator seed (default %llu)\n",
+          "  --seed N           generator seed (default %llu)\n"
+          "  --event-us N       trace time between events, for --gpu-lag "
+          "(default %llu)\n"
+          "  --gpu-lag US       the device runs US microseconds of trace time "
+          "behind\n"
+          "  --write-trace F    also write the workload as an RMM replay CSV "
+          "(gzip if F ends in .gz)\n",
           (unsigned long long)d->layers, (unsigned long long)d->hidden,
           (unsigned long long)d->heads, (unsigned long long)d->requests,
           (unsigned long long)d->streams, XB_MAX_STREAMS - 1,
           (unsigned long long)d->batch_min, (unsigned long long)d->batch_max,
           (unsigned long long)d->seq_min, (unsigned long long)d->seq_max,
-          (unsigned long long)d->decode_steps, (unsigned long long)d->seed);
+          (unsigned long long)d->decode_steps, (unsigned long long)d->seed,
+          (unsigned long long)d->event_us);
 }
 
 static bool parse_range(const char *opt, const char *arg, uint64_t *lo,
@@ -245,6 +263,7 @@ static bool varbatch_option(xb_varbatch *v, int o, const char *arg) {
     case XB_VB_DECODE: return xb_cli_u64("--decode-steps", arg,
                                          &v->decode_steps);
     case XB_VB_SEED: return xb_cli_u64("--seed", arg, &v->seed);
+    case XB_VB_EVENT_US: return xb_cli_u64("--event-us", arg, &v->event_us);
     case XB_VB_BATCH: return parse_range("--batch", arg, &v->batch_min,
                                          &v->batch_max);
     case XB_VB_SEQ: return parse_range("--seq", arg, &v->seq_min, &v->seq_max);
@@ -255,10 +274,20 @@ static bool varbatch_option(xb_varbatch *v, int o, const char *arg) {
 static const xb_varbatch varbatch_defaults = {
     .layers = 12, .hidden = 2048, .heads = 16, .requests = 120, .streams = 2,
     .batch_min = 1, .batch_max = 32, .seq_min = 32, .seq_max = 512,
-    .decode_steps = 8, .seed = 1};
+    .decode_steps = 8, .seed = 1, .event_us = 20};
+
+bool xb_varbatch_default_trace(uint64_t streams, xb_trace *t, xb_error *err) {
+  xb_varbatch v = varbatch_defaults;
+  v.streams = streams;
+  char name[64];
+  snprintf(name, sizeof name, "varbatch_%llu_stream%s",
+           (unsigned long long)streams, streams == 1 ? "" : "s");
+  return varbatch_build(&v, name, t, err);
+}
 
 /* 1 run, 0 done (help), -1 bad arguments (printed). */
-static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v) {
+static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
+                          const char **write_trace) {
   static const struct option opts[] = {
       XB_CLI_LONG_OPTIONS,
       {"layers", required_argument, 0, XB_VB_LAYERS},
@@ -270,17 +299,24 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v) {
       {"seq", required_argument, 0, XB_VB_SEQ},
       {"decode-steps", required_argument, 0, XB_VB_DECODE},
       {"seed", required_argument, 0, XB_VB_SEED},
+      {"event-us", required_argument, 0, XB_VB_EVENT_US},
+      {"write-trace", required_argument, 0, XB_VB_WRITE_TRACE},
       {"help", no_argument, 0, XB_VB_HELP},
       {0, 0, 0, 0}};
   optind = 0;
   for (int o; (o = getopt_long(argc, argv, "", opts, NULL)) != -1;) {
     if (o == XB_VB_HELP) return varbatch_usage(stdout, v), 0;
+    if (o == XB_VB_WRITE_TRACE) {
+      *write_trace = optarg;
+      continue;
+    }
     int common = o == '?' ? -1 : xb_cli_option(c, o, optarg);
     if (common < 0 || (common == 0 && !varbatch_option(v, o, optarg)))
       return -1;
   }
   if (optind < argc || v->layers == 0 || v->hidden == 0 || v->heads == 0 ||
-      v->streams == 0 || v->streams >= XB_MAX_STREAMS) {
+      v->streams == 0 || v->streams >= XB_MAX_STREAMS ||
+      v->event_us > UINT64_MAX / 1000 / (1ull << 40)) {
     fprintf(stderr, "xseg-bench varbatch: bad arguments (see --help)\n");
     return -1;
   }
@@ -292,11 +328,13 @@ int xb_cmd_varbatch(int argc, char **argv) {
   xb_cli_defaults(&c);
   c.mode = "all";
   xb_varbatch v = varbatch_defaults;
-  int parsed = varbatch_parse(argc, argv, &c, &v);
+  const char *write_trace = NULL;
+  int parsed = varbatch_parse(argc, argv, &c, &v, &write_trace);
   if (parsed <= 0) return parsed == 0 ? 0 : 2;
   xb_trace t;
   xb_error err;
-  if (!varbatch_build(&v, &t, &err)) {
+  if (!varbatch_build(&v, "varbatch", &t, &err) ||
+      (write_trace != NULL && !xb_trace_write(write_trace, &t, &err))) {
     fprintf(stderr, "xseg-bench varbatch: %s\n", err.text);
     xb_trace_release(&t);
     return 1;

@@ -62,6 +62,7 @@ static struct {
   xs_slot slots[XS_SLOT_COUNT];
   atomic_int device_count;
   _Atomic uint64_t granularity;
+  _Atomic uint64_t gpu_lag_ns;
   _Atomic uint64_t device_memory[XSIM_MAX_DEVICES];
 } xs_ctl = {
   .once = PTHREAD_ONCE_INIT,
@@ -203,6 +204,14 @@ static void xs_knobs_load(void) {
     g = XS_DEFAULT_GRANULARITY;
   }
   atomic_store(&xs_ctl.granularity, g);
+
+  uint64_t lag_us = 0;
+  v = getenv("XSIM_GPU_LAG");
+  if (v && (!xs_u64_parse(v, &lag_us) || lag_us > UINT64_MAX / 1000)) {
+    xs_env_warn("XSIM_GPU_LAG", v);
+    lag_us = 0;
+  }
+  atomic_store(&xs_ctl.gpu_lag_ns, lag_us * 1000);
 }
 
 /* The error an injected fault returns when its entry names none. */
@@ -308,6 +317,11 @@ uint64_t xsim_knob_granularity(void) {
   return atomic_load_explicit(&xs_ctl.granularity, memory_order_relaxed);
 }
 
+uint64_t xsim_knob_gpu_lag_ns(void) {
+  xsim_control_init();
+  return atomic_load_explicit(&xs_ctl.gpu_lag_ns, memory_order_relaxed);
+}
+
 /* ---- the entry hook ---------------------------------------------------- */
 
 static uint64_t xs_now_ns(void) {
@@ -404,6 +418,12 @@ void xsim_set_latency(const char *name, uint64_t ns) {
   xs_latency_set(name, ns);
 }
 
+void xsim_set_gpu_lag(uint64_t us) {
+  xsim_control_init();
+  atomic_store(&xs_ctl.gpu_lag_ns, us > UINT64_MAX / 1000 ? UINT64_MAX
+                                                         : us * 1000);
+}
+
 uint64_t xsim_call_count(const char *name) {
   xsim_control_init();
   xs_slot *s = xs_slot_find(name, false);
@@ -426,6 +446,7 @@ void xsim_reset(void) {
     xs_fault_clear_locked(&xs_ctl.slots[i]);
   }
   pthread_mutex_unlock(&xs_ctl.lock);
+  xsim_stream_clock_reset();
   xs_env_load();
 }
 

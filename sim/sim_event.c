@@ -202,7 +202,7 @@ static void xs_event_block_locked(CUevent e) {
   if (!e->stream) return;
   xs_dep d = {e->stream, e->seq};
   xs_stream_retain_locked(d.stream);
-  while (!xs_dep_done_locked(&d)) xs_sim_wait_locked();
+  xs_dep_wait_locked(&d);
   xs_stream_release_locked(d.stream);
 }
 

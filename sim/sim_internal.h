@@ -55,6 +55,8 @@ void     xsim_control_init(void);
 int      xsim_knob_device_count(void);
 uint64_t xsim_knob_device_memory(int device);
 uint64_t xsim_knob_granularity(void);
+/* XSIM_GPU_LAG (or xsim_set_gpu_lag) in nanoseconds; 0: none. */
+uint64_t xsim_knob_gpu_lag_ns(void);
 
 /* ---- sim_device.c ------------------------------------------------------ */
 
@@ -99,6 +101,8 @@ int xsim_ipc_memfd_create(const CUmemAllocationProp *prop);
 /* ---- sim_stream.c / sim_event.c ---------------------------------------- */
 
 void xsim_stream_live(xsim_live *out);    /* fills streams and events */
+/* Turns the virtual clock off (xsim_reset). */
+void xsim_stream_clock_reset(void);
 
 #pragma GCC visibility pop
 

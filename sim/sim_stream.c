@@ -16,14 +16,22 @@
 #include "sim_stream.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static pthread_mutex_t xs_mutex = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t xs_progress = PTHREAD_COND_INITIALIZER;
 static struct CUstream_st *xs_registry;            /* non-legacy streams */
 static struct CUstream_st *xs_legacy[XSIM_MAX_DEVICES];
 static uint64_t xs_next_stream_id = 1;
+
+/* The virtual clock (xsim.h): off, or on with a lag; `now` only grows. */
+static struct {
+  bool on;
+  uint64_t lag_ns, now_ns;
+} xs_clock;
 
 /* Stream priorities are clamped to an H100's range, as cuda.h's
    cuStreamCreateWithPriority says out-of-range values are. */
@@ -180,8 +188,10 @@ static bool xs_deps_done_locked(const xs_dep *v, size_t n) {
   return true;
 }
 
+static void xs_host_wait_locked(const xs_dep *v, size_t n);
+
 static void xs_deps_wait_locked(const xs_deps *d) {
-  while (!xs_deps_done_locked(d->v, d->n)) xs_sim_wait_locked();
+  xs_host_wait_locked(d->v, d->n);
 }
 
 /* Everything submitted so far to the device's streams: blocking ones only,
@@ -220,11 +230,42 @@ static void xs_op_free_locked(xs_op *op) {
   free(op);
 }
 
-/* The next runnable operation, or NULL once s is destroyed and drained. */
+static uint64_t xs_monotonic_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleeps, without the lock, until the monotonic clock reads `until`. */
+static void xs_sleep_until_locked(uint64_t until) {
+  struct timespec ts = {(time_t)(until / 1000000000ull),
+                        (long)(until % 1000000000ull)};
+  xs_sim_unlock();
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+    continue;
+  xs_sim_lock();
+}
+
+/* Whether a worker may take s's head: nobody runs it, its dependencies are
+   done, and it is not left to the virtual clock. */
+static bool xs_worker_may_run_locked(const struct CUstream_st *s) {
+  const xs_op *op = s->head;
+  return op && !s->running && (!op->clocked || !xs_clock.on) &&
+         xs_deps_done_locked(op->deps, op->ndeps);
+}
+
+/* The next runnable operation, or NULL once s is destroyed and drained.
+   The head is marked running; a modeled lag (XSIM_GPU_LAG) delays it. */
 static xs_op *xs_worker_next_locked(struct CUstream_st *s) {
   for (;;) {
-    if (s->head && xs_deps_done_locked(s->head->deps, s->head->ndeps))
-      return s->head;
+    if (xs_worker_may_run_locked(s)) {
+      if (s->head->due_wall_ns <= xs_monotonic_ns()) {
+        s->running = true;
+        return s->head;
+      }
+      xs_sleep_until_locked(s->head->due_wall_ns);
+      continue;
+    }
     if (!s->head && s->destroyed) return NULL;
     xs_sim_wait_locked();
   }
@@ -232,6 +273,8 @@ static xs_op *xs_worker_next_locked(struct CUstream_st *s) {
 
 static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
   assert(s->head == op && op->seq == s->completed + 1 && "in order");
+  assert(s->running && "retired by the thread that ran it");
+  s->running = false;
   s->head = op->next;
   if (!s->head) s->tail = NULL;
   s->completed = op->seq;
@@ -255,6 +298,120 @@ static void *xs_worker_main(void *arg) {
   xs_sim_unlock();
   return NULL;
 }
+
+/* ---- the virtual clock ------------------------------------------------- */
+
+/* Moves (d->stream)'s forced mark up to d->seq; true if it moved. */
+static bool xs_dep_force_locked(const xs_dep *d) {
+  if (d->stream->forced >= d->seq) return false;
+  d->stream->forced = d->seq;
+  return true;
+}
+
+/* One step of the modeled device on s, in the calling thread: runs s's head
+   when it is clocked, due (or forced) and its dependencies are done. A
+   forced head still waiting on other streams forces what it waits for, so
+   a host wait pulls in everything it depends on. True when something moved;
+   *ran counts the operations run. */
+static bool xs_clock_step_locked(struct CUstream_st *s, uint64_t *ran) {
+  xs_op *op = s->head;
+  if (!op || s->running) return false;
+  bool forced = op->seq <= s->forced;
+  if (!xs_deps_done_locked(op->deps, op->ndeps)) {
+    bool moved = false;
+    for (size_t i = 0; forced && i < op->ndeps; i++)
+      moved |= xs_dep_force_locked(&op->deps[i]);
+    return moved;
+  }
+  if (!op->clocked || !(forced || op->due_clock_ns <= xs_clock.now_ns))
+    return false;
+  s->running = true;
+  xs_sim_unlock();
+  xs_work_run(&op->work);
+  xs_sim_lock();
+  xs_worker_retire_locked(s, op);
+  ++*ran;
+  return true;
+}
+
+/* Runs every clocked operation that can run now. The scan starts over after
+   each step: the registry may have changed while the lock was dropped. */
+static uint64_t xs_clock_run_locked(void) {
+  uint64_t ran = 0;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int d = 0; d < XSIM_MAX_DEVICES && !moved; d++)
+      if (xs_legacy[d]) moved = xs_clock_step_locked(xs_legacy[d], &ran);
+    for (struct CUstream_st *s = xs_registry; s && !moved; s = s->next)
+      moved = xs_clock_step_locked(s, &ran);
+  }
+  return ran;
+}
+
+/* A host wait for every (stream, seq) of v. Under the virtual clock the
+   awaited work would otherwise never run: the device catches up with it
+   (and with what it depends on) at once, and the clock does not move. */
+static void xs_host_wait_locked(const xs_dep *v, size_t n) {
+  for (size_t i = 0; xs_clock.on && i < n; i++) xs_dep_force_locked(&v[i]);
+  while (!xs_deps_done_locked(v, n)) {
+    if (xs_clock.on && (xs_clock_run_locked(), xs_deps_done_locked(v, n)))
+      break;
+    xs_sim_wait_locked();
+  }
+}
+
+void xs_dep_wait_locked(const xs_dep *d) { xs_host_wait_locked(d, 1); }
+
+/* Hands every clocked operation still queued back to the workers. */
+static void xs_clock_release_locked(void) {
+  for (int d = 0; d < XSIM_MAX_DEVICES; d++)
+    for (xs_op *op = xs_legacy[d] ? xs_legacy[d]->head : NULL; op;
+         op = op->next)
+      op->clocked = false;
+  for (struct CUstream_st *s = xs_registry; s; s = s->next)
+    for (xs_op *op = s->head; op; op = op->next) op->clocked = false;
+  xs_sim_broadcast_locked();
+}
+
+void xsim_clock_enable(uint64_t lag_ns) {
+  xs_sim_lock();
+  xs_clock_release_locked();
+  xs_clock.on = true;
+  xs_clock.lag_ns = lag_ns;
+  xs_clock.now_ns = 0;
+  xs_sim_unlock();
+}
+
+/* Not xsim_clock_disable itself: an exported name called from inside could
+   bind to another copy of the emulator loaded into the process. */
+static void xs_clock_off(void) {
+  xs_sim_lock();
+  xs_clock.on = false;
+  xs_clock_release_locked();
+  xs_sim_unlock();
+}
+
+void xsim_clock_disable(void) { xs_clock_off(); }
+
+uint64_t xsim_clock_advance(uint64_t now_ns) {
+  xs_sim_lock();
+  uint64_t ran = 0;
+  if (xs_clock.on) {
+    if (now_ns > xs_clock.now_ns) xs_clock.now_ns = now_ns;
+    ran = xs_clock_run_locked();
+  }
+  xs_sim_unlock();
+  return ran;
+}
+
+uint64_t xsim_clock_now(void) {
+  xs_sim_lock();
+  uint64_t now = xs_clock.on ? xs_clock.now_ns : 0;
+  xs_sim_unlock();
+  return now;
+}
+
+void xsim_stream_clock_reset(void) { xs_clock_off(); }
 
 /* A stream with its worker running; refs: one for the worker, one for the
    creator (the legacy stream's creator is the process). */
@@ -331,6 +488,10 @@ CUresult xs_stream_acquire(CUstream h, struct CUstream_st **out) {
 
 static void xs_stream_enqueue_locked(struct CUstream_st *s, xs_op *op) {
   op->seq = ++s->submitted;
+  op->clocked = xs_clock.on && op->work.kind != XS_WORK_HOST;
+  if (op->clocked) op->due_clock_ns = xs_clock.now_ns + xs_clock.lag_ns;
+  uint64_t lag = op->clocked ? 0 : xsim_knob_gpu_lag_ns();
+  if (lag > 0) op->due_wall_ns = xs_monotonic_ns() + lag;
   if (s->tail) s->tail->next = op;
   else s->head = op;
   s->tail = op;
@@ -395,7 +556,7 @@ static CUresult xs_legacy_run(const xs_work *w) {
   if (r == CUDA_SUCCESS) r = xs_stream_submit_locked(s, w, NULL, &ticket);
   if (r == CUDA_SUCCESS) {
     assert(!ticket.captured && "the legacy stream never captures");
-    while (s->completed < ticket.seq) xs_sim_wait_locked();
+    xs_dep_wait_locked(&(xs_dep){s, ticket.seq});
   }
   xs_sim_unlock();
   return r;

@@ -15,6 +15,15 @@
  * the mutex. A handful of streams is the expected load, so one lock and one
  * broadcast keep the code short at a cost nobody measures.
  *
+ * The modeled device lag (xsim.h). With XSIM_GPU_LAG an operation is not
+ * started before its submission time plus the lag (wall clock). Under the
+ * virtual clock an operation submitted at clock time t is "clocked", due at
+ * t + lag: workers leave clocked work alone, and only the threads that move
+ * the clock (xsim_clock_advance) or wait on the host (synchronize) run it,
+ * in their own thread, so what has completed is a function of the clock and
+ * the host's calls alone. Host functions are never clocked: they run on the
+ * worker as soon as the work before them is done.
+ *
  * Graph capture: a capturing stream appends the work it is given to the
  * capture's graph instead of queueing it; a graph is a list of work items in
  * submission order, which is a valid topological order of what was captured,
@@ -66,6 +75,9 @@ typedef struct xs_dep {
 typedef struct xs_op {
   struct xs_op *next;
   uint64_t seq;
+  bool clocked;                /* queued under the virtual clock */
+  uint64_t due_clock_ns;       /* clocked: may run once the clock is here */
+  uint64_t due_wall_ns;        /* XSIM_GPU_LAG: not before this monotonic ns */
   xs_work work;
   size_t ndeps;
   xs_dep *deps;
@@ -86,6 +98,8 @@ struct CUstream_st {
   bool destroyed;              /* cuStreamDestroy called; drains, then frees */
   uint64_t id;                 /* cuStreamGetId */
   uint64_t submitted, completed;
+  uint64_t forced;             /* clocked work up to this seq runs now */
+  bool running;                /* its head operation is being run */
   uint32_t refs;
   xs_op *head, *tail;
   xs_capture *capture;         /* capture this stream takes part in, or NULL */
@@ -124,6 +138,9 @@ typedef struct xs_ticket {
 CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
                                  const xs_dep *extra, xs_ticket *ticket);
 bool xs_dep_done_locked(const xs_dep *d);
+/* Blocks until d is complete: a host wait. Under the virtual clock it first
+   runs the awaited work and what that work depends on (xsim.h). */
+void xs_dep_wait_locked(const xs_dep *d);
 /* Doubles an array's capacity (to `first` elements when it has none) with
    realloc: the grown array, *cap updated; NULL, v and *cap untouched, when
    out of memory. Used by dependency lists and graphs alike. */

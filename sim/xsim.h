@@ -14,6 +14,7 @@
  *   XSIM_FAIL           name:nth[:CUDA_ERROR_NAME],... (see xsim_fail_call)
  *   XSIM_FAIL_RATE      name:probability:seed[:CUDA_ERROR_NAME],...
  *   XSIM_LATENCY        name:nanoseconds,... modeled host latency of a call
+ *   XSIM_GPU_LAG        microseconds: modeled device lag (xsim_set_gpu_lag)
  */
 #ifndef XSIM_H
 #define XSIM_H
@@ -59,12 +60,50 @@ void xsim_fail_random(const char *name, double p, uint64_t seed, CUresult err);
    A latency profile is an assumption, never a measurement. */
 void xsim_set_latency(const char *name, uint64_t ns);
 
+/* A busy device, modeled two ways.
+
+   Wall-clock lag (XSIM_GPU_LAG, xsim_set_gpu_lag): a stream operation does
+   not start before `us` microseconds after it was queued, as if the device
+   had that much queued work ahead of it. Streams still run in parallel and
+   in order, so this delays completion without limiting throughput. For
+   live runs and tests; timing-dependent by nature. 0 (the default): none.
+
+   The virtual clock, for deterministic replays. xsim_clock_enable(lag_ns)
+   starts a clock at 0 that only xsim_clock_advance moves. An operation
+   queued while the clock reads t completes only once the clock reaches
+   t + lag_ns: until then its stream is not done (cuStreamQuery), events
+   recorded behind it report CUDA_ERROR_NOT_READY, and work that waits for
+   it does not run. xsim_clock_advance(now_ns) moves the clock to now_ns
+   (never backwards) and returns only after every operation due by then, and
+   every operation that becomes runnable through those, has run; it returns
+   how many ran. They run in the calling thread, so what is complete after
+   it returns does not depend on thread scheduling.
+   - Host waits (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize,
+     the synchronous cuMemset and cuMemcpy forms) do not deadlock: the device
+     catches up with the awaited work, and with the work of other streams it
+     depends on, at once, in the waiting thread, without moving the clock.
+     Each such call counts in xsim_call_count as usual.
+   - Host functions (cuLaunchHostFunc) are not clocked: they run on the
+     stream's worker as soon as the work before them is done, so a latch
+     holds a stream as without the clock. Clocked work queued behind a host
+     function runs at the next advance or host wait after it returned.
+   - xsim_clock_enable while operations of an earlier clock are queued lets
+     those run at once; xsim_clock_disable does so for all clocked work.
+     xsim_reset disables the clock. xsim_clock_now reads the clock (0 when
+     off). Times are nanoseconds on a clock of the caller's choosing (a
+     trace's Time column). */
+void xsim_set_gpu_lag(uint64_t us);
+void xsim_clock_enable(uint64_t lag_ns);
+void xsim_clock_disable(void);
+uint64_t xsim_clock_advance(uint64_t now_ns);
+uint64_t xsim_clock_now(void);
+
 /* Calls of the named function since process start or the last reset. */
 uint64_t xsim_call_count(const char *name);
 void     xsim_reset_counters(void);
 
-/* Back to the environment's settings: counters, fault injections, latencies
-   and device capacities. Live objects are untouched (tests check them for
+/* Back to the environment's settings: counters, fault injections, latencies,
+   device capacities and the device lag; the virtual clock is turned off. Live objects are untouched (tests check them for
    leaks). */
 void xsim_reset(void);
 
