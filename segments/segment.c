@@ -112,10 +112,18 @@ void xs_segment_record_lend(xs_segment *s, uint64_t addr, size_t n,
   assert(xs_segment_handle_head(s, g) == g && "lending part of a handle");
   assert(xs_segment_handle_head(s, g + n - 1) + s->hlen[g + n - 1] ==
              g + n && "lending part of a handle");
-  for (size_t i = 0; i < n; i++) {
-    assert(s->mapped[g + i] == XS_PAGE_OWNED && "lending what is not owned");
-    s->mapped[g + i] = XS_PAGE_ALIAS;
-    handles_out[i] = s->handle[g + i];
+  /* An alias keeps the address of its mapping's first granule instead of
+     the handle (which it no longer owns, and which may be mapped, owned or
+     lent again, right next to it): so each alias mapping stays a run of
+     its own in the page map. */
+  for (size_t i = 0; i < n; i += s->hlen[g + i]) {
+    uint64_t token = s->base + (g + i) * s->granule;
+    for (size_t j = i; j < i + s->hlen[g + i]; j++) {
+      assert(s->mapped[g + j] == XS_PAGE_OWNED && "lending what is not owned");
+      s->mapped[g + j] = XS_PAGE_ALIAS;
+      handles_out[j] = s->handle[g + j];
+      s->handle[g + j] = token;
+    }
   }
   s->mapped_granules -= n;
   s->alias_granules += n;

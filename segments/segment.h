@@ -22,7 +22,9 @@
  *     XS_PAGE_ALIAS: lent — the handle has been mapped again elsewhere,
  *     which owns it now, and this old mapping waits for its stream's guard
  *     before it is unmapped (a retiring block covers it; counted in
- *     alias_granules, never in reserved bytes).
+ *     alias_granules, never in reserved bytes); handle[i] then holds the
+ *     address of the alias mapping's first granule, not the handle, so
+ *     that each mapping stays its own run.
  *   - A handle of k granules is mapped at k consecutive granules, each with
  *     handle[i] == that handle and hlen[i] == k; handle values are unique,
  *     so a maximal run of equal handle values is exactly one handle. Only
