@@ -195,8 +195,9 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a);
    current. */
 xseg_status xs_capture_sweep_locked(xseg_allocator *a);
 
-/* Reclaiming memory (reclaim.c). All need the context current and do
-   nothing (XSEG_OK) while a capture is under way. */
+/* Reclaiming memory (reclaim.c; the guard and retire acts are physical.c's).
+   All need the context current and do nothing (XSEG_OK) while a capture is
+   under way. */
 /* Moves sp's guard towards its newest unsafe free (one query or one
    event at most; see streams/guard.h). */
 xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
@@ -210,16 +211,8 @@ xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
    and retires what it proved done. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
 /* Frees a donor must see between taking memory with a wait and giving
-   memory with a wait (the steal rule, reclaim.c). */
+   memory with a wait (the steal rule, flow.c). */
 #define XS_STEAL_QUIET ((uint64_t)64)
-/* Whole free handles of other streams' pools for growth in p: safe ones
-   first, then (the steal rule, reclaim.c) ones their stream may still use,
-   p's stream made to wait on an event for them: at least `want` granules
-   of `granule` bytes if there are, never more than `max` (a handle is
-   taken whole). */
-size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want, size_t max,
-                                    uint64_t *handles);
 /* garbage_collection_threshold: releases free granules, oldest free first,
    until what is mapped is under the threshold's share of the cap. False
    when it is off or had nothing to do. */

@@ -1,7 +1,7 @@
 /* reclaim.c: taking free physical memory back — release passes
- * (empty_cache, the out-of-memory path), garbage collection, and moving
- * another stream's free granules to a stream that must grow at the device
- * limit.
+ * (empty_cache, the out-of-memory path) and garbage collection. Which
+ * memory serves a growth is flow.c's; the guard, retire and handle acts are
+ * physical.c's.
  *
  * Lent memory (segments/release.c) retires here too: each guard pass
  * unmaps the aliases whose old work it has proven done.
@@ -19,33 +19,8 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/flow.h"
 #include "vmm/error.h"
-
-xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
-                                       xs_stream_pools *sp, bool wait) {
-  uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
-  uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
-  if (t1 > target) target = t1;
-  if (target == 0) return XSEG_OK;
-  xseg_status st = xs_guard_advance(&sp->guard, &a->events, sp->stream,
-                                    target, a->free_clock, wait);
-  for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
-  return st;
-}
-
-xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
-                                        xs_stream_pools *sp) {
-  assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
-  (void)a;
-  xseg_status first = XSEG_OK;
-  for (int k = 0; k < 2; k++) {
-    if (sp->pool[k].n_retiring == 0) continue;
-    xseg_status st = xs_pool_retire(&sp->pool[k]);
-    if (first == XSEG_OK) first = st;
-  }
-  return first;
-}
 
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   xseg_status first = XSEG_OK;
@@ -98,108 +73,6 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
     }
   reclaim_drop_released(a);
   return first;
-}
-
-/* The pair used just less recently than `sp` (NULL: the least recently
-   used one; the list is most recently used first): donors are visited
-   oldest first, so a stream's latest frees, which it is likeliest to need
-   again, go last. Quadratic in the streams, which are few. */
-static xs_stream_pools *reclaim_before(const xseg_allocator *a,
-                                       const xs_stream_pools *sp) {
-  if (a->streams == sp) return NULL;
-  xs_stream_pools *q = a->streams;
-  while (q->next != sp) q = q->next;
-  return q;
-}
-
-/* Whether thief may take donor's free memory that donor's stream may
-   still use, behind an event (the steal rule, see take_foreign below). */
-static bool reclaim_may_steal(const xseg_allocator *a,
-                              const xs_stream_pools *thief,
-                              xs_stream_pools *donor, size_t granule) {
-  if (thief->private_id != 0 || donor->guard.event == NULL) return false;
-  if (donor->stole_at != 0 && a->free_clock - donor->stole_at < XS_STEAL_QUIET)
-    return false;
-  for (int k = 0; k < 2; k++) {
-    uint64_t oldest = xs_pool_lendable_epoch(&donor->pool[k], granule);
-    if (oldest != 0 && oldest > donor->grew_at &&
-        oldest <= donor->guard.mark)
-      return true;
-  }
-  return false;
-}
-
-/* Takes donor's unsafe free memory, freed after donor last grew and
-   covered by its guard's event, after making thief's stream wait on that
-   event. */
-static size_t reclaim_steal(xseg_allocator *a, xs_stream_pools *thief,
-                            xs_stream_pools *donor, size_t granule,
-                            size_t want, size_t max, uint64_t *handles) {
-  CUresult r = XS_DRV(a->vmm.drv, cuStreamWaitEvent, (CUstream)thief->stream,
-                      donor->guard.event, 0);
-  if (r != CUDA_SUCCESS) {
-    xs_driver_error(a->vmm.drv, r, "cuStreamWaitEvent(stream %p on %p)",
-                    (void *)thief->stream, (void *)donor->stream);
-    return 0;
-  }
-  size_t got = 0;
-  for (int k = 0; k < 2 && got < want; k++) {
-    xs_pool *dp = &donor->pool[k];
-    /* Only blocks freed after the donor's last growth: its surplus. */
-    uint64_t oldest = xs_pool_lendable_epoch(dp, granule);
-    if (oldest == 0 || oldest <= donor->grew_at) continue;
-    xseg_status st;
-    got += xs_pool_harvest(dp, granule, want - got, max - got, NULL,
-                           donor->guard.mark, handles + got, &st);
-  }
-  if (got > 0) thief->stole_at = a->free_clock;
-  return got;
-}
-
-/* Where growth finds other streams' free memory, cheapest first:
- *   1. free memory their guards have passed (an idle stream proves all of
- *      its frees with one cuStreamQuery): unmapped there, mapped here, no
- *      wait of any kind; the least recently used stream first;
- *   2. the steal rule, for busy streams: a donor's free memory that its
- *      stream may still use is mapped here at once (the old mapping
- *      retires when the donor's guard passes) and this stream waits on
- *      the donor's guard event with cuStreamWaitEvent: the device waits,
- *      never the host. Only while no capture is under way (no event may be
- *      recorded or waited on across one), only memory the donor freed
- *      after its own last growth (surplus, not memory it cycles through),
- *      only blocks the guard's event already covers, and never from a
- *      donor that itself stole within the last XS_STEAL_QUIET frees: a
- *      handle that moved with a wait cannot bounce straight back, so two
- *      streams cannot ping-pong memory (each bounce would also make each
- *      stream wait on the other).
- */
-size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want, size_t max,
-                                    uint64_t *handles) {
-  XS_ASSERT_LOCKED(a);
-  size_t got = 0;
-  xseg_status st = xs_capture_sweep_locked(a);
-  if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
-  xs_alloc_process_pending_locked(a, false);
-  xs_stream_pools *own = xs_pools_of((xs_pool *)p);
-  for (xs_stream_pools *sp = reclaim_before(a, NULL); sp != NULL && got < want;
-       sp = reclaim_before(a, sp)) {
-    if (sp == own || !xs_pools_reclaimable(sp)) continue;
-    /* An idle donor proves itself with one query; a busy one gets a guard
-       event and gives what was already safe. */
-    xs_alloc_guard_pair_locked(a, sp, false);
-    xs_alloc_retire_pair_locked(a, sp);
-    for (int k = 0; k < 2 && got < want; k++)
-      got += xs_pool_harvest(&sp->pool[k], granule, want - got, max - got,
-                             NULL, 0, handles + got, &st);
-  }
-  for (xs_stream_pools *sp = reclaim_before(a, NULL); sp != NULL && got < want;
-       sp = reclaim_before(a, sp))
-    if (sp != own && xs_pools_reclaimable(sp) &&
-        reclaim_may_steal(a, own, sp, granule))
-      got += reclaim_steal(a, own, sp, granule, want - got, max - got,
-                           handles + got);
-  return got;
 }
 
 /* ---- garbage collection ------------------------------------------------- */
