@@ -42,7 +42,8 @@ typedef struct xs_stream_pools {
   bool released;                      /* private: xseg_release_pool called */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
   uint64_t grew_at;                   /* free clock at its last growth */
-  uint64_t stole_at;                  /* free clock at its last steal */
+  uint64_t took_at;                   /* free clock when it last took
+                                         other streams' memory (flow.c) */
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;
 } xs_stream_pools;
@@ -210,9 +211,9 @@ xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
 /* Advances the guard of every reclaimable pair with unsafe free blocks,
    and retires what it proved done. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
-/* Frees a donor must see between taking memory with a wait and giving
-   memory with a wait (the steal rule, flow.c). */
-#define XS_STEAL_QUIET ((uint64_t)64)
+/* Frees a stream must see between taking other streams' memory and giving
+   its own to them (flow.c). */
+#define XS_FLOW_QUIET ((uint64_t)256)
 /* garbage_collection_threshold: releases free granules, oldest free first,
    until what is mapped is under the threshold's share of the cap. False
    when it is off or had nothing to do. */

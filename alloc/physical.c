@@ -72,7 +72,6 @@ size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
     got += xs_pool_harvest(&donor->pool[k], granule, want - got, max - got,
                            NULL, donor->guard.mark, handles + got, &st);
   }
-  if (got > 0) thief->stole_at = a->free_clock;
   return got;
 }
 
