@@ -26,13 +26,15 @@
  * and nothing here waits on the host.
  *
  * The steal rule. A donor's free memory that its stream may still use is
- * mapped here at once and this stream waits on the donor's guard event
- * (cuStreamWaitEvent, as cudaMallocAsync's internal dependencies): the
+ * mapped here at once and this stream waits on an event recorded on the
+ * donor's stream (cuStreamWaitEvent, as cudaMallocAsync's internal
+ * dependencies): the
  * device waits, never the host; the donor's old mapping retires when its
  * guard passes. Only
  *   - while no capture is under way on any stream with pools;
- *   - blocks the guard's event in flight already covers (freed at or below
- *     its mark);
+ *   - behind an event recorded on the donor's stream at the steal (it
+ *     covers every free so far; the guard's own event, recorded earlier,
+ *     may not);
  *   - memory the donor freed after its own last growth: its surplus, not
  *     memory it cycles through;
  *   - from a quiet donor (as in 2): memory that moved with a wait cannot
@@ -155,13 +157,12 @@ static bool flow_donor_quiet(const xseg_allocator *a,
 static unsigned flow_may_steal(const xseg_allocator *a,
                                const xs_stream_pools *thief,
                                xs_stream_pools *donor, size_t granule) {
-  if (thief->private_id != 0 || donor->guard.event == NULL) return 0;
   (void)a;
+  if (thief->private_id != 0) return 0;
   unsigned pools = 0;
   for (int k = 0; k < 2; k++) {
     uint64_t oldest = xs_pool_lendable_epoch(&donor->pool[k], granule);
-    if (oldest != 0 && oldest > donor->grew_at &&
-        oldest <= donor->guard.mark)
+    if (oldest != 0 && oldest > donor->grew_at)
       pools |= 1u << k;
   }
   return pools;

@@ -55,9 +55,10 @@ size_t xs_phys_take(xseg_allocator *a, xs_stream_pools *sp, xs_pool *first,
                     size_t granule, size_t want, size_t max,
                     const xs_block *keep, uint64_t lend_upto,
                     uint64_t *handles);
-/* Makes thief's stream wait on donor's guard event (cuStreamWaitEvent),
-   then lends donor's free memory that the event covers, from the pools in
-   `pools` (bit k: pool k). 0 when the wait cannot be queued. */
+/* Records an event on donor's stream and makes thief's stream wait on it
+   (cuStreamWaitEvent), then lends donor's free memory (all of it is
+   covered), from the pools in `pools` (bit k: pool k). 0 when the wait
+   cannot be queued. */
 size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
                      xs_stream_pools *donor, unsigned pools, size_t granule,
                      size_t want, size_t max, uint64_t *handles);

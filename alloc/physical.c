@@ -57,11 +57,19 @@ size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
                      xs_stream_pools *donor, unsigned pools, size_t granule,
                      size_t want, size_t max, uint64_t *handles) {
   XS_ASSERT_LOCKED(a);
-  assert(donor->guard.event != NULL && !xs_alloc_capturing(a));
-  CUresult r = XS_DRV(a->vmm.drv, cuStreamWaitEvent, (CUstream)thief->stream,
-                      donor->guard.event, 0);
+  assert(!xs_alloc_capturing(a));
+  /* An event recorded now covers every free so far; the wait captures it
+     when queued, so the event goes back to the pool at once (as a stream
+     wait on a re-recorded event waits on the record it saw). */
+  xs_driver *drv = a->vmm.drv;
+  CUevent ev;
+  if (xs_event_pool_take(&a->events, &ev) != XSEG_OK) return 0;
+  CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)donor->stream);
+  if (r == CUDA_SUCCESS)
+    r = XS_DRV(drv, cuStreamWaitEvent, (CUstream)thief->stream, ev, 0);
+  xs_event_pool_give(&a->events, ev);
   if (r != CUDA_SUCCESS) {
-    xs_driver_error(a->vmm.drv, r, "cuStreamWaitEvent(stream %p on %p)",
+    xs_driver_error(drv, r, "cuStreamWaitEvent(stream %p on %p)",
                     (void *)thief->stream, (void *)donor->stream);
     return 0;
   }
@@ -70,7 +78,7 @@ size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
     if ((pools & (1u << k)) == 0) continue;
     xseg_status st;
     got += xs_pool_harvest(&donor->pool[k], granule, want - got, max - got,
-                           NULL, donor->guard.mark, handles + got, &st);
+                           NULL, a->free_clock, handles + got, &st);
   }
   return got;
 }
