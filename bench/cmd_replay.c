@@ -89,23 +89,26 @@ static void batch_release(xb_batch *b) {
 /* Chooses the policies and lags, opens the driver and sizes the results
    for n traces (and `extra` more rows); an exit code on failure (printed),
    else -1. With `compare`, every trace runs without lag and with c's lag
-   (XB_DEFAULT_GPU_LAG_US unless given); else at c's lag only. */
+   (XB_DEFAULT_GPU_LAG_US unless given; on a driver without the emulator's
+   clock, whose device lags for real, without lag only unless given); else
+   at c's lag only. */
 static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
                       size_t extra) {
   /* extra: built workloads replayed after the n trace files */
   b->opts = (xb_replay_opts){.conf = c->conf, .max_points = c->points,
                              .snapshot = c->svg != NULL};
+  b->tty = isatty(STDERR_FILENO);
+  b->n_policies = xb_cli_policies(c->mode, b->policies);
+  if (b->n_policies == 0) return 2;
+  if (!xb_cli_env_open(c, &b->env)) return 1;
   b->n_lags = 1;
   b->lags[0] = c->gpu_lag_us;
   if (compare) {
     b->lags[0] = 0;
     b->lags[1] = c->gpu_lag_set ? c->gpu_lag_us : XB_DEFAULT_GPU_LAG_US;
-    b->n_lags = b->lags[1] > 0 ? 2 : 1;
+    bool clock = b->env.sim_clock_enable != NULL || c->gpu_lag_set;
+    b->n_lags = b->lags[1] > 0 && clock ? 2 : 1;
   }
-  b->tty = isatty(STDERR_FILENO);
-  b->n_policies = xb_cli_policies(c->mode, b->policies);
-  if (b->n_policies == 0) return 2;
-  if (!xb_cli_env_open(c, &b->env)) return 1;
   print_intro(stdout, &b->env);
   b->cap_results = (n + extra) * b->n_policies * b->n_lags;
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
@@ -143,13 +146,20 @@ static bool batch_varbatch(xb_batch *b, size_t *done, size_t total) {
   return ok;
 }
 
+/* How a batch runs its workloads. */
+typedef enum xb_batch_kind {
+  XB_BATCH_ONE,                     /* at --gpu-lag only */
+  XB_BATCH_COMPARE,                 /* without and with lag */
+  XB_BATCH_DEFAULT                  /* compare, plus the varbatch rows */
+} xb_batch_kind;
+
 /* Runs n trace files, or the one trace `built`, in every policy, then
-   prints the table and writes the outputs. The default run (`is_default`)
-   compares each trace without and with lag and adds the varbatch rows. */
+   prints the table and writes the outputs. */
 static int batch_run(const xb_cli *c, char **paths, size_t n,
-                     const xb_trace *built, bool is_default) {
+                     const xb_trace *built, xb_batch_kind kind) {
   xb_batch b = {.n_results = 0};
-  int rc = batch_open(&b, c, n, is_default,
+  bool is_default = kind == XB_BATCH_DEFAULT;
+  int rc = batch_open(&b, c, n, kind != XB_BATCH_ONE,
                       is_default ? XB_N_DEFAULT_VARBATCH : 0);
   if (rc >= 0) return rc;
   size_t done = 0;
@@ -167,7 +177,7 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
 }
 
 int xb_run_trace(const xb_cli *c, const xb_trace *t) {
-  return batch_run(c, NULL, 1, t, false);
+  return batch_run(c, NULL, 1, t, XB_BATCH_ONE);
 }
 
 static int name_cmp(const void *a, const void *b) {
@@ -239,10 +249,16 @@ int xb_cmd_default(int argc, char **argv) {
   if (!parse_common(argc, argv, &c)) return 2;
   const char *dir = c.traces;
   if (dir == NULL) dir = getenv("XSEG_BENCH_TRACES");
-  if (dir == NULL || dir[0] == '\0') dir = XB_TRACE_DIR;
+  /* The varbatch rows go with the bundled traces, not with another folder. */
+  xb_batch_kind kind = XB_BATCH_COMPARE;
+  if (dir == NULL || dir[0] == '\0') {
+    dir = XB_TRACE_DIR;
+    kind = XB_BATCH_DEFAULT;
+  }
   size_t n = 0;
   char **paths = NULL;
-  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL, true) : 1;
+  int rc = trace_files(dir, &paths, &n) ? batch_run(&c, paths, n, NULL, kind)
+                                        : 1;
   for (size_t i = 0; i < n; i++) free(paths[i]);
   free(paths);
   return rc;
@@ -258,5 +274,5 @@ int xb_cmd_replay(int argc, char **argv) {
     return 2;
   }
   char *paths[1] = {(char *)c.trace};
-  return batch_run(&c, paths, 1, NULL, false);
+  return batch_run(&c, paths, 1, NULL, XB_BATCH_ONE);
 }

@@ -1,6 +1,8 @@
 /* main.c: xseg-bench's command line.
  *
- *   xseg-bench [options]                  every bundled trace, every mode
+ *   xseg-bench [options]                  every bundled trace, every mode,
+ *                                         without and with device lag, and
+ *                                         varbatch at 1, 2 and 4 streams
  *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
  *   xseg-bench varbatch [options]         synthetic inference server
  *   xseg-bench micro [options]            cached-path and growth-path cost
@@ -29,7 +31,9 @@ static void usage(FILE *out) {
           "  --device-memory S  emulated device memory, e.g. 80G\n"
           "  --conf STR         allocator settings (key:value,...)\n"
           "  --mode M           expandable, classic, exact or all\n"
-          "  --traces DIR       traces for the default run\n"
+          "  --traces DIR       traces for the default run (instead of the "
+          "bundled ones\n"
+          "                     and the varbatch rows)\n"
           "  --gpu-lag US       the device runs US microseconds of trace time "
           "behind\n"
           "                     (default run: without lag and with %d)\n"

@@ -396,6 +396,11 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
     int common = o == '?' ? -1 : xb_cli_option(&m->cli, o, optarg);
     if (common < 0 || (common == 0 && !micro_option(m, o, optarg))) return -1;
   }
+  if (m->cli.gpu_lag_set) {
+    fprintf(stderr, "xseg-bench micro: --gpu-lag applies to replays "
+            "(replay, varbatch, the default run), not to micro\n");
+    return -1;
+  }
   return optind == argc && micro_valid(m) ? 1 : -1;
 }
 

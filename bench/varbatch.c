@@ -160,14 +160,19 @@ static bool scripts_interleave(xb_trace *t, const xb_varbatch *v,
   return true;
 }
 
+static bool weight_add(xb_trace *t, const xb_varbatch *v, int64_t *key,
+                       uint64_t size, xb_error *err) {
+  xb_trace_at(t, t->n_events * v->event_us * 1000);
+  return xb_trace_alloc(t, (uint64_t)++*key, size, 1, err);
+}
+
 static bool weights_add(xb_trace *t, const xb_varbatch *v, int64_t *key,
                         xb_error *err) {
   uint64_t h = v->hidden;
   for (uint64_t l = 0; l < v->layers; l++) {
-    xb_trace_at(t, t->n_events * v->event_us * 1000);
-    if (!xb_trace_alloc(t, (uint64_t)++*key, 3 * h * h * 2, 1, err) ||
-        !xb_trace_alloc(t, (uint64_t)++*key, h * h * 2, 1, err) ||
-        !xb_trace_alloc(t, (uint64_t)++*key, 8 * h * h * 2, 1, err))
+    if (!weight_add(t, v, key, 3 * h * h * 2, err) ||
+        !weight_add(t, v, key, h * h * 2, err) ||
+        !weight_add(t, v, key, 8 * h * h * 2, err))
       return false;
   }
   return true;

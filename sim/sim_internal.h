@@ -10,7 +10,8 @@
  *   sim_ipc.c      export / import of shareable handles (POSIX fds), the
  *                  memfd naming that carries a handle's properties
  *   sim_stream.c   streams (one worker thread each), the legacy default
- *                  stream, host functions, memset / memcpy, cuCtxSynchronize
+ *                  stream, host functions, memset / memcpy, cuCtxSynchronize,
+ *                  the modeled device lag and the virtual clock
  *   sim_event.c    events
  *   sim_graph.c    stream capture, graphs, graph launch
  *

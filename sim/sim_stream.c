@@ -27,10 +27,12 @@ static struct CUstream_st *xs_registry;            /* non-legacy streams */
 static struct CUstream_st *xs_legacy[XSIM_MAX_DEVICES];
 static uint64_t xs_next_stream_id = 1;
 
-/* The virtual clock (xsim.h): off, or on with a lag; `now` only grows. */
+/* The virtual clock (xsim.h): off, or on with a lag; `now` only grows.
+   host_waits counts threads blocked in a host wait (xs_host_wait_locked). */
 static struct {
   bool on;
   uint64_t lag_ns, now_ns;
+  uint64_t host_waits;
 } xs_clock;
 
 /* Stream priorities are clamped to an H100's range, as cuda.h's
@@ -271,7 +273,8 @@ static xs_op *xs_worker_next_locked(struct CUstream_st *s) {
   }
 }
 
-static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
+/* Completes s's head; the caller broadcasts the progress. */
+static void xs_op_retire_locked(struct CUstream_st *s, xs_op *op) {
   assert(s->head == op && op->seq == s->completed + 1 && "in order");
   assert(s->running && "retired by the thread that ran it");
   s->running = false;
@@ -281,6 +284,10 @@ static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
   if (op->work.kind == XS_WORK_RECORD)
     xs_event_stamp_locked(op->work.u.record.event, op->work.u.record.gen);
   xs_op_free_locked(op);
+}
+
+static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
+  xs_op_retire_locked(s, op);
   xs_sim_broadcast_locked();
 }
 
@@ -329,13 +336,29 @@ static bool xs_clock_step_locked(struct CUstream_st *s, uint64_t *ran) {
   xs_sim_unlock();
   xs_work_run(&op->work);
   xs_sim_lock();
-  xs_worker_retire_locked(s, op);
+  xs_op_retire_locked(s, op);
   ++*ran;
   return true;
 }
 
+/* Whether a thread may be waiting on clocked work that ran: a host wait, or
+   a worker whose head it may take (unclocked) or whose stream is drained
+   and destroyed. Workers with clocked heads or none have nothing to do. */
+static bool xs_clock_wake_needed_locked(void) {
+  if (xs_clock.host_waits > 0) return true;
+  for (int d = 0; d < XSIM_MAX_DEVICES; d++)
+    if (xs_legacy[d] && xs_legacy[d]->head && !xs_legacy[d]->head->clocked)
+      return true;
+  for (struct CUstream_st *s = xs_registry; s; s = s->next)
+    if (s->head ? !s->head->clocked : s->destroyed) return true;
+  return false;
+}
+
 /* Runs every clocked operation that can run now. The scan starts over after
-   each step: the registry may have changed while the lock was dropped. */
+   each step: the registry may have changed while the lock was dropped. One
+   broadcast at the end wakes whoever waits on what ran (workers with work
+   behind it, host waits): waking every worker at each of thousands of
+   small operations would cost more than the operations. */
 static uint64_t xs_clock_run_locked(void) {
   uint64_t ran = 0;
   for (bool moved = true; moved;) {
@@ -345,6 +368,7 @@ static uint64_t xs_clock_run_locked(void) {
     for (struct CUstream_st *s = xs_registry; s && !moved; s = s->next)
       moved = xs_clock_step_locked(s, &ran);
   }
+  if (ran > 0 && xs_clock_wake_needed_locked()) xs_sim_broadcast_locked();
   return ran;
 }
 
@@ -356,7 +380,9 @@ static void xs_host_wait_locked(const xs_dep *v, size_t n) {
   while (!xs_deps_done_locked(v, n)) {
     if (xs_clock.on && (xs_clock_run_locked(), xs_deps_done_locked(v, n)))
       break;
+    xs_clock.host_waits++;
     xs_sim_wait_locked();
+    xs_clock.host_waits--;
   }
 }
 
@@ -489,13 +515,16 @@ CUresult xs_stream_acquire(CUstream h, struct CUstream_st **out) {
 static void xs_stream_enqueue_locked(struct CUstream_st *s, xs_op *op) {
   op->seq = ++s->submitted;
   op->clocked = xs_clock.on && op->work.kind != XS_WORK_HOST;
-  if (op->clocked) op->due_clock_ns = xs_clock.now_ns + xs_clock.lag_ns;
+  if (op->clocked)   /* saturating: never before a clock of UINT64_MAX */
+    op->due_clock_ns = xs_clock.lag_ns > UINT64_MAX - xs_clock.now_ns
+                           ? UINT64_MAX
+                           : xs_clock.now_ns + xs_clock.lag_ns;
   uint64_t lag = op->clocked ? 0 : xsim_knob_gpu_lag_ns();
   if (lag > 0) op->due_wall_ns = xs_monotonic_ns() + lag;
   if (s->tail) s->tail->next = op;
   else s->head = op;
   s->tail = op;
-  xs_sim_broadcast_locked();
+  if (!op->clocked) xs_sim_broadcast_locked();   /* no worker takes it */
 }
 
 /* Dependencies of a new operation on s: implicit, extra, and for a replayed

@@ -67,6 +67,7 @@ void xsim_set_latency(const char *name, uint64_t ns);
    had that much queued work ahead of it. Streams still run in parallel and
    in order, so this delays completion without limiting throughput. For
    live runs and tests; timing-dependent by nature. 0 (the default): none.
+   Operations queued under the virtual clock ignore it.
 
    The virtual clock, for deterministic replays. xsim_clock_enable(lag_ns)
    starts a clock at 0 that only xsim_clock_advance moves. An operation

@@ -115,7 +115,7 @@ XSEG_TEST(SimClock, host_waits_run_the_awaited_work_at_once) {
   unsigned char a[1] = {0}, b[1] = {0}, c[1] = {0};
   CUstream s1 = stream_new(), s2 = stream_new();
   CUevent e = event_new(), f = event_new();
-  xsim_clock_enable(UINT64_C(1000000000));
+  xsim_clock_enable(UINT64_MAX);
   XSEG_EXPECT_CU(cuMemsetD8Async(dptr(a), 1, 1, s1));
   XSEG_EXPECT_CU(cuEventRecord(e, s1));
   XSEG_EXPECT_CU(cuStreamWaitEvent(s2, e, 0));
@@ -219,5 +219,31 @@ XSEG_TEST(SimClock, wall_lag_delays_completion) {
   XSEG_EXPECT_CU(cuMemsetD8Async(dptr(a), 4, 1, s));
   XSEG_EXPECT_CU(cuStreamSynchronize(s));
   XSEG_EXPECT_EQ(a[0], 4);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* XSIM_GPU_LAG is read by xsim_reset like every knob; a malformed value is
+   reported and means no lag. */
+XSEG_TEST(SimClock, gpu_lag_comes_from_the_environment) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  enum { LAG_US = 30000 };
+  unsigned char a[1] = {0};
+  CUstream s = stream_new();
+  setenv("XSIM_GPU_LAG", "30000", 1);
+  xsim_reset();
+  uint64_t t0 = now_ns();
+  XSEG_EXPECT_CU(cuMemsetD8Async(dptr(a), 1, 1, s));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_TRUE(now_ns() - t0 >= LAG_US * 1000ull);
+  XSEG_EXPECT_EQ(a[0], 1);
+  setenv("XSIM_GPU_LAG", "30ms", 1);      /* whole microseconds only */
+  xsim_reset();
+  t0 = now_ns();
+  XSEG_EXPECT_CU(cuMemsetD8Async(dptr(a), 2, 1, s));
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(a[0], 2);
+  unsetenv("XSIM_GPU_LAG");
+  xsim_reset();
   XSEG_EXPECT_CU(cuStreamDestroy(s));
 }
