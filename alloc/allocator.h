@@ -86,6 +86,9 @@ struct xseg_allocator {
   xs_event_pool events;               /* pending frees' and guards' events */
   xs_pending pending;                 /* frees waiting on recorded streams */
   uint64_t free_clock;                /* stamps every free: free_epoch */
+  bool flow_at_limit;                 /* the out-of-memory path's last try
+                                         before a host wait: flow.c steals
+                                         from any stream */
   size_t pending_blocks;              /* blocks in state pending */
   int64_t pending_bytes;
   xs_block **deferred;                /* pending, events not recorded yet

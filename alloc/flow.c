@@ -40,6 +40,9 @@
  *   - from a quiet donor (as in 2): memory that moved with a wait cannot
  *     bounce straight back, so two busy streams cannot make each other
  *     wait in turn; the donor's next growth creates memory instead.
+ * At the device limit, the out-of-memory path's last try before a host
+ * wait drops the surplus and quiet conditions (a->flow_at_limit): a wait
+ * on the device beats a wait on the host or a failure.
  *
  * Handle sizes: a fresh handle spans as many granules as the handle policy
  * allows (xseg_handle_policy, xseg_handle_max_mb, xseg_handle_max_part):
@@ -149,7 +152,8 @@ static xs_stream_pools *flow_before(const xseg_allocator *a,
    XS_FLOW_QUIET frees (then it gives none: see the top). */
 static bool flow_donor_quiet(const xseg_allocator *a,
                              const xs_stream_pools *donor) {
-  return donor->took_at == 0 || a->free_clock - donor->took_at >= XS_FLOW_QUIET;
+  return a->flow_at_limit || donor->took_at == 0 ||
+         a->free_clock - donor->took_at >= XS_FLOW_QUIET;
 }
 
 /* The steal rule (top): the pools of donor thief may steal from, as a
@@ -157,12 +161,11 @@ static bool flow_donor_quiet(const xseg_allocator *a,
 static unsigned flow_may_steal(const xseg_allocator *a,
                                const xs_stream_pools *thief,
                                xs_stream_pools *donor, size_t granule) {
-  (void)a;
   if (thief->private_id != 0) return 0;
   unsigned pools = 0;
   for (int k = 0; k < 2; k++) {
     uint64_t oldest = xs_pool_lendable_epoch(&donor->pool[k], granule);
-    if (oldest != 0 && oldest > donor->grew_at)
+    if (oldest != 0 && (a->flow_at_limit || oldest > donor->grew_at))
       pools |= 1u << k;
   }
   return pools;

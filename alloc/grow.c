@@ -16,9 +16,12 @@
  * Before growing, garbage_collection_threshold releases the oldest free
  * granules while what is mapped exceeds its share of the cap. On running
  * out: settle pending frees and collect garbage, retry; release every safe
- * free granule, retry; wait (on the guards' and pending frees' events,
- * never on a stream or the device) and retry; release all, retry; and only
- * then fail with PyTorch's message. While a graph capture is under way
+ * free granule, retry; take any stream's free memory behind an event,
+ * retry; only then wait on the host (on the guards' and pending frees'
+ * events, never on a stream or the device: what is left is memory freed
+ * after xseg_record_stream, whose streams the device cannot be made to
+ * wait for here) and retry; release all, retry; and only then fail with
+ * PyTorch's message. While a graph capture is under way
  * nothing is unmapped: growth creates fresh memory or fails.
  */
 #include <assert.h>
@@ -168,6 +171,12 @@ static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
   xs_alloc_release_locked(a, SIZE_MAX, false);
   st = grow_once(a, p, rounded, out);
+  if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
+  /* Any stream's free memory behind an event (flow.c's steal rule without
+     its surplus and quiet conditions): the device waits, not the host. */
+  a->flow_at_limit = true;
+  st = grow_once(a, p, rounded, out);
+  a->flow_at_limit = false;
   if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
   /* Wait for the recorded work that still guards free memory (its events
      only), then let growth take it, and last release everything. */

@@ -300,6 +300,54 @@ XSEG_TEST(alloc_flow, memory_does_not_ping_pong_between_busy_streams) {
   XSEG_EXPECT_CU(cuStreamDestroy(sb));
 }
 
+/* At the device limit the quiet period gives way: the out-of-memory
+   path's last try before a host wait takes a busy stream's memory behind
+   an event even from a stream that just took memory. No host wait, no
+   failure; the taker's work runs after the donor's. */
+XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 64 * MiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream sa = stream_new(), sb = stream_new();
+  xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
+  void *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
+  XSEG_ASSERT_CU(xt_latch_hold(sa, la));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));         /* B takes A's */
+  XSEG_ASSERT_CU(xt_latch_hold(sb, lb));
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(q), 0x77, 48 * MiB, sb));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  uint64_t waits = host_waits();
+  uint64_t stream_waits = xsim_call_count("cuStreamWaitEvent");
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &r));         /* back to A */
+  XSEG_EXPECT_EQ(host_waits(), waits);
+  XSEG_EXPECT_EQ(xsim_call_count("cuStreamWaitEvent"), stream_waits + 1);
+  xseg_stats st;
+  XSEG_ASSERT_OK(xseg_get_stats(a, &st));
+  XSEG_EXPECT_EQ(st.num_ooms, 0);
+  XSEG_EXPECT_LE(st.reserved_bytes.current, 64 * MiB);
+  unsigned char v = at_byte(r, 4);
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(r), v, 48 * MiB, sa));
+  xt_latch_open(la);
+  usleep(20000);
+  XSEG_EXPECT_EQ(cuStreamQuery(sa), CUDA_ERROR_NOT_READY);   /* behind B */
+  XSEG_EXPECT_OK(xseg_check(a));
+  xt_latch_open(lb);
+  XSEG_EXPECT_CU(cuStreamSynchronize(sa));
+  XSEG_EXPECT_CU(cuStreamSynchronize(sb));
+  XSEG_EXPECT_TRUE(dev_bytes_are(dptr(r), 48 * MiB, v));     /* no 0x77 */
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_EQ(live_now().mappings, 0);
+  xt_latch_free(la);
+  xt_latch_free(lb);
+  XSEG_EXPECT_CU(cuStreamDestroy(sa));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+}
+
 /* While a capture is under way nothing moves: a request on another stream
    grows (or fails) rather than take or wait on a capturing stream's
    memory. */
