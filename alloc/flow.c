@@ -175,10 +175,11 @@ static unsigned flow_may_steal(const xseg_allocator *a,
 static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
                            size_t want, size_t max, uint64_t *handles) {
   size_t got = 0;
-  xseg_status st = xs_capture_sweep_locked(a);
-  if (want == 0 || st != XSEG_OK || xs_alloc_capturing(a)) return 0;
-  xs_alloc_process_pending_locked(a, false);
   xs_stream_pools *own = xs_pools_of(p);
+  if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
+  xseg_status st = xs_capture_sweep_locked(a);
+  if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
+  xs_alloc_process_pending_locked(a, false);
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
     if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))
