@@ -28,9 +28,8 @@
  * The steal rule. A donor's free memory that its stream may still use is
  * mapped here at once and this stream waits on an event recorded on the
  * donor's stream (cuStreamWaitEvent, as cudaMallocAsync's internal
- * dependencies): the
- * device waits, never the host; the donor's old mapping retires when its
- * guard passes. Only
+ * dependencies): the device waits, never the host; the donor's old mapping
+ * retires when its guard passes. Only
  *   - while no capture is under way on any stream with pools;
  *   - behind an event recorded on the donor's stream at the steal (it
  *     covers every free so far; the guard's own event, recorded earlier,
@@ -185,7 +184,7 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
     if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))
       continue;
     /* An idle donor proves itself with one query; a busy one gets a guard
-       event (which the steal rule then uses) and gives what was safe. */
+       event for a later pass and gives what was already safe. */
     xs_alloc_guard_pair_locked(a, sp, false);
     xs_alloc_retire_pair_locked(a, sp);
     got += xs_phys_take(a, sp, NULL, granule, want - got, max - got, NULL, 0,
