@@ -65,9 +65,9 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
 }
 
 /* The pools of `stream`, looked up in the list and moved to its front. */
-static xseg_status alloc_pools_lookup(xseg_allocator *a,
-                                      struct CUstream_st *stream,
-                                      xs_stream_pools **out) {
+xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          xs_stream_pools **out) {
   xs_stream_pools **link = &a->streams;
   for (; *link != NULL; link = &(*link)->next)
     if ((*link)->stream == stream && (*link)->private_id == 0) break;
@@ -85,16 +85,6 @@ static xseg_status alloc_pools_lookup(xseg_allocator *a,
   }
   *out = sp;
   return XSEG_OK;
-}
-
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out) {
-  xs_stream_pools *sp = a->streams;
-  /* The common case: the same stream as last time, already first. */
-  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
-    return *out = sp, XSEG_OK;
-  return alloc_pools_lookup(a, stream, out);
 }
 
 /* Rounds a granule setting up to the device's granularity. */

@@ -168,10 +168,20 @@ static inline void xs_alloc_unlock(xseg_allocator *a) {
 #define XS_ASSERT_LOCKED(a) ((void)0)
 #endif
 
-/* The pools of `stream`, created on first use (round.c has the policy). */
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out);
+/* The pools of `stream`, created on first use, looked up in the list and
+   moved to its front (alloc.c). */
+xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          xs_stream_pools **out);
+/* The same, inline for the common case: the stream of the last call,
+   already first. */
+static inline xseg_status xs_stream_pools_get_locked(
+    xseg_allocator *a, struct CUstream_st *stream, xs_stream_pools **out) {
+  xs_stream_pools *sp = a->streams;
+  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
+    return *out = sp, XSEG_OK;
+  return xs_stream_pools_lookup_locked(a, stream, out);
+}
 /* A new pair (private_id 0: a stream's), linked first; NULL on host OOM. */
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,

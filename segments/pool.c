@@ -157,14 +157,14 @@ bool xs_pool_retake(xs_pool *p, xs_block *b) {
      having been up by b->size in between. */
   bool merged_split = b->prev != NULL || rest->next != NULL;
   int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
-  if (merged_split) {
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split, p->kind, 0, 2);
+  /* The count's top is where it is: only its total moves. */
+  p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated +=
+      merged_split ? 2 : 1;
+  if (merged_split)
     xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
                     sz + 2 * r);
-  } else {
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split, p->kind, 0, 1);
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, 0, r);
-  }
+  else
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split_bytes].allocated += r;
   /* The split leaves the rest stamped with the merged block's epoch: the
      newer of the two. */
   if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
