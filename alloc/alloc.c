@@ -313,23 +313,29 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   return XSEG_OK;
 }
 
-/* The cached malloc with a block parked (allocator.h): the parked block
-   itself when the request is its size on its pool and settling then
-   taking the best fit would hand out exactly it (xs_pool_retake). False
-   (nothing changed) otherwise: the caller settles and goes the usual way.
-   Pending frees and captures go the usual way, in the usual order. */
+void xs_alloc_settle_locked(xseg_allocator *a) {
+  for (xs_stream_pools *sp = a->streams; sp != NULL && a->n_parked != 0;
+       sp = sp->next)
+    for (int k = 0; k < 2; k++) xs_alloc_settle_pool_locked(a, &sp->pool[k]);
+  assert(a->n_parked == 0);
+}
+
+/* The cached malloc with blocks parked (allocator.h): the one of the
+   request's pool when the request is its size and settling then taking
+   the best fit would hand out exactly it (xs_pool_retake). False (nothing
+   changed) otherwise: the caller settles and goes the usual way. Pending
+   frees and captures go the usual way, in the usual order. */
 static bool alloc_retake_locked(xseg_allocator *a, size_t size,
                                 size_t rounded, struct CUstream_st *stream,
                                 xs_block **out) {
-  xs_block *b = a->parked;
-  if (b->size != rounded || xs_alloc_has_pending(a) || xs_alloc_capturing(a))
+  if (xs_alloc_has_pending(a) || xs_alloc_capturing(a) ||
+      !xs_ptrtable_reserve(&a->live))
     return false;
-  if (!xs_ptrtable_reserve(&a->live)) return false;
   xs_stream_pools *sp;
-  xs_pool *p = b->seg->pool;
-  if (xs_stream_pools_get_locked(a, stream, &sp) != XSEG_OK ||
-      p != &sp->pool[xs_alloc_kind(rounded)])
-    return false;
+  if (xs_stream_pools_get_locked(a, stream, &sp) != XSEG_OK) return false;
+  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded) return false;
   /* The merged block must be what xs_alloc_find_free accepts and
      xs_alloc_should_split splits; both look at sizes only. */
   size_t rest = b->next->size, merged = rounded + rest;
@@ -340,8 +346,8 @@ static bool alloc_retake_locked(xseg_allocator *a, size_t size,
   bool split = p->kind == XS_POOL_SMALL || a->cfg.expandable_segments
                    ? rest >= XS_MIN_BLOCK
                    : rounded < max_split && rest > XS_SMALL_SIZE;
-  if (!split || !xs_pool_retake(p, b)) return false;
-  a->parked = NULL;
+  if (!split || !xs_pool_retake(p)) return false;
+  a->n_parked--;
   alloc_hand_out_locked(a, p, b, size, stream);
   *out = b;
   return true;
@@ -370,7 +376,9 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   xs_alloc_lock_cached(a);
   xs_block *b = NULL;
   xseg_status st = XSEG_OK;
-  if (a->parked != NULL && !alloc_retake_locked(a, size, rounded, stream, &b))
+  /* A miss settles every pool: growth and pending frees look at other
+     streams' pools. */
+  if (a->n_parked != 0 && !alloc_retake_locked(a, size, rounded, stream, &b))
     xs_alloc_settle_locked(a);
   if (b == NULL) {
     /* Frees waiting on other streams are settled first, as PyTorch's
@@ -394,11 +402,16 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
-  /* Exported and held by another process: pending until it lets go. */
-  if (__builtin_expect(a->ipc != NULL, 0) && xs_ipc_hold_free_locked(a, b))
-    return XSEG_OK;
-  if (__builtin_expect(b->uses.n != 0, 0))
-    return xs_alloc_defer_free_locked(a, b);
+  xs_pool *p = b->seg->pool;
+  /* Its pool's parked block merges first, as at its own free. */
+  xs_alloc_settle_pool_locked(a, p);
+  if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
+    /* Shared or deferred frees may look at other pools: none parked. */
+    if (a->n_parked != 0) xs_alloc_settle_locked(a);
+    /* Exported and held by another process: pending until it lets go. */
+    if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
+    if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
+  }
   alloc_account_free(a, b);
   if (!xs_pool_parkable(b)) {
     xs_alloc_give_locked(a, b);
@@ -408,8 +421,8 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
   b->free_epoch = ++a->free_clock;
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
-  xs_pool_park(b->seg->pool, b);
-  a->parked = b;
+  xs_pool_park(p, b);
+  a->n_parked++;
   return XSEG_OK;
 }
 
@@ -420,9 +433,6 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock_cached(a);
-  /* At most one block is parked: the one before is merged now, as it
-     would have been at its own free. */
-  if (a->parked != NULL) xs_alloc_settle_locked(a);
   size_t slot = xs_ptrtable_find(&a->live, addr);
   if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);

@@ -98,11 +98,11 @@ struct xseg_allocator {
   xs_capture *captures;
   size_t n_captures, cap_captures, n_implicit;
   xs_trace trace;                     /* device_traces ring (snapshot) */
-  /* A block the cached free parked unmerged (segments/pool.h, lazy
-     merging), or NULL. Every entry point but the cached malloc and free
-     settles it as it takes the lock (xs_alloc_lock), so nothing else ever
-     sees it. */
-  xs_block *parked;
+  /* Pools whose block the cached free parked unmerged (segments/pool.h,
+     lazy merging). Every entry point but the cached malloc and free
+     settles them all as it takes the lock (xs_alloc_lock), so nothing
+     else ever sees one. */
+  size_t n_parked;
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
@@ -125,13 +125,15 @@ struct xseg_allocator {
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
 
-/* Merges the parked block (allocator.h's `parked`) as its free would
-   have. */
-static inline void xs_alloc_settle_locked(xseg_allocator *a) {
-  xs_block *b = a->parked;
-  a->parked = NULL;
-  xs_pool_settle(b->seg->pool, b);
+/* Merges p's parked block, if any, as its free would have. */
+static inline void xs_alloc_settle_pool_locked(xseg_allocator *a,
+                                               xs_pool *p) {
+  if (p->parked == NULL) return;
+  xs_pool_settle(p);
+  a->n_parked--;
 }
+/* Merges every parked block (alloc.c). */
+void xs_alloc_settle_locked(xseg_allocator *a);
 
 /* The lock for the cached malloc and free alone, which deal with a parked
    block themselves. */
@@ -146,14 +148,14 @@ static inline void xs_alloc_lock_cached(xseg_allocator *a) {
 /* The lock for everything else: every pool keeps block.h's rules. */
 static inline void xs_alloc_lock(xseg_allocator *a) {
   xs_alloc_lock_cached(a);
-  if (__builtin_expect(a->parked != NULL, 0)) xs_alloc_settle_locked(a);
+  if (__builtin_expect(a->n_parked != 0, 0)) xs_alloc_settle_locked(a);
 }
 
 static inline void xs_alloc_unlock(xseg_allocator *a) {
 #ifndef NDEBUG
   if (a->debug_check_every != 0 &&
       ++a->debug_ops % a->debug_check_every == 0) {
-    if (a->parked != NULL) xs_alloc_settle_locked(a);
+    if (a->n_parked != 0) xs_alloc_settle_locked(a);
     xs_alloc_debug_check_locked(a);
   }
   a->owned = false;

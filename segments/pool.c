@@ -39,7 +39,7 @@ static size_t pool_split_bytes(const xs_block *b) {
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
-static void pool_split_swap(xs_pool *p, size_t out, size_t in) {
+static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
   /* Both counted (the usual case): the count's -1 then +1 only adds to
      its total of increases. */
   if (out != 0 && in != 0)
@@ -129,20 +129,33 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
 }
 
 void xs_pool_park(xs_pool *p, xs_block *b) {
-  (void)p;
-  assert(b->allocated && xs_pool_parkable(b));
+  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
   b->allocated = false;
   b->requested = 0;
+  p->parked = b;
+  /* The stats move now as the merge would move them (xs_pool_coalesce:
+     the rest unindexed, the merged block indexed), so that every value and
+     peak is what merging at once gives, whatever happens meanwhile in the
+     other pools. */
+  xs_block *rest = b->next;    /* counted: a piece (b is before it) */
+  bool merged_split = b->prev != NULL || rest->next != NULL;
+  pool_split_swap(p, rest->size, merged_split ? b->size + rest->size : 0);
 }
 
-xs_block *xs_pool_settle(xs_pool *p, xs_block *b) {
-  assert(!b->allocated && b->next != NULL && !b->next->allocated);
-  return xs_pool_coalesce(p, b);
+xs_block *xs_pool_settle(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
+  p->parked = NULL;
+  /* xs_pool_coalesce's merge, its stats already moved by xs_pool_park. */
+  xs_freetree_remove(&p->free, rest);
+  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  xs_freetree_insert(&p->free, b);
+  return b;
 }
 
-bool xs_pool_retake(xs_pool *p, xs_block *b) {
-  xs_block *rest = b->next;
-  assert(!b->allocated && rest != NULL && !rest->allocated && rest->mapped);
+bool xs_pool_retake(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   /* The best fit once merged: the merged block (b->size + rest->size at
      b->addr) against the best fit among the other free blocks, which is
      the real best fit unless that is `rest`, and then the one after it. */
@@ -151,24 +164,15 @@ bool xs_pool_retake(xs_pool *p, xs_block *b) {
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
   if (other != NULL && !xs_freetree_before(merged, b->addr, other))
     return false;
-  /* Settling would take `rest` out of inactive_split and put the merged
-     block in when it is a piece of a larger range; the split would swap
-     it back for `rest`: every count returns to where it is, the bytes
-     having been up by b->size in between. */
+  /* The split's stats (pool_take_split): the merged block out of
+     inactive_split, the rest (a piece: b is before it) in. */
   bool merged_split = b->prev != NULL || rest->next != NULL;
-  int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
-  /* The count's top is where it is: only its total moves. */
-  p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated +=
-      merged_split ? 2 : 1;
-  if (merged_split)
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
-                    sz + 2 * r);
-  else
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split_bytes].allocated += r;
+  pool_split_swap(p, merged_split ? merged : 0, rest->size);
   /* The split leaves the rest stamped with the merged block's epoch: the
      newer of the two. */
   if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
   b->allocated = true;
+  p->parked = NULL;
   return true;
 }
 
