@@ -3,7 +3,11 @@
  *
  * The cached path (a free block fits) makes no driver call and no heap
  * allocation once warm: a best-fit lookup, a split from the block cache,
- * one pointer-table insert, all under the allocator's one mutex.
+ * one pointer-table insert, all under the allocator's one mutex. A free
+ * that would only merge the block back into the rest it was split from
+ * parks it instead, and a malloc of the same size on the same pool takes
+ * it back when that is what merging and splitting would give (lazy
+ * merging, segments/pool.h); every other entry point settles first.
  */
 #include <assert.h>
 #include <stdio.h>
