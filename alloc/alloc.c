@@ -318,6 +318,7 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
 }
 
 void xs_alloc_settle_locked(xseg_allocator *a) {
+  xs_alloc_park_stats_locked(a);
   for (xs_stream_pools *sp = a->streams; sp != NULL && a->n_parked != 0;
        sp = sp->next)
     for (int k = 0; k < 2; k++) xs_alloc_settle_pool_locked(a, &sp->pool[k]);
@@ -350,7 +351,11 @@ static bool alloc_retake_locked(xseg_allocator *a, size_t size,
   bool split = p->kind == XS_POOL_SMALL || a->cfg.expandable_segments
                    ? rest >= XS_MIN_BLOCK
                    : rounded < max_split && rest > XS_SMALL_SIZE;
-  if (!split || !xs_pool_retake(p)) return false;
+  if (!split) return false;
+  /* Another pool's merge goes in the stats before this one's moves. */
+  if (a->park_stats != p) xs_alloc_park_stats_locked(a);
+  if (!xs_pool_retake(p, a->park_stats != p)) return false;
+  a->park_stats = NULL;
   a->n_parked--;
   alloc_hand_out_locked(a, p, b, size, stream);
   *out = b;
@@ -427,6 +432,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
                   b->stream);
   xs_pool_park(p, b);
   a->n_parked++;
+  a->park_stats = p;
   return XSEG_OK;
 }
 
@@ -437,6 +443,8 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock_cached(a);
+  /* The last park's merge counts before this free's moves. */
+  xs_alloc_park_stats_locked(a);
   size_t slot = xs_ptrtable_find(&a->live, addr);
   if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);

@@ -103,6 +103,10 @@ struct xseg_allocator {
      settles them all as it takes the lock (xs_alloc_lock), so nothing
      else ever sees one. */
   size_t n_parked;
+  /* The pool of the last park while its merge is not in the stats yet:
+     until the next operation, which counts it first or, taking the block
+     back, together with the split (segments/pool.h). */
+  xs_pool *park_stats;
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
@@ -125,10 +129,17 @@ struct xseg_allocator {
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
 
+/* Counts the last park's merge in the stats, if it is not yet. */
+static inline void xs_alloc_park_stats_locked(xseg_allocator *a) {
+  if (a->park_stats == NULL) return;
+  xs_pool_park_stats(a->park_stats);
+  a->park_stats = NULL;
+}
 /* Merges p's parked block, if any, as its free would have. */
 static inline void xs_alloc_settle_pool_locked(xseg_allocator *a,
                                                xs_pool *p) {
   if (p->parked == NULL) return;
+  xs_alloc_park_stats_locked(a);
   xs_pool_settle(p);
   a->n_parked--;
 }

@@ -133,27 +133,34 @@ void xs_pool_park(xs_pool *p, xs_block *b) {
   b->allocated = false;
   b->requested = 0;
   p->parked = b;
-  /* The stats move now as the merge would move them (xs_pool_coalesce:
-     the rest unindexed, the merged block indexed), so that every value and
-     peak is what merging at once gives, whatever happens meanwhile in the
-     other pools. */
-  xs_block *rest = b->next;    /* counted: a piece (b is before it) */
-  bool merged_split = b->prev != NULL || rest->next != NULL;
-  pool_split_swap(p, rest->size, merged_split ? b->size + rest->size : 0);
+}
+
+/* Whether the block the parked one merges into is a piece of a larger
+   range (inactive_split counts it). */
+static bool pool_parked_merge_split(const xs_block *b) {
+  return b->prev != NULL || b->next->next != NULL;
+}
+
+void xs_pool_park_stats(xs_pool *p) {
+  /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
+     before it) unindexed, the merged block indexed. */
+  xs_block *b = p->parked, *rest = b->next;
+  pool_split_swap(p, rest->size,
+                  pool_parked_merge_split(b) ? b->size + rest->size : 0);
 }
 
 xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
-  /* xs_pool_coalesce's merge, its stats already moved by xs_pool_park. */
+  /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
   xs_freetree_remove(&p->free, rest);
   xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
   xs_freetree_insert(&p->free, b);
   return b;
 }
 
-bool xs_pool_retake(xs_pool *p) {
+bool xs_pool_retake(xs_pool *p, bool merge_counted) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   /* The best fit once merged: the merged block (b->size + rest->size at
@@ -164,10 +171,23 @@ bool xs_pool_retake(xs_pool *p) {
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
   if (other != NULL && !xs_freetree_before(merged, b->addr, other))
     return false;
-  /* The split's stats (pool_take_split): the merged block out of
-     inactive_split, the rest (a piece: b is before it) in. */
-  bool merged_split = b->prev != NULL || rest->next != NULL;
-  pool_split_swap(p, merged_split ? merged : 0, rest->size);
+  bool merged_split = pool_parked_merge_split(b);
+  if (merge_counted) {
+    /* The split's stats (pool_take_split): the merged block out of
+       inactive_split, the rest in. */
+    pool_split_swap(p, merged_split ? merged : 0, rest->size);
+  } else if (merged_split) {
+    /* The merge's and the split's together: every count returns to where
+       it is, the bytes having been up by b->size in between. */
+    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 2;
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
+                    sz + 2 * r);
+  } else {
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 1;
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split_bytes].allocated +=
+        rest->size;
+  }
   /* The split leaves the rest stamped with the merged block's epoch: the
      newer of the two. */
   if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;

@@ -69,8 +69,10 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    previous one is not, and the next malloc on the pool often asks for the
    same size again: merging then splitting the same two blocks back costs
    two tree updates for nothing. The allocator may instead park such a
-   block (one per pool): free, in no tree, not merged yet, while the stats
-   already count the merge. Until it is settled the pool breaks block.h's
+   block (one per pool): free, in no tree, not merged yet. The stats must
+   count the merge before anything else moves them (xs_pool_park_stats),
+   or the retake must count merge and split together. Until it is
+   settled the pool breaks block.h's
    rules for that block alone, so nothing but xs_pool_retake and
    xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
    other operation on it, and every pool before anything that looks at
@@ -82,9 +84,10 @@ static inline bool xs_pool_parkable(const xs_block *b) {
   return b->mapped && next != NULL && !next->allocated && next->mapped &&
          (prev == NULL || prev->allocated || !prev->mapped);
 }
-/* Frees parkable block b without merging it (p->parked: none yet); the
-   stats move as the merge's. */
+/* Frees parkable block b without merging it (p->parked: none yet). */
 void xs_pool_park(xs_pool *p, xs_block *b);
+/* Moves the stats as merging p's parked block would. */
+void xs_pool_park_stats(xs_pool *p);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
    block, indexed. */
 xs_block *xs_pool_settle(xs_pool *p);
@@ -92,9 +95,10 @@ xs_block *xs_pool_settle(xs_pool *p);
    is exactly what settling it and then taking the best fit would do: the
    merged block is the best fit for that size (the caller has checked that
    its policy would take and split it) and the split gives back the block
-   and its neighbour as they are. The stats move as that split's. False
-   (nothing changed) when another block fits better. */
-bool xs_pool_retake(xs_pool *p);
+   and its neighbour as they are. The stats move as that split's, and as
+   the merge's first unless `merge_counted`. False (nothing changed) when
+   another block fits better. */
+bool xs_pool_retake(xs_pool *p, bool merge_counted);
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,

@@ -109,6 +109,18 @@ static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   }
 }
 
+/* Gauge g of pool `kind` (and of all pools) rose by `up` >= 0 and fell
+   back, its increases adding up to `added` on the way: the current value
+   is unchanged, the peaks see the top (a merge and a split undone in one
+   step, segments/pool.c's xs_pool_retake). */
+static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                   int64_t up, int64_t added) {
+  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+  p->allocated += added;
+  if (p->current + up > p->peak) p->peak = p->current + up;
+  if (a->current + up > a->peak) a->peak = a->current + up;
+}
+
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
