@@ -341,17 +341,11 @@ static bool alloc_retake_locked(xseg_allocator *a, size_t size,
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return false;
-  /* The merged block must be what xs_alloc_find_free accepts and
-     xs_alloc_should_split splits; both look at sizes only. */
-  size_t rest = b->next->size, merged = rounded + rest;
-  size_t max_split = a->cfg.max_split_size;
-  if (rounded < max_split && merged >= max_split) return false;
-  if (rounded >= max_split && rest >= a->cfg.max_non_split_rounding)
+  /* The merged block must be one the policy takes and splits. */
+  size_t merged = rounded + b->next->size;
+  if (!xs_alloc_fit_takes(a, merged, rounded) ||
+      !xs_alloc_splits(a, p->kind, merged, rounded))
     return false;
-  bool split = p->kind == XS_POOL_SMALL || a->cfg.expandable_segments
-                   ? rest >= XS_MIN_BLOCK
-                   : rounded < max_split && rest > XS_SMALL_SIZE;
-  if (!split) return false;
   /* Another pool's merge goes in the stats before this one's moves. */
   if (a->park_stats != p) xs_alloc_park_stats_locked(a);
   if (!xs_pool_retake(p, a->park_stats != p)) return false;
