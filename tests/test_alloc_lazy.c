@@ -87,7 +87,8 @@ XSEG_TEST(alloc_lazy, retake_counts_the_peak_of_the_merge) {
                  st[1].inactive_split_bytes.peak);
   XSEG_EXPECT_EQ(st[0].inactive_split_bytes.allocated,
                  st[1].inactive_split_bytes.allocated);
-  XSEG_EXPECT_EQ(st[0].inactive_split.allocated, st[1].inactive_split.allocated);
+  XSEG_EXPECT_EQ(st[0].inactive_split.allocated,
+                 st[1].inactive_split.allocated);
   XSEG_EXPECT_EQ(st[0].inactive_split.peak, st[1].inactive_split.peak);
   XSEG_EXPECT_EQ(st[0].inactive_split_bytes.current,
                  st[1].inactive_split_bytes.current);
