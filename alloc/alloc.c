@@ -204,6 +204,7 @@ void xseg_destroy(xseg_allocator *a) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
     xs_stream_pools_free_locked(a, sp);
   }
+  xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
     xs_pending_destroy(&a->pending);
     xs_event_pool_destroy(&a->events);
@@ -322,6 +323,7 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
 
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
+  if (ptr != NULL) *ptr = NULL;           /* NULL on every failure */
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");

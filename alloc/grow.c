@@ -52,9 +52,10 @@ static void grow_release(xseg_allocator *a, const uint64_t *handles,
   for (size_t i = 0; i < n; i++) {
     if (i > 0 && handles[i] == handles[i - 1]) continue;
     /* Around the message-setting wrappers: the growth's own failure is the
-       message. A failed release is tried once more (see release.c). */
+       message. A failed release is kept for a retry (vmm/unreleased.c). */
     CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];
-    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS)
+    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS &&
+        !xs_vmm_unreleased_keep(&a->vmm, handles[i]))
       XS_DRV(a->vmm.drv, cuMemRelease, h);
     a->stats.counter[XS_COUNTER_num_device_free]++;
   }
@@ -347,9 +348,16 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
   if (st != XSEG_OK) return st;
   st = grow_route(a, p, stream, rounded, out);
   if (st == XSEG_OK && *out == NULL) {
-    xs_alloc_collect_garbage_locked(a);
-    st = grow_once(a, *p, rounded, out);
-    if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+    if (rounded > a->cap) {
+      /* More than the device (or the fraction) holds: refused before a
+         reservation and its page map, which grow with the request, exist. */
+      st = xs_error(XSEG_ERR_OUT_OF_MEMORY, "the request is larger than the "
+                    "%zu bytes xseg may map", a->cap);
+    } else {
+      xs_alloc_collect_garbage_locked(a);
+      st = grow_once(a, *p, rounded, out);
+      if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+    }
     if (st == XSEG_ERR_OUT_OF_MEMORY) {
       st = grow_oom(a, requested);
       xs_trace_record(&a->trace, XS_TRACE_OOM, 0, requested, stream);

@@ -22,6 +22,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
 #undef XS_STATS_COUNTER_
   out->mapped_bytes = out->reserved_bytes.current;
   out->pending_free_bytes = a->pending_bytes;
+  out->handles_awaiting_release = (int64_t)a->vmm.n_unreleased;
   xs_alloc_unlock(a);
   return XSEG_OK;
 }
@@ -70,12 +71,14 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
   xs_alloc_lock(a);
   xs_stats s = a->stats;
   size_t max_split = a->cfg.max_split_size;
+  size_t unreleased = a->vmm.n_unreleased;
   xs_alloc_unlock(a);
   fputs("{\n", out);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) stats_json_gauge(out, &s, g);
   for (int c = 0; c < XS_COUNTER_COUNT; c++)
     fprintf(out, "  \"%s\": %lld,\n", stats_counter_names[c],
             (long long)s.counter[c]);
+  fprintf(out, "  \"handles_awaiting_release\": %zu,\n", unreleased);
   /* PyTorch casts SIZE_MAX (unset) to int64: -1. */
   fprintf(out, "  \"max_split_size\": %lld\n}\n",
           max_split == SIZE_MAX ? -1LL : (long long)max_split);
