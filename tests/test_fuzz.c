@@ -224,13 +224,21 @@ static void fz_check_stats(fz *f) {
             "reserved %lld", (long long)s.allocated_bytes.current,
             (long long)rounded, (long long)s.active_bytes.current,
             (long long)s.reserved_bytes.current);
+  /* The emulator's view: what xseg holds is what it says it holds. */
   xsim_live now;
   xsim_get_live(&now);
-  if ((int64_t)(now.physical_bytes - f->base.physical_bytes) !=
-      s.reserved_bytes.current)
-    fz_fail(f, "the emulator holds %llu physical bytes, xseg maps %lld",
-            (unsigned long long)(now.physical_bytes - f->base.physical_bytes),
-            (long long)s.reserved_bytes.current);
+  struct { const char *what; int64_t emulator, xseg; } em[] = {
+      {"physical bytes", (int64_t)(now.physical_bytes - f->base.physical_bytes),
+       s.reserved_bytes.current},
+      {"handles", (int64_t)(now.handles - f->base.handles),
+       s.num_device_alloc - s.num_device_free},
+      {"reservations", (int64_t)(now.reservations - f->base.reservations),
+       s.segment.current},
+  };
+  for (size_t i = 0; i < sizeof em / sizeof em[0]; i++)
+    if (em[i].emulator != em[i].xseg)
+      fz_fail(f, "the emulator holds %lld %s, xseg's stats say %lld",
+              (long long)em[i].emulator, em[i].what, (long long)em[i].xseg);
 }
 
 static void fz_check(fz *f) {
