@@ -73,8 +73,10 @@ static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
     if (XS_DRV(a->vmm.drv, cuStreamQuery, (CUstream)s) ==
         CUDA_ERROR_INVALID_HANDLE)
       dropped = true;
-    else if (xs_stream_set_add(&alive, s) != XSEG_OK)
-      dropped = false, i = b->uses.n;       /* host OOM: keep them all */
+    else if (xs_stream_set_add(&alive, s) != XSEG_OK) {
+      dropped = false;                      /* host OOM: keep them all */
+      break;
+    }
   }
   if (!dropped) {
     xs_stream_set_clear(&alive);

@@ -211,6 +211,34 @@ XSEG_TEST(hardening, empty_cache_after_stream_destroy) {
   xseg_destroy(a);
 }
 
+/* Found by the fuzz test: a block recorded on a stream that was destroyed
+   before the free could never be freed (cuEventRecord on the dead stream
+   failed every time). The free completes, and the block is reused. */
+XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1 = stream_new(), s2 = stream_new();
+  xseg_allocator *a = at_create(NULL);
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s1, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s1, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, s2));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, s2));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, NULL));
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 7, 1 * MiB, s2));
+  XSEG_ASSERT_CU(cuStreamSynchronize(s2));
+  XSEG_ASSERT_CU(cuStreamDestroy(s2));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_OK(xseg_free(a, q));          /* still waits on NULL's work */
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.allocation.current, 0);
+  XSEG_EXPECT_EQ(s.active.current, 0);
+  XSEG_EXPECT_EQ(s.pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
 /* ---- 5. a failed cuMemRelease ------------------------------------------ */
 
 static int64_t awaiting(xseg_allocator *a) {
