@@ -209,3 +209,28 @@ XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
   XSEG_EXPECT_OK(xseg_free(a, p));
   xseg_destroy(a);
 }
+
+/* Two failures in a row (found by the fuzz test): cuMemSetAccess fails
+   after the growth mapped its handles, and so does the first unmap that
+   rolls the mapping back. The rollback tries again: nothing stays mapped
+   where the allocator believes nothing is. */
+XSEG_TEST(alloc_faults, failed_rollback_unmap_is_tried_again) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL);
+  xsim_live before;
+  xsim_get_live(&before);
+  xsim_fail_call("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+  xsim_fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  void *p;
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 6 * MiB, NULL, &p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuMemSetAccess") != NULL);
+  xsim_live after;
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.mappings, before.mappings);
+  XSEG_EXPECT_EQ(after.handles, before.handles);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, 6 * MiB, NULL, &p));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  xseg_destroy(a);
+}
+

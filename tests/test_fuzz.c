@@ -60,6 +60,7 @@ typedef struct fz {
   fz_stream streams[MAX_STREAMS + 1];
   int pool_state[MAX_POOLS + 1];  /* 0 none, 1 ended and not released */
   unsigned char next_tag;
+  bool faults;         /* driver calls fail now and then */
   /* the model's counters */
   int64_t mallocs, frees, ooms, requested_total;
   xsim_live base;
@@ -208,7 +209,6 @@ static void fz_check_stats(fz *f) {
       {"mapped_bytes", s.mapped_bytes, s.reserved_bytes.current},
       {"pending_free_bytes", s.pending_free_bytes,
        s.active_bytes.current - s.allocated_bytes.current},
-      {"handles_awaiting_release", s.handles_awaiting_release, 0},
   };
   for (size_t i = 0; i < sizeof eq / sizeof eq[0]; i++)
     if (eq[i].got != eq[i].want)
@@ -224,14 +224,20 @@ static void fz_check_stats(fz *f) {
             "reserved %lld", (long long)s.allocated_bytes.current,
             (long long)rounded, (long long)s.active_bytes.current,
             (long long)s.reserved_bytes.current);
-  /* The emulator's view: what xseg holds is what it says it holds. */
+  if (s.handles_awaiting_release != 0 && !f->faults)
+    fz_fail(f, "%lld handles wait for a release, and no call failed",
+            (long long)s.handles_awaiting_release);
+  /* The emulator's view: what xseg holds is what it says it holds (and the
+     handles whose release failed, which no stat sizes). */
   xsim_live now;
   xsim_get_live(&now);
+  int64_t physical = (int64_t)(now.physical_bytes - f->base.physical_bytes);
+  if (s.handles_awaiting_release != 0 && physical > s.reserved_bytes.current)
+    physical = s.reserved_bytes.current;
   struct { const char *what; int64_t emulator, xseg; } em[] = {
-      {"physical bytes", (int64_t)(now.physical_bytes - f->base.physical_bytes),
-       s.reserved_bytes.current},
+      {"physical bytes", physical, s.reserved_bytes.current},
       {"handles", (int64_t)(now.handles - f->base.handles),
-       s.num_device_alloc - s.num_device_free},
+       s.num_device_alloc - s.num_device_free + s.handles_awaiting_release},
       {"reservations", (int64_t)(now.reservations - f->base.reservations),
        s.segment.current},
   };
@@ -279,8 +285,8 @@ static void fz_malloc(fz *f) {
   fz_call_begin(f);
   xseg_status st = xseg_malloc(f->a, size, f->streams[si].s, &p);
   fz_call_end(f);
-  if (st == XSEG_ERR_OUT_OF_MEMORY) {
-    f->ooms++;
+  if (st == XSEG_ERR_OUT_OF_MEMORY || (st == XSEG_ERR_DRIVER && f->faults)) {
+    f->ooms += st == XSEG_ERR_OUT_OF_MEMORY;
     if (p != NULL) fz_fail(f, "a failed malloc left *ptr %p", p);
     return;
   }
@@ -301,6 +307,7 @@ static void fz_free(fz *f) {
   if (f->n_live == 0) return;
   int i = (int)fz_rand(f, (uint64_t)f->n_live);
   xseg_status st = xseg_free(f->a, f->live[i].p);
+  if (st == XSEG_ERR_DRIVER && f->faults) return;     /* still live */
   if (st != XSEG_OK) {
     fz_fail(f, "free(%p): %s: %s", f->live[i].p, xseg_status_name(st),
             xseg_last_error());
@@ -354,7 +361,7 @@ static void fz_empty_cache(fz *f) {
                             : xseg_empty_cache(f->a);
   fz_call_end(f);
   xseg_status want = blocking && capturing ? XSEG_ERR_CAPTURE : XSEG_OK;
-  if (st != want)
+  if (st != want && !(st == XSEG_ERR_DRIVER && f->faults))
     fz_fail(f, "empty_cache%s: %s (want %s): %s", blocking ? "_blocking" : "",
             xseg_status_name(st), xseg_status_name(want), xseg_last_error());
 }
@@ -431,7 +438,22 @@ static void fz_stream_turn(fz *f) {
     if (f->live[k].stream == i) f->live[k].stream = -1;
 }
 
+/* Arms one failing call of a driver function that only the allocator
+   calls (the test's own calls never fail). */
+static void fz_fault(fz *f) {
+  static const char *const names[] = {
+      "cuMemCreate", "cuMemMap",   "cuMemSetAccess", "cuMemUnmap",
+      "cuMemRelease", "cuMemAddressReserve", "cuEventRecord",
+      "cuEventQuery", "cuStreamQuery"};
+  const char *name = names[fz_rand(f, sizeof names / sizeof names[0])];
+  CUresult err = strcmp(name, "cuMemCreate") == 0 && fz_rand(f, 2)
+                     ? CUDA_ERROR_OUT_OF_MEMORY
+                     : CUDA_ERROR_UNKNOWN;
+  xsim_fail_call(name, 1 + fz_rand(f, 4), err);
+}
+
 static void fz_step(fz *f) {
+  if (f->faults && fz_rand(f, 100) < 4) fz_fault(f);
   uint64_t r = fz_rand(f, 100);
   if (r < 32) fz_malloc(f);
   else if (r < 54) fz_free(f);
@@ -455,6 +477,7 @@ static uint64_t fz_env(const char *name, uint64_t dflt) {
 }
 
 static void fz_teardown(fz *f) {
+  xsim_reset();                         /* the driver works again */
   fz_unhold_all(f);
   for (int i = 0; i < f->n_live; i++)
     XSEG_EXPECT_OK(xseg_free(f->a, f->live[i].p));
@@ -463,6 +486,9 @@ static void fz_teardown(fz *f) {
   for (int i = 0; i <= MAX_STREAMS; i++) f->streams[i].pool = 0;
   xseg_end_allocate_to_pool(f->a, 1);
   xseg_end_allocate_to_pool(f->a, 2);
+  /* Every handle whose release failed goes now. */
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(f->a));
+  XSEG_EXPECT_EQ(at_stats(f->a).handles_awaiting_release, 0);
   fz_check(f);
   XSEG_EXPECT_CU(cuCtxSynchronize());
   xseg_destroy(f->a);
@@ -478,7 +504,7 @@ static void fz_teardown(fz *f) {
 
 /* steps_default walks in CI; XSEG_FUZZ_STEPS and XSEG_FUZZ_SEED override. */
 static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
-                   uint64_t device_bytes) {
+                   uint64_t device_bytes, bool faults) {
   XT_REQUIRE_SIM();
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, device_bytes);
@@ -488,6 +514,7 @@ static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
   if (seed == 0) seed = (uint64_t)time(NULL);
   f.rng = (seed ^ (seed_salt * 0x9E3779B97F4A7C15ull)) | 1;
   f.steps = fz_env("XSEG_FUZZ_STEPS", steps_default);
+  f.faults = faults;
   xsim_get_live(&f.base);
   f.a = at_create(conf);
   XSEG_ASSERT_TRUE(f.a != NULL);
@@ -526,20 +553,30 @@ enum { STEPS = 1500 };
 #endif
 #define DEVICE ((uint64_t)512 << 20)
 
-XSEG_TEST(fuzz, expandable) { fz_run("", 1, STEPS, DEVICE); }
+XSEG_TEST(fuzz, expandable) { fz_run("", 1, STEPS, DEVICE, false); }
 
 XSEG_TEST(fuzz, classic) {
-  fz_run("expandable_segments:False", 2, STEPS, DEVICE);
+  fz_run("expandable_segments:False", 2, STEPS, DEVICE, false);
 }
 
 XSEG_TEST(fuzz, granules_and_rounding) {
   fz_run("xseg_small_granule_mb:4,xseg_large_granule_mb:8,"
          "roundup_power2_divisions:4,max_split_size_mb:40",
-         3, STEPS, DEVICE);
+         3, STEPS, DEVICE, false);
 }
 
 XSEG_TEST(fuzz, handles_and_garbage_collection) {
   fz_run("xseg_handle_policy:granule,garbage_collection_threshold:0.5,"
          "xseg_grow_min_mb:6",
-         4, STEPS, DEVICE);
+         4, STEPS, DEVICE, false);
+}
+
+/* Driver calls fail now and then (growth, release, guards, deferred
+   frees): failures are reported, nothing is lost or leaked. */
+XSEG_TEST(fuzz, failing_driver_calls) {
+  fz_run("xseg_handle_policy:granule", 5, STEPS, DEVICE, true);
+}
+
+XSEG_TEST(fuzz, failing_driver_calls_classic) {
+  fz_run("expandable_segments:False", 6, STEPS, DEVICE, true);
 }
