@@ -16,6 +16,8 @@
  *     on its own stream, and on the streams it was recorded on, read back
  *     through the driver): a late write into a reused block shows here.
  * After xseg_destroy nothing the allocator created is alive in the emulator.
+ * Two configurations also make driver calls of the allocator fail now and
+ * then: a failure is reported, and nothing is lost or leaked.
  *
  * Blocking calls may wait on a held stream (the out-of-memory path and
  * empty_cache_blocking wait on guard events): a watchdog opens every latch
