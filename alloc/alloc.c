@@ -428,9 +428,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
     return XSEG_OK;
   }
   /* Stamped and traced as xs_alloc_give_locked does, merged later. */
-  b->free_epoch = ++a->free_clock;
-  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
-                  b->stream);
+  xs_alloc_stamp_locked(a, b);
   xs_pool_park(p, b);
   a->n_parked++;
   a->park_stats = p;

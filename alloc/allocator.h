@@ -207,12 +207,15 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
    until its memory may really be reused (active, active_bytes). */
 void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
-/* Gives a block whose last use is over back to its pool, stamped with the
-   free clock. */
-static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+/* A block whose last use is over: stamped with the free clock, traced. */
+static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
   b->free_epoch = ++a->free_clock;
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
+}
+/* Gives a block whose last use is over back to its pool, stamped. */
+static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+  xs_alloc_stamp_locked(a, b);
   xs_pool_give(b->seg->pool, b);
 }
 
