@@ -90,17 +90,26 @@ CUcontext xt_context(int dev);
 /* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
    function that blocks the stream until xt_latch_open. Open every latch
    before the test ends, then synchronise, then free it. On a real driver
-   host functions run one at a time (observed on H100, driver 580): while
-   one latch blocks, no other host function of the process runs, so a
-   latch on a second stream holds that stream too but is not seen waiting,
-   and "stream B is not held back" must be shown with device work on B,
-   not a host function. Nothing the test thread does between hold and open
+   host functions run one at a time (observed on H100, driver 580), and so
+   they do on the emulator: while one latch blocks, no other host function
+   of the process runs. So a test holds at most one stream by a blocked
+   latch at a time (a second stream with xt_latch_hold_behind); "stream B is
+   not held back" is shown with device work on B, not a host function; and
+   a latch that starts waiting only once another opened is awaited with
+   xt_latch_wait_for_holders, not read at once with xt_latch_waiting.
+   Nothing the test thread does between hold and open
    may wait for the held stream: no synchronising call, no copy into
    pageable host memory on it or on the legacy stream behind a blocking
    stream it holds. */
 typedef struct xt_latch xt_latch;
 xt_latch *xt_latch_new(void);
 CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
+/* Holds a second stream without a second host function blocked at once:
+   `stream` first waits (an event) for the work queued so far on `held`, its
+   latch included, then is held by l. So l's host function becomes ready only
+   after held's latch opened, whatever order the driver gives host functions
+   of different streams; until then `stream` is held by the wait. */
+CUresult  xt_latch_hold_behind(CUstream stream, CUstream held, xt_latch *l);
 void      xt_latch_open(xt_latch *l);
 int       xt_latch_waiting(xt_latch *l);   /* host functions blocked now */
 /* Waits (up to 10 s) until n host functions are blocked on the latch. */
