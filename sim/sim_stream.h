@@ -11,8 +11,9 @@
  *
  * One mutex guards all of it (queues, counters, events, captures), and one
  * condition variable is broadcast whenever an operation is submitted or
- * completes. Workers run operations (memset, memcpy) without the mutex. A handful of streams is the expected load, so one lock and one
- * broadcast keep the code short at a cost nobody measures.
+ * completes. Workers run operations (memset, memcpy) without the mutex. A
+ * handful of streams is the expected load, so one lock and one broadcast
+ * keep the code short at a cost nobody measures.
  *
  * The modeled device lag (xsim.h). With XSIM_GPU_LAG an operation is not
  * started before its submission time plus the lag (wall clock). Under the

@@ -6,10 +6,10 @@
  * A real driver runs host functions one at a time (observed on H100, driver
  * 580: with one stream held by a latch, a host function on another stream
  * never ran, and two latches on two streams never held at once), and so does
- * the emulator (host_functions_run_one_at_a_time). So "B does not wait for A" is shown with device work on B (a
- * memset) that drains while A is held, never with a host function on B; and
- * nothing here copies to pageable host memory behind a held stream, which
- * makes the host wait for the stream.
+ * the emulator (host_functions_run_one_at_a_time). So "B does not wait for
+ * A" is shown with device work on B (a memset) that drains while A is held,
+ * never with a host function on B; and nothing here copies to pageable host
+ * memory behind a held stream, which makes the host wait for the stream.
  */
 #include <stdatomic.h>
 #include <string.h>
