@@ -41,6 +41,9 @@ typedef struct xs_stream_pools {
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
+  uint64_t grew_at;                   /* free clock at its last growth */
+  uint64_t took_at;                   /* free clock when it last took
+                                         other streams' memory (flow.c) */
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;
 } xs_stream_pools;
@@ -83,6 +86,9 @@ struct xseg_allocator {
   xs_event_pool events;               /* pending frees' and guards' events */
   xs_pending pending;                 /* frees waiting on recorded streams */
   uint64_t free_clock;                /* stamps every free: free_epoch */
+  bool flow_at_limit;                 /* the out-of-memory path's last try
+                                         before a host wait: flow.c steals
+                                         from any stream */
   size_t pending_blocks;              /* blocks in state pending */
   int64_t pending_bytes;
   xs_block **deferred;                /* pending, events not recorded yet
@@ -210,20 +216,24 @@ xseg_status xs_capture_mode_relax(xseg_allocator *a,
                                   CUstreamCaptureMode *saved);
 void xs_capture_mode_restore(xseg_allocator *a, CUstreamCaptureMode saved);
 
-/* Reclaiming memory (reclaim.c). All need the context current and do
-   nothing (XSEG_OK) while a capture is under way. */
+/* Reclaiming memory (reclaim.c; the guard and retire acts are physical.c's).
+   All need the context current and do nothing (XSEG_OK) while a capture is
+   under way. */
 /* Moves sp's guard towards its newest unsafe free (one query or one
    event at most; see streams/guard.h). */
 xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
                                        xs_stream_pools *sp, bool wait);
-/* Advances the guard of every reclaimable pair with unsafe free blocks. */
+/* Unmaps sp's lent aliases whose old work its guard has proven done
+   (segments/release.c). Never between choosing a growth's placement and
+   mapping it: a retired alias merges with unmapped neighbours. */
+xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
+                                        xs_stream_pools *sp);
+/* Advances the guard of every reclaimable pair with unsafe free blocks,
+   and retires what it proved done. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
-/* Whole free handles of other streams' pools, safe to move, for growth
-   in p at the device limit: at least `want` granules of `granule` bytes
-   if there are, never more than `max` (a handle is taken whole). */
-size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want, size_t max,
-                                    uint64_t *handles);
+/* Frees a stream must see between taking other streams' memory and giving
+   its own to them (flow.c). */
+#define XS_FLOW_QUIET ((uint64_t)256)
 /* garbage_collection_threshold: releases free granules, oldest free first,
    until what is mapped is under the threshold's share of the cap. False
    when it is off or had nothing to do. */

@@ -3,7 +3,9 @@
  * (block.h, segment.h, freetree.h), that each tree holds exactly the
  * blocks the walk finds in its state, that the pointer table holds exactly
  * the allocated blocks, that no two reservations overlap and no physical
- * handle is mapped twice, and that every stat equals the walk. It never
+ * handle is owned at two places (a lent handle's old mapping, an alias, is
+ * listed as retiring by its pool and counted nowhere else, so reserved
+ * bytes count a handle once), and that every stat equals the walk. It never
  * aborts: the first broken rule becomes the message.
  */
 #include <stdio.h>
@@ -61,7 +63,7 @@ static bool check_segment(check_ctx *c, const xs_pool *p, const xs_segment *s,
   c->segments++;
   /* One entry per handle (a run of granules shares one, segment.h). */
   for (size_t g = 0; g < s->n_granules; g++)
-    if (s->mapped[g] && xs_segment_handle_head(s, g) == g &&
+    if (s->mapped[g] == XS_PAGE_OWNED && xs_segment_handle_head(s, g) == g &&
         !check_push(&c->handle, &c->handles, &c->cap, s->handle[g]))
       CHECK_FAIL(c, "out of host memory");
   return true;
@@ -74,8 +76,18 @@ static bool check_pool(check_ctx *c, xs_pool *p, size_t *rcap) {
       !check_tree_members(c, p, &p->unmapped, false))
     return false;
   size_t free0 = c->walk.free_mapped, unm0 = c->walk.unmapped;
+  size_t ret0 = c->walk.retiring, retiring = 0;
   for (const xs_segment *s = p->segments; s != NULL; s = s->next)
     if (!check_segment(c, p, s, rcap)) return false;
+  for (const xs_block *r = p->retiring; r != NULL; r = r->retire_next, retiring++)
+    if (!r->retiring || r->seg->pool != p || retiring == p->n_retiring)
+      CHECK_FAIL(c, "pool of stream %p: its retiring list holds 0x%llx, "
+                 "which is no retiring block of it", (void *)p->stream,
+                 (unsigned long long)r->addr);
+  if (retiring != p->n_retiring || c->walk.retiring - ret0 != retiring)
+    CHECK_FAIL(c, "pool of stream %p: %zu retiring blocks listed, %zu "
+               "counted, segments %zu", (void *)p->stream, retiring,
+               p->n_retiring, c->walk.retiring - ret0);
   if (c->walk.free_mapped - free0 != p->free.count ||
       c->walk.unmapped - unm0 != p->unmapped.count)
     CHECK_FAIL(c, "pool of stream %p: trees hold %zu/%zu blocks, segments "
@@ -103,7 +115,7 @@ static bool check_disjoint(check_ctx *c) {
   qsort(c->handle, c->handles, sizeof *c->handle, check_cmp_u64);
   for (size_t i = 1; i < c->handles; i++)
     if (c->handle[i] == c->handle[i - 1])
-      CHECK_FAIL(c, "handle 0x%llx is mapped at two places",
+      CHECK_FAIL(c, "handle 0x%llx is owned at two places",
                  (unsigned long long)c->handle[i]);
   return true;
 }

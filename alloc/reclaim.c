@@ -1,7 +1,10 @@
 /* reclaim.c: taking free physical memory back — release passes
- * (empty_cache, the out-of-memory path), garbage collection, and moving
- * another stream's free granules to a stream that must grow at the device
- * limit.
+ * (empty_cache, the out-of-memory path) and garbage collection. Which
+ * memory serves a growth is flow.c's; the guard, retire and handle acts are
+ * physical.c's.
+ *
+ * Lent memory (segments/release.c) retires here too: each guard pass
+ * unmaps the aliases whose old work it has proven done.
  *
  * Every pass first makes sure no graph capture is under way (announced, or
  * seen by cuStreamGetCaptureInfo on a stream with pools): a capture forbids
@@ -16,24 +19,8 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/flow.h"
 #include "vmm/error.h"
-
-xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
-                                       xs_stream_pools *sp, bool wait) {
-  uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
-  uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
-  if (t1 > target) target = t1;
-  if (target == 0) return XSEG_OK;
-  CUstreamCaptureMode mode;   /* unknown captures: see capture_mode.c */
-  xseg_status st = xs_capture_mode_relax(a, &mode);
-  if (st != XSEG_OK) return st;
-  st = xs_guard_advance(&sp->guard, &a->events, sp->stream, target,
-                        a->free_clock, wait);
-  xs_capture_mode_restore(a, mode);
-  for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
-  return st;
-}
 
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   xseg_status first = XSEG_OK;
@@ -41,7 +28,8 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     if (!xs_pools_reclaimable(sp)) continue;
     xseg_status st = xs_alloc_guard_pair_locked(a, sp, wait);
-    if (first == XSEG_OK) first = st;
+    xseg_status rs = xs_alloc_retire_pair_locked(a, sp);
+    if (first == XSEG_OK) first = st != XSEG_OK ? st : rs;
   }
   return first;
 }
@@ -85,28 +73,6 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
     }
   reclaim_drop_released(a);
   return first;
-}
-
-size_t xs_alloc_take_foreign_locked(xseg_allocator *a, const xs_pool *p,
-                                    size_t granule, size_t want, size_t max,
-                                    uint64_t *handles) {
-  XS_ASSERT_LOCKED(a);
-  size_t got = 0;
-  xseg_status st = xs_capture_sweep_locked(a);
-  if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
-  xs_alloc_process_pending_locked(a, false);
-  xs_stream_pools *own = xs_pools_of((xs_pool *)p);
-  for (xs_stream_pools *sp = a->streams; sp != NULL && got < want;
-       sp = sp->next) {
-    if (sp == own || !xs_pools_reclaimable(sp)) continue;
-    /* An idle donor proves itself with one query; a busy one gets a guard
-       event and gives what was already safe. */
-    xs_alloc_guard_pair_locked(a, sp, false);
-    for (int k = 0; k < 2 && got < want; k++)
-      got += xs_pool_harvest(&sp->pool[k], granule, want - got, max - got,
-                             NULL, handles + got, &st);
-  }
-  return got;
 }
 
 /* ---- garbage collection ------------------------------------------------- */

@@ -5,7 +5,8 @@
  *     block ends at seg->base + seg->size.
  *   - A block is either mapped (every granule it touches is mapped) or
  *     unmapped (it starts and ends on granule boundaries and none of its
- *     granules is mapped). Unmapped blocks are always free.
+ *     granules is mapped). Unmapped blocks are always free, except
+ *     retiring ones (aliases waiting to be unmapped, see `retiring`).
  *   - No two adjacent free blocks have the same mapped state: free blocks are
  *     merged at once, and mapped never merges with unmapped.
  *   - A free mapped block is in its pool's free tree, a (free) unmapped block
@@ -62,6 +63,13 @@ struct xs_block {
   bool pending;                /* freed, waiting on recorded streams
                                   (active_pending_free); implies allocated */
   bool mapped;
+  /* Lent: its granules' handles are mapped again elsewhere and owned
+     there; this old mapping (XS_PAGE_ALIAS) waits, unusable, until its
+     stream's guard passes free_epoch, and is then unmapped. Implies
+     allocated (never merges, in no tree) and !mapped (not memory: it
+     counts in no stat but the pool's retiring list). */
+  bool retiring;
+  xs_block *retire_next;       /* the pool's retiring list */
 };
 
 /* True when b is a piece of a larger range (PyTorch's Block::is_split). */

@@ -178,7 +178,8 @@ xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
 }
 
 xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s) {
-  assert(s->first == s->last && !s->first->mapped && s->mapped_granules == 0);
+  assert(s->first == s->last && !s->first->mapped && !s->first->allocated &&
+         s->mapped_granules == 0 && s->alias_granules == 0);
   xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);
   if (st != XSEG_OK) return st;   /* keep it: it is still reserved */
   xs_pool_unindex(p, s->first);

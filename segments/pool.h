@@ -40,6 +40,10 @@ typedef struct xs_pool {
   uint64_t safe_epoch;
   xs_pool_unmap_fn on_unmap;
   void *on_unmap_ctx;
+  /* Retiring blocks (lent aliases waiting for the guard; release.c),
+     chained through retire_next. */
+  xs_block *retiring;
+  size_t n_retiring;
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -62,7 +66,8 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
                                 xs_segment **out);
-/* Gives back the reservation of a segment that is one unmapped block. */
+/* Gives back the reservation of a segment that is one unmapped block (no
+   alias either). */
 xseg_status xs_pool_drop_segment(xs_pool *p, xs_segment *s);
 
 /* Where growth maps: n granules at the start of unmapped block `hole`,
@@ -97,11 +102,21 @@ uint64_t xs_pool_unsafe_epoch(xs_pool *p);
    granules (a handle is taken whole, so it may give more, but never more
    than `max`). Handles either come out through handles_out (reuse; one
    entry per granule, a run of equal values being one handle) or, when
-   handles_out is NULL, are released to the driver. Returns the granule
-   count. */
+   handles_out is NULL, are released to the driver. Blocks the guard has
+   not passed but freed at or below `lend_upto` (0: none) are lent instead
+   of unmapped (handles_out required; see release.c): the caller must make
+   the handles' new users wait for the old work (same stream: stream
+   order; another stream: an event). Returns the granule count. */
 size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
-                       const xs_block *keep, uint64_t *handles_out,
-                       xseg_status *st);
+                       const xs_block *keep, uint64_t lend_upto,
+                       uint64_t *handles_out, xseg_status *st);
+/* The oldest free epoch of a free block of `granule`-sized pages with a
+   whole handle that the guard has not passed (0: none). */
+uint64_t xs_pool_lendable_epoch(xs_pool *p, size_t granule);
+/* Unmaps every retiring block whose free the guard has passed (one call
+   each; the handles belong to their new mappings) and merges it into the
+   unmapped space. A failed unmap keeps the block for a later pass. */
+xseg_status xs_pool_retire(xs_pool *p);
 /* Releases whole handles of releasable block b to the driver until at
    least `want` granules went; returns how many (garbage collection picks
    blocks by age). */

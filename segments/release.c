@@ -24,6 +24,16 @@
  * (never with hd or tl: mapped never merges with unmapped) and goes to the
  * unmapped tree, where growth can map it again.
  *
+ * Lending (map before unmap): a free block whose stream's guard has not
+ * passed its free cannot be unmapped yet, but its whole handles can still
+ * serve growth on the same stream (stream order queues the new user after
+ * the old ones) or, behind a cuStreamWaitEvent, on another. Then mid is not
+ * unmapped: it becomes a retiring block (its granules XS_PAGE_ALIAS, its
+ * bytes leave reserved_bytes, which the new mapping adds back), and
+ * xs_pool_retire unmaps it once the guard has passed its free. One handle
+ * is then mapped at two addresses for a while: physical memory is counted
+ * once, only address space twice.
+ *
  * Unmapping does not wait for work in flight. PyTorch's expandable segments
  * synchronize the stream before every unmap; here nothing waits: a block is
  * cut only when its stream's guard has passed its free epoch
@@ -87,6 +97,7 @@ static void release_handles(xs_pool *p, const xs_segment *s, size_t g,
                             size_t n, xseg_status *late) {
   for (size_t i = g; i < g + n; i += s->hlen[i]) {
     assert(s->hlen[i] > 0 && xs_segment_handle_head(s, i) == i);
+    if (s->mapped[i] == XS_PAGE_ALIAS) continue;   /* owned elsewhere */
     xseg_status st = release_handle(p, s->handle[i]);
     if (st != XSEG_OK && *late == XSEG_OK) *late = st;
   }
@@ -106,9 +117,12 @@ static xseg_status release_driver(xs_pool *p, xs_segment *s, uint64_t lo,
 }
 
 /* Cuts the granules [lo, lo + n*granule) out of free mapped block b
-   (picture above) after the driver has unmapped them. */
+   (picture above) after the driver has unmapped them, or, when `lend`,
+   turns them into a retiring block whose handles go out (no driver call:
+   the mapping stays until xs_pool_retire). */
 static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
-                        xs_block *spare[2], uint64_t *handles_out) {
+                        xs_block *spare[2], bool lend,
+                        uint64_t *handles_out) {
   xs_segment *s = b->seg;
   uint64_t hi = lo + n * s->granule;
   xs_pool_unindex(p, b);
@@ -124,10 +138,19 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
     spare[1] = NULL;
   }
   mid->mapped = false;
-  xs_segment_record_unmap(s, lo, n, handles_out);
-  if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind,
                 -(int64_t)(n * s->granule));
+  if (lend) {
+    xs_segment_record_lend(s, lo, n, handles_out);
+    mid->allocated = true;
+    mid->retiring = true;
+    mid->retire_next = p->retiring;
+    p->retiring = mid;
+    p->n_retiring++;
+    return;
+  }
+  xs_segment_record_unmap(s, lo, n, handles_out);
+  if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   xs_pool_coalesce(p, mid);
 }
 
@@ -137,10 +160,13 @@ static void release_put_spares(xs_pool *p, xs_block *spare[2]) {
 }
 
 /* Unmaps whole handles of free mapped block b, from its low end, until at
-   least `want` granules (but never more than `max`); returns how many
-   granules. Failures leave b as it was and land in *st. */
+   least `want` granules (but never more than `max`), or lends them (see
+   the top; handles_out then required); returns how many granules.
+   Failures leave b as it was and land in *st. */
 static size_t release_block(xs_pool *p, xs_block *b, size_t want, size_t max,
-                            uint64_t *handles_out, xseg_status *st) {
+                            bool lend, uint64_t *handles_out,
+                            xseg_status *st) {
+  assert(!lend || handles_out != NULL);
   uint64_t lo;
   size_t n;
   release_span(b, &lo, &n);
@@ -157,14 +183,15 @@ static size_t release_block(xs_pool *p, xs_block *b, size_t want, size_t max,
     return 0;
   }
   xseg_status late = XSEG_OK;
-  xseg_status ds =
-      release_driver(p, b->seg, lo, n, handles_out != NULL, &late);
+  xseg_status ds = lend ? XSEG_OK
+                        : release_driver(p, b->seg, lo, n,
+                                         handles_out != NULL, &late);
   if (ds != XSEG_OK) {
     release_put_spares(p, spare);
     *st = ds;
     return 0;
   }
-  release_cut(p, b, lo, n, spare, handles_out);
+  release_cut(p, b, lo, n, spare, lend, handles_out);
   release_put_spares(p, spare);
   if (late != XSEG_OK) *st = late;
   return n;
@@ -185,6 +212,9 @@ bool xs_pool_block_releasable(const xs_pool *p, const xs_block *b) {
 
 uint64_t xs_pool_unsafe_epoch(xs_pool *p) {
   uint64_t newest = 0;
+  for (const xs_block *r = p->retiring; r != NULL; r = r->retire_next)
+    if (r->free_epoch > p->safe_epoch && r->free_epoch > newest)
+      newest = r->free_epoch;
   xs_block *b = xs_freetree_largest(&p->free);
   for (; b != NULL && b->size >= p->vmm->granularity;
        b = xs_freetree_smaller(&p->free, b))
@@ -195,19 +225,20 @@ uint64_t xs_pool_unsafe_epoch(xs_pool *p) {
 }
 
 size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
-                       const xs_block *keep, uint64_t *handles_out,
-                       xseg_status *st) {
+                       const xs_block *keep, uint64_t lend_upto,
+                       uint64_t *handles_out, xseg_status *st) {
   size_t got = 0;
   *st = XSEG_OK;
   xs_block *b = xs_freetree_largest(&p->free);
   while (b != NULL && got < want && b->size >= granule) {
-    /* Cutting b only touches b and unmapped neighbours, so the next
-       smaller block stays valid. */
+    /* Cutting b only touches b and unmapped neighbours (lending: not even
+       them), so the next smaller block stays valid. */
     xs_block *next = xs_freetree_smaller(&p->free, b);
+    bool safe = b->free_epoch <= p->safe_epoch;
     if (b != keep && b->seg->granule == granule &&
-        xs_pool_block_releasable(p, b)) {
-      got += release_block(p, b, want - got, max - got, handles_out + got,
-                           st);
+        (safe || b->free_epoch <= lend_upto) && release_worthwhile(b)) {
+      got += release_block(p, b, want - got, max - got, !safe,
+                           handles_out + got, st);
       if (*st != XSEG_OK) break;
     }
     b = next;
@@ -215,11 +246,50 @@ size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
   return got;
 }
 
+uint64_t xs_pool_lendable_epoch(xs_pool *p, size_t granule) {
+  uint64_t oldest = 0;
+  xs_block *b = xs_freetree_largest(&p->free);
+  for (; b != NULL && b->size >= granule; b = xs_freetree_smaller(&p->free, b))
+    if (b->seg->granule == granule && b->free_epoch > p->safe_epoch &&
+        (oldest == 0 || b->free_epoch < oldest) && release_worthwhile(b))
+      oldest = b->free_epoch;
+  return oldest;
+}
+
+xseg_status xs_pool_retire(xs_pool *p) {
+  xseg_status first = XSEG_OK;
+  xs_block **link = &p->retiring;
+  while (*link != NULL) {
+    xs_block *r = *link;
+    assert(r->retiring && r->allocated && !r->mapped);
+    if (r->free_epoch > p->safe_epoch) {   /* old work may still touch it */
+      link = &r->retire_next;
+      continue;
+    }
+    xseg_status st = xs_vmm_unmap(p->vmm, r->addr, r->size);
+    if (st != XSEG_OK) {                   /* keep it for a later pass */
+      if (first == XSEG_OK) first = st;
+      link = &r->retire_next;
+      continue;
+    }
+    *link = r->retire_next;
+    p->n_retiring--;
+    xs_segment *s = r->seg;
+    xs_segment_record_unmap(s, r->addr, r->size / s->granule, NULL);
+    if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, r->addr, r->size);
+    r->retiring = false;
+    r->allocated = false;
+    r->retire_next = NULL;
+    xs_pool_coalesce(p, r);
+  }
+  return first;
+}
+
 size_t xs_pool_release_block(xs_pool *p, xs_block *b, size_t want,
                              xseg_status *st) {
   assert(xs_pool_block_releasable(p, b));
   *st = XSEG_OK;
-  return release_block(p, b, want, SIZE_MAX, NULL, st);
+  return release_block(p, b, want, SIZE_MAX, false, NULL, st);
 }
 
 xseg_status xs_pool_drop_empty(xs_pool *p) {
@@ -227,7 +297,7 @@ xseg_status xs_pool_drop_empty(xs_pool *p) {
   xs_segment *s = p->segments;
   while (s != NULL) {
     xs_segment *next = s->next;
-    if (s->mapped_granules == 0) {
+    if (s->mapped_granules == 0 && s->alias_granules == 0) {
       xseg_status st = xs_pool_drop_segment(p, s);
       if (first == XSEG_OK) first = st;
     }
@@ -246,7 +316,7 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
       xseg_status st = XSEG_OK;
       size_t g = b->seg->granule;
       size_t want = goal == SIZE_MAX ? SIZE_MAX : (goal - bytes + g - 1) / g;
-      bytes += release_block(p, b, want, SIZE_MAX, NULL, &st) * g;
+      bytes += release_block(p, b, want, SIZE_MAX, false, NULL, &st) * g;
       if (first == XSEG_OK) first = st;
     }
     b = next;
@@ -292,5 +362,7 @@ xseg_status xs_pool_destroy(xs_pool *p) {
   }
   xs_freetree_init(&p->free);
   xs_freetree_init(&p->unmapped);
+  p->retiring = NULL;
+  p->n_retiring = 0;
   return first;
 }

@@ -69,13 +69,14 @@ void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
                            const uint64_t *handles) {
   size_t g = xs_segment_granule_of(s, addr);
   assert(addr % s->granule == s->base % s->granule && g + n <= s->n_granules);
-  assert((g == 0 || !s->mapped[g - 1] || s->handle[g - 1] != handles[0]) &&
-         "a handle is mapped at one place only");
+  assert((g == 0 || s->mapped[g - 1] != XS_PAGE_OWNED ||
+          s->handle[g - 1] != handles[0]) &&
+         "a handle is owned at one place only");
   for (size_t i = 0, run; i < n; i += run) {
     for (run = 1; i + run < n && handles[i + run] == handles[i]; run++) {}
     for (size_t j = i; j < i + run; j++) {
       assert(!s->mapped[g + j] && "mapping over a mapping");
-      s->mapped[g + j] = 1;
+      s->mapped[g + j] = XS_PAGE_OWNED;
       s->handle[g + j] = handles[i];
       s->hlen[g + j] = (uint32_t)run;
     }
@@ -86,18 +87,46 @@ void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
 void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
                              uint64_t *handles_out) {
   size_t g = xs_segment_granule_of(s, addr);
-  assert(g + n <= s->n_granules && s->mapped_granules >= n);
+  assert(g + n <= s->n_granules && n > 0);
   assert(xs_segment_handle_head(s, g) == g && "unmapping part of a handle");
   assert(xs_segment_handle_head(s, g + n - 1) + s->hlen[g + n - 1] ==
              g + n && "unmapping part of a handle");
+  uint8_t state = s->mapped[g];
+  size_t *count =
+      state == XS_PAGE_ALIAS ? &s->alias_granules : &s->mapped_granules;
+  assert(state != XS_PAGE_UNMAPPED && *count >= n);
   for (size_t i = 0; i < n; i++) {
-    assert(s->mapped[g + i] && "unmapping what is not mapped");
-    s->mapped[g + i] = 0;
+    assert(s->mapped[g + i] == state && "unmapping owned and aliases at once");
+    s->mapped[g + i] = XS_PAGE_UNMAPPED;
     if (handles_out != NULL) handles_out[i] = s->handle[g + i];
     s->handle[g + i] = 0;
     s->hlen[g + i] = 0;
   }
+  *count -= n;
+}
+
+void xs_segment_record_lend(xs_segment *s, uint64_t addr, size_t n,
+                            uint64_t *handles_out) {
+  size_t g = xs_segment_granule_of(s, addr);
+  assert(g + n <= s->n_granules && s->mapped_granules >= n && n > 0);
+  assert(xs_segment_handle_head(s, g) == g && "lending part of a handle");
+  assert(xs_segment_handle_head(s, g + n - 1) + s->hlen[g + n - 1] ==
+             g + n && "lending part of a handle");
+  /* An alias keeps the address of its mapping's first granule instead of
+     the handle (which it no longer owns, and which may be mapped, owned or
+     lent again, right next to it): so each alias mapping stays a run of
+     its own in the page map. */
+  for (size_t i = 0; i < n; i += s->hlen[g + i]) {
+    uint64_t token = s->base + (g + i) * s->granule;
+    for (size_t j = i; j < i + s->hlen[g + i]; j++) {
+      assert(s->mapped[g + j] == XS_PAGE_OWNED && "lending what is not owned");
+      s->mapped[g + j] = XS_PAGE_ALIAS;
+      handles_out[j] = s->handle[g + j];
+      s->handle[g + j] = token;
+    }
+  }
   s->mapped_granules -= n;
+  s->alias_granules += n;
 }
 
 #define SEG_FAIL(...)                                                        \
@@ -115,12 +144,15 @@ static bool segment_block_pages_valid(const xs_segment *s, const xs_block *b,
                      b->size % s->granule != 0))
     SEG_FAIL("unmapped block 0x%llx+%zu is not granule-aligned",
              (unsigned long long)b->addr, b->size);
+  static const char *const state[] = {"unmapped", "mapped", "an alias"};
+  uint8_t want = b->retiring ? XS_PAGE_ALIAS
+                 : b->mapped ? XS_PAGE_OWNED : XS_PAGE_UNMAPPED;
   for (size_t g = g0; g <= g1; g++)
-    if (s->mapped[g] != b->mapped)
+    if (s->mapped[g] != want)
       SEG_FAIL("block 0x%llx+%zu is %s but granule %zu is %s",
                (unsigned long long)b->addr, b->size,
-               b->mapped ? "mapped" : "unmapped", g,
-               s->mapped[g] ? "mapped" : "unmapped");
+               b->retiring ? "retiring" : state[want], g,
+               s->mapped[g] <= XS_PAGE_ALIAS ? state[s->mapped[g]] : "bad");
   return true;
 }
 
@@ -134,8 +166,11 @@ static bool segment_block_valid(const xs_segment *s, const xs_block *b,
   if (b->pending && !b->allocated)
     SEG_FAIL("pending block 0x%llx is not allocated",
              (unsigned long long)b->addr);
-  if (b->allocated && !b->mapped)
+  if (b->allocated && !b->mapped && !b->retiring)
     SEG_FAIL("allocated block 0x%llx is not mapped",
+             (unsigned long long)b->addr);
+  if (b->retiring && (!b->allocated || b->mapped || b->pending))
+    SEG_FAIL("retiring block 0x%llx is not an unusable alias",
              (unsigned long long)b->addr);
   if (b->next != NULL && b->next->addr != xs_block_end(b))
     SEG_FAIL("block 0x%llx+%zu is followed by 0x%llx (gap or overlap)",
@@ -152,7 +187,10 @@ static bool segment_block_valid(const xs_segment *s, const xs_block *b,
 }
 
 static void segment_walk_add(xs_segment_walk *w, const xs_block *b) {
-  if (b->pending) {
+  if (b->retiring) {
+    w->retiring++;
+    w->alias_bytes += b->size;
+  } else if (b->pending) {
     w->pending++;
     w->pending_bytes += b->size;
   } else if (b->allocated) {
@@ -184,8 +222,11 @@ static bool segment_handles_valid(const xs_segment *s, char *msg,
       g++;
       continue;
     }
+    if (s->mapped[g] > XS_PAGE_ALIAS)
+      SEG_FAIL("segment 0x%llx: granule %zu has page state %u",
+               (unsigned long long)s->base, g, s->mapped[g]);
     size_t run = 1;
-    while (g + run < s->n_granules && s->mapped[g + run] &&
+    while (g + run < s->n_granules && s->mapped[g + run] == s->mapped[g] &&
            s->handle[g + run] == s->handle[g])
       run++;
     for (size_t i = g; i < g + run; i++)
@@ -204,11 +245,15 @@ bool xs_segment_is_valid(const xs_segment *s, xs_segment_walk *walk,
   if (s->first == NULL || s->first->addr != s->base || s->first->prev != NULL)
     SEG_FAIL("segment 0x%llx: first block does not start it",
              (unsigned long long)s->base);
-  size_t mapped = 0;
-  for (size_t g = 0; g < s->n_granules; g++) mapped += s->mapped[g];
-  if (mapped != s->mapped_granules)
-    SEG_FAIL("segment 0x%llx: %zu granules mapped, %zu counted",
-             (unsigned long long)s->base, mapped, s->mapped_granules);
+  size_t mapped = 0, alias = 0;
+  for (size_t g = 0; g < s->n_granules; g++) {
+    mapped += s->mapped[g] == XS_PAGE_OWNED;
+    alias += s->mapped[g] == XS_PAGE_ALIAS;
+  }
+  if (mapped != s->mapped_granules || alias != s->alias_granules)
+    SEG_FAIL("segment 0x%llx: %zu granules mapped and %zu aliases, %zu and "
+             "%zu counted", (unsigned long long)s->base, mapped, alias,
+             s->mapped_granules, s->alias_granules);
   if (!segment_handles_valid(s, msg, msg_size)) return false;
   const xs_block *b = s->first;
   for (; b->next != NULL; b = b->next)

@@ -17,8 +17,14 @@
  *   - Blocks tile [base, base + size) exactly (see block.h); `first` starts
  *     at base, `last` ends at base + size.
  *   - Granule i is mapped iff mapped[i]; then handle[i] is the physical
- *     allocation mapped there, owned by this segment and by no other;
- *     mapped_granules counts them.
+ *     allocation mapped there. XS_PAGE_OWNED: owned by this segment and by
+ *     no other, counted in mapped_granules (and so in reserved bytes).
+ *     XS_PAGE_ALIAS: lent — the handle has been mapped again elsewhere,
+ *     which owns it now, and this old mapping waits for its stream's guard
+ *     before it is unmapped (a retiring block covers it; counted in
+ *     alias_granules, never in reserved bytes); handle[i] then holds the
+ *     address of the alias mapping's first granule, not the handle, so
+ *     that each mapping stays its own run.
  *   - A handle of k granules is mapped at k consecutive granules, each with
  *     handle[i] == that handle and hlen[i] == k; handle values are unique,
  *     so a maximal run of equal handle values is exactly one handle. Only
@@ -39,15 +45,19 @@
 
 struct xs_pool;
 
+/* Values of xs_segment.mapped[g]. */
+enum { XS_PAGE_UNMAPPED = 0, XS_PAGE_OWNED = 1, XS_PAGE_ALIAS = 2 };
+
 typedef struct xs_segment {
   uint64_t base;
   size_t size;                  /* reserved bytes */
   size_t granule;               /* bytes per physical handle */
   size_t n_granules;            /* size / granule */
-  size_t mapped_granules;
+  size_t mapped_granules;       /* XS_PAGE_OWNED granules */
+  size_t alias_granules;        /* XS_PAGE_ALIAS granules */
   uint64_t *handle;             /* page map: handle of each mapped granule */
   uint32_t *hlen;               /* page map: granules in that handle */
-  uint8_t *mapped;              /* page map: 1 where a granule is mapped */
+  uint8_t *mapped;              /* page map: XS_PAGE_* of each granule */
   xs_block *first, *last;
   struct xs_pool *pool;
   struct xs_segment *next;      /* in the pool's list */
@@ -71,9 +81,12 @@ xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b);
 bool xs_segment_alloc_page_map(xs_segment *s, size_t n);
 void xs_segment_free_page_map(xs_segment *s);
 
-/* The first granule of the handle mapped at granule g. */
+/* The first granule of the handle mapped at granule g (an alias of a
+   handle next to its owned mapping is another mapping). */
 static inline size_t xs_segment_handle_head(const xs_segment *s, size_t g) {
-  while (g > 0 && s->mapped[g - 1] && s->handle[g - 1] == s->handle[g]) g--;
+  while (g > 0 && s->mapped[g - 1] == s->mapped[g] &&
+         s->handle[g - 1] == s->handle[g])
+    g--;
   return g;
 }
 
@@ -82,10 +95,15 @@ static inline size_t xs_segment_handle_head(const xs_segment *s, size_t g) {
    given whole). */
 void xs_segment_record_map(xs_segment *s, uint64_t addr, size_t n,
                            const uint64_t *handles);
-/* Forgets n mapped granules from `addr` (whole handles), copying their
-   handles out as record_map takes them. */
+/* Forgets n mapped granules from `addr` (whole handles, all owned or all
+   aliases), copying their handles out as record_map takes them. */
 void xs_segment_record_unmap(xs_segment *s, uint64_t addr, size_t n,
                              uint64_t *handles_out);
+/* Turns n owned granules from `addr` (whole handles) into aliases: their
+   handles, copied out as record_map takes them, are to be mapped again
+   elsewhere, and this mapping is only unmapped later. */
+void xs_segment_record_lend(xs_segment *s, uint64_t addr, size_t n,
+                            uint64_t *handles_out);
 
 /* Walks the blocks and the page map; `msg` gets the first broken rule.
    Adds the segment's blocks to the counts in *walk. */
@@ -93,6 +111,7 @@ typedef struct xs_segment_walk {
   size_t allocated, allocated_bytes, requested_bytes;  /* live blocks */
   size_t pending, pending_bytes;          /* freed, waiting on streams */
   size_t free_mapped, unmapped;           /* blocks */
+  size_t retiring, alias_bytes;           /* retiring blocks (aliases) */
   size_t split_free, split_free_bytes;    /* inactive_split */
   size_t mapped_bytes;
 } xs_segment_walk;

@@ -34,8 +34,12 @@ void xs_event_pool_destroy(xs_event_pool *p);
 /* An idle event, or a new one (CU_EVENT_DISABLE_TIMING: cheaper to record
    and query, and timing is never needed here). */
 xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out);
-/* Gives back an event whose recorded work has completed (or that was never
-   recorded). Never fails: if the stack cannot grow, the event is destroyed. */
+/* Gives back an event whose recorded work has completed, that was never
+   recorded, or whose record only a queued cuStreamWaitEvent needed (the
+   driver API documents that the waiting stream waits for the record the
+   event had when the wait was queued, and that later records or a destroy
+   of the event do not affect it). Never fails: if the stack cannot grow,
+   the event is destroyed. */
 void xs_event_pool_give(xs_event_pool *p, CUevent ev);
 
 #endif /* XS_STREAMS_EVENT_POOL_H */

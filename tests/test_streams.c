@@ -420,9 +420,13 @@ static void *malloc_thread(void *arg) {
   return NULL;
 }
 
-/* A is busy with work queued before its free: B waits for that work (its
-   guard event), not for A's stream, another stream or the device. */
-XSEG_TEST(streams, growth_at_the_limit_waits_only_for_the_guarding_work) {
+/* A is busy with work queued before its free. B's growth at the limit
+   used to block the host on A's guard event; now B takes A's memory at
+   once and B's stream waits on that event (cuStreamWaitEvent): no host
+   wait, and B's work runs only after A's. (This test used to expect one
+   cuEventSynchronize; the steal rule in alloc/flow.c made it
+   obsolete.) */
+XSEG_TEST(streams, growth_at_the_limit_makes_the_stream_wait_not_the_host) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
@@ -439,18 +443,23 @@ XSEG_TEST(streams, growth_at_the_limit_waits_only_for_the_guarding_work) {
   call_thread t = {.a = a, .stream = sb, .size = 48 * MiB};
   pthread_t th;
   XSEG_ASSERT_EQ(pthread_create(&th, NULL, malloc_thread, &t), 0);
-  XSEG_EXPECT_FALSE(finishes_soon(&t));       /* A's work must finish */
-  xt_latch_open(la);
+  XSEG_EXPECT_TRUE(finishes_soon(&t));        /* nobody waits on the host */
   pthread_join(th, NULL);
   XSEG_ASSERT_OK(t.st);
+  unsigned char v = at_byte(t.p, 6);
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(t.p), v, 48 * MiB, sb));
+  usleep(20000);
+  XSEG_EXPECT_EQ(cuStreamQuery(sb), CUDA_ERROR_NOT_READY);  /* behind A */
+  xt_latch_open(la);
+  XSEG_EXPECT_CU(cuStreamSynchronize(sb));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(lc, 1));   /* C never held it up */
-  XSEG_EXPECT_TRUE(at_fill(t.p, 48 * MiB, 6));
-  XSEG_EXPECT_TRUE(at_verify(t.p, 48 * MiB, 6));
+  XSEG_EXPECT_TRUE(at_verify(t.p, 48 * MiB, 6));  /* A's 0x77 never lands */
   sync_counts after = sync_now();
-  XSEG_EXPECT_EQ(after.stream_sync, before.stream_sync);
+  XSEG_EXPECT_EQ(after.stream_sync, before.stream_sync + 1);  /* the test's */
   XSEG_EXPECT_EQ(after.ctx_sync, before.ctx_sync);
-  XSEG_EXPECT_GE(after.event_sync, before.event_sync + 1);
+  XSEG_EXPECT_EQ(after.event_sync, before.event_sync);
   XSEG_EXPECT_EQ(at_stats(a).num_ooms, 0);
+  XSEG_EXPECT_LE(at_stats(a).reserved_bytes.current, 64 * MiB);
   XSEG_EXPECT_OK(xseg_check(a));
   xt_latch_open(lc);
   XSEG_EXPECT_CU(cuStreamSynchronize(sc));

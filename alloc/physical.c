@@ -1,0 +1,106 @@
+/* physical.c: the acts on physical memory that the policy (flow.c) and the
+ * release passes (reclaim.c) decide on: advancing a pair's unmap guard,
+ * unmapping the aliases it proved done, taking whole free handles from a
+ * pair of pools, stealing behind an event, creating and releasing handles.
+ * Nothing here decides whose memory moves, and nothing waits on the host
+ * unless a caller asks for the blocking guard.
+ */
+#include <assert.h>
+
+#include "alloc/flow.h"
+#include "vmm/error.h"
+
+xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
+                                       xs_stream_pools *sp, bool wait) {
+  uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
+  uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
+  if (t1 > target) target = t1;
+  if (target == 0) return XSEG_OK;
+  CUstreamCaptureMode mode;   /* unknown captures: see capture_mode.c */
+  xseg_status st = xs_capture_mode_relax(a, &mode);
+  if (st != XSEG_OK) return st;
+  st = xs_guard_advance(&sp->guard, &a->events, sp->stream, target,
+                        a->free_clock, wait);
+  xs_capture_mode_restore(a, mode);
+  for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
+  return st;
+}
+
+xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
+                                        xs_stream_pools *sp) {
+  assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
+  (void)a;
+  xseg_status first = XSEG_OK;
+  for (int k = 0; k < 2; k++) {
+    if (sp->pool[k].n_retiring == 0) continue;
+    xseg_status st = xs_pool_retire(&sp->pool[k]);
+    if (first == XSEG_OK) first = st;
+  }
+  return first;
+}
+
+size_t xs_phys_take(xseg_allocator *a, xs_stream_pools *sp, xs_pool *first,
+                    size_t granule, size_t want, size_t max,
+                    const xs_block *keep, uint64_t lend_upto,
+                    uint64_t *handles) {
+  XS_ASSERT_LOCKED(a);
+  assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
+  (void)a;
+  size_t got = 0;
+  xs_pool_kind k0 = first != NULL ? first->kind : XS_POOL_SMALL;
+  for (int i = 0; i < 2 && got < want; i++) {
+    xs_pool *p = &sp->pool[i == 0 ? k0 : !k0];
+    xseg_status st;   /* a failed harvest only means fewer handles */
+    got += xs_pool_harvest(p, granule, want - got, max - got, keep,
+                           lend_upto, handles + got, &st);
+  }
+  return got;
+}
+
+size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
+                     xs_stream_pools *donor, unsigned pools, size_t granule,
+                     size_t want, size_t max, uint64_t *handles) {
+  XS_ASSERT_LOCKED(a);
+  assert(!xs_alloc_capturing(a));
+  /* An event recorded now covers every free so far; the wait captures it
+     when queued, so the event goes back to the pool at once (as a stream
+     wait on a re-recorded event waits on the record it saw). */
+  xs_driver *drv = a->vmm.drv;
+  CUevent ev;
+  if (xs_event_pool_take(&a->events, &ev) != XSEG_OK) return 0;
+  CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)donor->stream);
+  if (r == CUDA_SUCCESS)
+    r = XS_DRV(drv, cuStreamWaitEvent, (CUstream)thief->stream, ev, 0);
+  xs_event_pool_give(&a->events, ev);
+  if (r != CUDA_SUCCESS) {
+    xs_driver_error(drv, r, "cuStreamWaitEvent(stream %p on %p)",
+                    (void *)thief->stream, (void *)donor->stream);
+    return 0;
+  }
+  size_t got = 0;
+  for (int k = 0; k < 2 && got < want; k++) {
+    if ((pools & (1u << k)) == 0) continue;
+    xseg_status st;
+    got += xs_pool_harvest(&donor->pool[k], granule, want - got, max - got,
+                           NULL, a->free_clock, handles + got, &st);
+  }
+  return got;
+}
+
+xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out) {
+  xseg_status st = xs_vmm_handle_create(&a->vmm, bytes, false, out);
+  if (st == XSEG_OK) a->stats.counter[XS_COUNTER_num_device_alloc]++;
+  return st;
+}
+
+void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (i > 0 && handles[i] == handles[i - 1]) continue;
+    /* Around the message-setting wrappers: the growth's own failure is the
+       message. A failed release is tried once more (see release.c). */
+    CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];
+    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS)
+      XS_DRV(a->vmm.drv, cuMemRelease, h);
+    a->stats.counter[XS_COUNTER_num_device_free]++;
+  }
+}
