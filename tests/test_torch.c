@@ -99,7 +99,7 @@ XSEG_TEST(torch, two_threads_first_use_makes_one_allocator) {
 }
 
 XSEG_TEST(torch, out_of_memory_is_kept_with_the_message) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   torch_setup();

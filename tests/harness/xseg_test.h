@@ -63,8 +63,6 @@ bool xt_check_str(const char *file, int line, bool fatal, const char *a,
 /* Marks the running test skipped; the body must return after it. */
 void xt_skip(const char *file, int line, const char *why);
 
-/* True when the emulator is the driver (its control API is present). */
-static inline bool xt_have_sim(void) { return xsim_get_live != NULL; }
 
 /* The fixture's leak check, exposed so that a test can prove it catches a
    leak: compares `now` against `before`, writes what leaked to msg and
@@ -80,6 +78,14 @@ bool xt_live_unchanged(const xsim_live *before, const xsim_live *now,
 static inline const char *xt_driver_name(void) {
   const char *d = getenv("XSEG_TEST_DRIVER");
   return d != NULL && strcmp(d, "system") == 0 ? NULL : "sim";
+}
+
+/* True when the tests may steer the emulator: its control API is present,
+   and the tests were not told they run on a real driver. With
+   XSEG_TEST_DRIVER=system on the emulator (-DXSEG_TEST_DRIVER=sim-as-system)
+   every test takes the path it takes on a GPU: a dry run of a GPU run. */
+static inline bool xt_have_sim(void) {
+  return xsim_get_live != NULL && xt_driver_name() != NULL;
 }
 
 /* A context on device `dev` made current on the calling thread (the primary
