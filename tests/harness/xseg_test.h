@@ -213,6 +213,20 @@ void      xt_latch_free(xt_latch *l);
     }                                                                       \
   } while (0)
 
+/* Skips the test unless the driver has at least n devices (n a literal).
+   On the emulator the test first asks for them (XSIM_DEVICE_COUNT), on a
+   real driver the machine must have them. */
+#define XT_REQUIRE_DEVICES(n)                                               \
+  do {                                                                      \
+    if (!xt_devices_at_least(n)) {                                          \
+      xt_skip(__FILE__, __LINE__, "needs " #n " devices; this machine has " \
+                                  "fewer");                                 \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+/* The device count, after cuInit, is at least n. */
+bool xt_devices_at_least(int n);
+
 #ifdef __cplusplus
 }
 #endif
