@@ -588,7 +588,7 @@ XSEG_TEST(SimVmm, pages_are_committed_only_when_touched) {
    cuMemGetAccess reads them back per location. The emulator records a peer
    device's flags; host access follows the owning device's. */
 XSEG_TEST(SimVmm, peer_device_access_is_recorded) {
-  XT_REQUIRE_SIM_FOR("emulates a second device");
+  XT_REQUIRE_SIM_FOR("emulates a second device, touches memory from the host");
   st_env("XSIM_DEVICE_COUNT", "2");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));
