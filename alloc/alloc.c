@@ -104,10 +104,15 @@ static size_t alloc_granule(const xs_vmm *v, size_t want) {
   return (want + g - 1) / g * g;
 }
 
-/* PyTorch's reservation: 9/8 of the device's memory, or xseg_reserve_mb. */
+/* PyTorch's reservation: 9/8 of the device's memory, or xseg_reserve_mb,
+   but never more: a larger range could never be filled, and its page map
+   would cost host memory in proportion (64 TiB of 2 MiB granules: 32 M
+   entries). */
 static void alloc_sizes(xseg_allocator *a) {
-  size_t want = a->cfg.reserve_size != 0 ? a->cfg.reserve_size
-                                         : a->vmm.total_memory / 8 * 9;
+  size_t most = a->vmm.total_memory / 8 * 9;
+  size_t want = a->cfg.reserve_size != 0 && a->cfg.reserve_size < most
+                    ? a->cfg.reserve_size
+                    : most;
   a->granule[XS_POOL_SMALL] = alloc_granule(&a->vmm, a->cfg.small_granule);
   a->granule[XS_POOL_LARGE] = alloc_granule(&a->vmm, a->cfg.large_granule);
   for (int k = 0; k < 2; k++) {
@@ -206,6 +211,7 @@ void xseg_destroy(xseg_allocator *a) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
     xs_stream_pools_free_locked(a, sp);
   }
+  xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
     xs_pending_destroy(&a->pending);
     xs_event_pool_destroy(&a->events);
@@ -324,6 +330,7 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
 
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
+  if (ptr != NULL) *ptr = NULL;           /* NULL on every failure */
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");

@@ -33,9 +33,9 @@
    worth splitting off in expandable mode. */
 #define XS_MIN_BLOCK ((size_t)512)
 
-/* The two pools of one stream, or of one private pool (graph capture:
-   private_id != 0; its blocks may be used by any stream the graph runs on,
-   and its guard follows the stream that first captured into it). */
+/* The two pools of one stream, or of one private pool on one stream
+   (graph capture: private_id != 0; a private pool that several streams
+   allocate to has a pair per stream, whose guard follows that stream). */
 typedef struct xs_stream_pools {
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */

@@ -25,10 +25,14 @@
 #include "alloc/allocator.h"
 #include "vmm/error.h"
 
-static xs_stream_pools *capture_pair_find(xseg_allocator *a,
-                                          xseg_pool_id id) {
+/* A private pool keeps a pair per stream (see xseg.h): a block that one
+   stream freed may still be used by work that stream queued, which another
+   stream's allocation would not wait for. */
+static xs_stream_pools *capture_pair_find(xseg_allocator *a, xseg_pool_id id,
+                                          struct CUstream_st *stream) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->private_id == id && !sp->released) return sp;
+    if (sp->private_id == id && sp->stream == stream && !sp->released)
+      return sp;
   return NULL;
 }
 
@@ -42,7 +46,7 @@ static xs_capture *capture_of_stream(xseg_allocator *a,
 xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
                                          struct CUstream_st *stream) {
   xs_capture *c = capture_of_stream(a, stream);
-  return c != NULL ? capture_pair_find(a, c->pool) : NULL;
+  return c != NULL ? capture_pair_find(a, c->pool, stream) : NULL;
 }
 
 /* A new entry; its private pair is found or created. */
@@ -55,7 +59,7 @@ static xseg_status capture_add(xseg_allocator *a, xs_capture c,
     a->captures = arr;
     a->cap_captures = cap;
   }
-  xs_stream_pools *sp = capture_pair_find(a, c.pool);
+  xs_stream_pools *sp = capture_pair_find(a, c.pool, c.stream);
   if (sp == NULL && (sp = xs_stream_pools_new_locked(a, c.stream, c.pool)) ==
                         NULL)
     goto oom;
@@ -185,6 +189,12 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
   return XSEG_OK;
 }
 
+static bool capture_pool_exists(const xseg_allocator *a, xseg_pool_id pool) {
+  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    if (sp->private_id == pool && !sp->released) return true;
+  return false;
+}
+
 static bool capture_pool_in_use(const xseg_allocator *a, xseg_pool_id pool) {
   for (size_t i = 0; i < a->n_captures; i++)
     if (a->captures[i].pool == pool) return true;
@@ -197,9 +207,8 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
                     "xseg_release_pool(%llu): allocator is NULL",
                     (unsigned long long)pool);
   xs_alloc_lock(a);
-  xs_stream_pools *sp = capture_pair_find(a, pool);
   xseg_status st = XSEG_OK;
-  if (sp == NULL)
+  if (!capture_pool_exists(a, pool))
     st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
                   "xseg_release_pool(%llu): no such private pool (never "
                   "used, or already released)", (unsigned long long)pool);
@@ -208,10 +217,11 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
                   "xseg_release_pool(%llu): a stream still allocates to it "
                   "(xseg_end_allocate_to_pool first)",
                   (unsigned long long)pool);
-  else
-    sp->released = true;   /* as PyTorch's releasePool: the next release
-                              pass (empty_cache, garbage collection, growth
-                              at the device limit) takes its free memory */
+  else   /* as PyTorch's releasePool: the next release pass (empty_cache,
+            garbage collection, growth at the device limit) takes the free
+            memory of each of its streams' pairs */
+    for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+      if (sp->private_id == pool) sp->released = true;
   xs_alloc_unlock(a);
   return st;
 }

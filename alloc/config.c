@@ -9,8 +9,8 @@
  *  - numbers must be plain decimal digits. PyTorch's std::stoull/std::stod
  *    accept "-1" (wrapping to a huge value) and trailing junk ("20abc");
  *    here both are errors naming the key.
- *  - an MB value whose byte count overflows size_t is an error; PyTorch
- *    clamps it to SIZE_MAX / 1 MiB.
+ *  - an MB value above 64 TiB is an error; PyTorch clamps one whose byte
+ *    count overflows size_t to SIZE_MAX / 1 MiB.
  *  - PyTorch skips keys that another backend registered; xseg knows only the
  *    keys in the table below, and any other key is an error.
  *
@@ -38,6 +38,12 @@ enum { XS_MIN_BLOCK_SIZE = 512 };
 /* PyTorch's kLargeBuffer / kMB: the smallest max_split_size_mb and
    max_non_split_rounding_mb that parseMaxSplitSize accepts (>= 20). */
 enum { XS_MIN_SPLIT_MB = 20 };
+/* The largest MB value of any size key: 64 TiB, more than any device
+   holds. Sizes are rounded up to granules and added to requests (at most
+   2^62 bytes) without overflow checks, so every size key must stay far
+   below 2^64 bytes: a granule of 2^64 - 1 MiB wrapped to 0 and divided
+   by it. */
+#define XS_MAX_SIZE_MB ((uint64_t)1 << 26)
 /* CUDAAllocatorConfig::pinned_max_register_threads(). */
 enum { XS_PINNED_MAX_REGISTER_THREADS = 128 };
 /* Longest word: sized so that any xseg_driver value that fits fits here. */
@@ -156,8 +162,11 @@ static xseg_status parse_mb(const xs_option *o, const char *value,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "invalid value \"%s\" for %s: too small, must be >= %llu",
                     value, o->key, (unsigned long long)o->min);
-  if (mb > SIZE_MAX / XS_MB)
-    return bad_value(o->key, value, "a size in MB whose bytes fit in size_t");
+  if (mb > XS_MAX_SIZE_MB)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "invalid value \"%s\" for %s: too large, must be <= %llu "
+                    "(64 TiB)", value, o->key,
+                    (unsigned long long)XS_MAX_SIZE_MB);
   if (o->offset != XS_IGNORED) *(size_t *)field(c, o) = (size_t)mb * XS_MB;
   return XSEG_OK;
 }

@@ -63,9 +63,39 @@ static void deferred_fired(void *ctx, void *block) {
   if (--b->pending_events == 0) deferred_complete(ctx, b);
 }
 
-/* Queues the events of b (pending) on its recorded streams. */
+/* Drops from b's recorded streams those the caller has destroyed
+   (cuStreamQuery: CUDA_ERROR_INVALID_HANDLE): no event can be recorded on
+   them, and their work is over (xseg.h). True when any went. */
+static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
+  xs_stream_set alive = {0};
+  bool dropped = false;
+  for (uint32_t i = 0; i < b->uses.n; i++) {
+    struct CUstream_st *s = xs_stream_set_at(&b->uses, i);
+    if (XS_DRV(a->vmm.drv, cuStreamQuery, (CUstream)s) ==
+        CUDA_ERROR_INVALID_HANDLE)
+      dropped = true;
+    else if (xs_stream_set_add(&alive, s) != XSEG_OK) {
+      dropped = false;                      /* host OOM: keep them all */
+      break;
+    }
+  }
+  if (!dropped) {
+    xs_stream_set_clear(&alive);
+    return false;
+  }
+  xs_stream_set_clear(&b->uses);
+  b->uses = alive;
+  return true;
+}
+
+/* Queues the events of b (pending) on its recorded streams; none when
+   every one of them has been destroyed (pending_events 0: the caller
+   completes the free). */
 static xseg_status deferred_record(xseg_allocator *a, xs_block *b) {
   xseg_status st = xs_pending_add_all(&a->pending, &b->uses, b);
+  if (st == XSEG_ERR_DRIVER && deferred_drop_dead(a, b))
+    st = b->uses.n == 0 ? XSEG_OK
+                        : xs_pending_add_all(&a->pending, &b->uses, b);
   if (st == XSEG_OK) b->pending_events = b->uses.n;
   return st;
 }
@@ -103,6 +133,7 @@ xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
   a->pending_blocks++;
   a->pending_bytes += (int64_t)b->size;
   xs_alloc_account_live(a, b, -1);
+  if (b->uses.n == 0) deferred_complete(a, b);  /* its streams are gone */
   return XSEG_OK;
 }
 
@@ -112,8 +143,10 @@ static xseg_status deferred_record_parked(xseg_allocator *a) {
   xseg_status first = XSEG_OK;
   size_t kept = 0;
   for (size_t i = 0; i < a->n_deferred; i++) {
-    xseg_status st = deferred_record(a, a->deferred[i]);
-    if (st != XSEG_OK) a->deferred[kept++] = a->deferred[i];
+    xs_block *b = a->deferred[i];
+    xseg_status st = deferred_record(a, b);
+    if (st != XSEG_OK) a->deferred[kept++] = b;
+    else if (b->uses.n == 0) deferred_complete(a, b);  /* streams gone */
     if (first == XSEG_OK) first = st;
   }
   a->n_deferred = kept;

@@ -198,9 +198,16 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
   if (st != XSEG_OK) return st;
   st = grow_route(a, p, stream, rounded, out);
   if (st == XSEG_OK && *out == NULL) {
-    xs_alloc_collect_garbage_locked(a);
-    st = grow_once(a, *p, rounded, out);
-    if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+    if (rounded > a->cap) {
+      /* More than the device (or the fraction) holds: refused before a
+         reservation and its page map, which grow with the request, exist. */
+      st = xs_error(XSEG_ERR_OUT_OF_MEMORY, "the request is larger than the "
+                    "%zu bytes xseg may map", a->cap);
+    } else {
+      xs_alloc_collect_garbage_locked(a);
+      st = grow_once(a, *p, rounded, out);
+      if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+    }
     if (st == XSEG_ERR_OUT_OF_MEMORY) {
       st = grow_oom(a, requested);
       xs_trace_record(&a->trace, XS_TRACE_OOM, 0, requested, stream);

@@ -97,9 +97,10 @@ void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (i > 0 && handles[i] == handles[i - 1]) continue;
     /* Around the message-setting wrappers: the growth's own failure is the
-       message. A failed release is tried once more (see release.c). */
+       message. A failed release is kept for a retry (vmm/unreleased.c). */
     CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];
-    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS)
+    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS &&
+        !xs_vmm_unreleased_keep(&a->vmm, handles[i]))
       XS_DRV(a->vmm.drv, cuMemRelease, h);
     a->stats.counter[XS_COUNTER_num_device_free]++;
   }

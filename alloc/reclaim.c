@@ -63,11 +63,16 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
   XS_ASSERT_LOCKED(a);
   xseg_status first;
   if (!reclaim_prepare(a, wait, &first)) return first;
+  /* Handles whose release failed before go first. */
+  xseg_status rs = xs_vmm_unreleased_retry(&a->vmm);
+  if (first == XSEG_OK) first = rs;
   size_t done = 0;
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2 && done < goal && xs_pools_reclaimable(sp); k++) {
       size_t bytes = 0;
-      xseg_status st = xs_pool_release(&sp->pool[k], goal - done, &bytes);
+      /* SIZE_MAX stays "all" from pool to pool, whatever went before. */
+      size_t left = goal == SIZE_MAX ? SIZE_MAX : goal - done;
+      xseg_status st = xs_pool_release(&sp->pool[k], left, &bytes);
       if (first == XSEG_OK) first = st;
       done += bytes;
     }

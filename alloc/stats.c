@@ -23,6 +23,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
 #undef XS_STATS_COUNTER_
   out->mapped_bytes = out->reserved_bytes.current;
   out->pending_free_bytes = a->pending_bytes;
+  out->handles_awaiting_release = (int64_t)a->vmm.n_unreleased;
   xs_alloc_unlock(a);
   return XSEG_OK;
 }
@@ -73,6 +74,7 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
   size_t max_split = a->cfg.max_split_size;
   xseg_ipc_stats ipc;
   xs_ipc_stats_locked(a, &ipc);
+  size_t unreleased = a->vmm.n_unreleased;
   xs_alloc_unlock(a);
   fputs("{\n", out);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) stats_json_gauge(out, &s, g);
@@ -89,6 +91,7 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
           (long long)ipc.open_by_others, (long long)ipc.pending_on_others,
           (long long)ipc.reclaimed, (long long)ipc.opened_blocks,
           (long long)ipc.opened_total);
+  fprintf(out, "  \"handles_awaiting_release\": %zu,\n", unreleased);
   /* PyTorch casts SIZE_MAX (unset) to int64: -1. */
   fprintf(out, "  \"max_split_size\": %lld\n}\n",
           max_split == SIZE_MAX ? -1LL : (long long)max_split);

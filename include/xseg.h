@@ -58,7 +58,13 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr);
 /* NULL is ignored, as by free(). A block that xseg_record_stream tagged
    with other streams becomes pending (stats: pending_free_bytes) and is
-   reused only after the work those streams had queued at this free. */
+   reused only after the work those streams had queued at this free.
+   Streams may be destroyed while xseg caches memory for them: once the
+   driver says a stream's handle is gone (cuStreamQuery:
+   CUDA_ERROR_INVALID_HANDLE), its free memory counts as idle and moves to
+   other streams or back to the driver. So finish the work that uses memory
+   freed on a stream (cuStreamSynchronize) before cuStreamDestroy, which
+   CUDA lets return while that work still runs. */
 xseg_status xseg_free(xseg_allocator *a, void *ptr);
 /* Marks the live block at ptr as used by work on `stream` (PyTorch's
    recordStream); its own allocation stream is ignored. A pointer that is
@@ -89,6 +95,9 @@ typedef struct xseg_stats {
             num_device_alloc, num_device_free;
   int64_t   mapped_bytes;      /* physical bytes mapped now (== reserved_bytes) */
   int64_t   pending_free_bytes;/* freed but waiting on recorded stream work */
+  /* Physical handles already unmapped whose cuMemRelease failed: kept and
+     tried again by every later release pass and by xseg_destroy. */
+  int64_t   handles_awaiting_release;
 } xseg_stats;
 xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out);
 xseg_status xseg_reset_peak_stats(xseg_allocator *a);
@@ -116,7 +125,13 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
    requires. A capture that was not announced is detected when the
    allocation cannot be served from the cache (cuStreamGetCaptureInfo) and
    gets pool XSEG_CAPTURE_POOL(capture id); announce captures so that cached
-   blocks are kept out of them too. */
+   blocks are kept out of them too.
+   Several streams may allocate to one pool at once; the pool then keeps
+   its blocks per stream, as PyTorch's private pools do: a block that one
+   stream frees is reused by that stream alone (stream order makes that
+   safe), never by another stream, whose allocation would not wait for the
+   work the first one queued before the free. xseg_release_pool releases
+   the blocks of every stream. */
 typedef uint64_t xseg_pool_id;
 #define XSEG_CAPTURE_POOL(capture_id)                                        \
   ((xseg_pool_id)1 << 63 | (xseg_pool_id)(capture_id))

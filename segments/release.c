@@ -78,15 +78,11 @@ static size_t release_take(const xs_segment *s, size_t g, size_t n,
   return took;
 }
 
-/* Releases one handle. A failed cuMemRelease is tried once more: the
-   handle is already unmapped, and giving up would leak its memory for the
-   life of the process. The first failure is still reported. */
+/* Releases one handle. A failed cuMemRelease keeps the handle for a later
+   retry (vmm/unreleased.c): it is already unmapped, and losing it would
+   leak its memory for the life of the process. */
 static xseg_status release_handle(xs_pool *p, uint64_t h) {
-  xseg_status st = xs_vmm_handle_release(p->vmm, h);
-  if (st != XSEG_OK &&
-      XS_DRV(p->vmm->drv, cuMemRelease, (CUmemGenericAllocationHandle)h) !=
-          CUDA_SUCCESS)
-    xs_error(st, "%s (and again on retry)", xseg_last_error());
+  xseg_status st = xs_vmm_handle_release_or_keep(p->vmm, h);
   p->stats->counter[XS_COUNTER_num_device_free]++;
   return st;
 }
@@ -315,7 +311,10 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
     if (xs_pool_block_releasable(p, b)) {
       xseg_status st = XSEG_OK;
       size_t g = b->seg->granule;
-      size_t want = goal == SIZE_MAX ? SIZE_MAX : (goal - bytes + g - 1) / g;
+      /* Granules to cover what is left, rounded up without overflow: a
+         goal near SIZE_MAX must not wrap to nothing. */
+      size_t left = goal - bytes;
+      size_t want = goal == SIZE_MAX ? SIZE_MAX : left / g + (left % g != 0);
       bytes += release_block(p, b, want, SIZE_MAX, false, NULL, &st) * g;
       if (first == XSEG_OK) first = st;
     }

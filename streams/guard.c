@@ -22,12 +22,15 @@ static xseg_status guard_check_event(xs_guard *g, xs_event_pool *events,
   return XSEG_OK;
 }
 
-/* Steps 2 and 3: an idle stream proves `now`; a busy one gets an event. */
+/* Steps 2 and 3: an idle stream proves `now`; a busy one gets an event.
+   A stream the caller destroyed (CUDA_ERROR_INVALID_HANDLE) counts as
+   idle: no work can be queued on it any more, and what it had queued
+   before cuStreamDestroy is the caller's to have finished (guard.h). */
 static xseg_status guard_mark(xs_guard *g, xs_event_pool *events,
                               struct CUstream_st *stream, uint64_t now) {
   xs_driver *drv = events->vmm->drv;
   CUresult r = XS_DRV(drv, cuStreamQuery, (CUstream)stream);
-  if (r == CUDA_SUCCESS) {
+  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_HANDLE) {
     g->safe = now;
     return XSEG_OK;
   }

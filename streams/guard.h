@@ -21,6 +21,15 @@
  * waits on that one event (cuEventSynchronize), never on a stream or the
  * device.
  *
+ * A destroyed stream (cuStreamQuery: CUDA_ERROR_INVALID_HANDLE) proves
+ * `now` as an idle one does, so its cached memory can move. This never
+ * touches the dead stream beyond that query: an event already in flight is
+ * still queried (events outlive their stream). It trusts the caller to
+ * have finished the stream's work before destroying it (CUDA lets
+ * cuStreamDestroy return while work drains). A handle value the driver
+ * recycles for a new stream is safe too: CUDA frees a stream's resources
+ * only after its work is done, so the new stream's query speaks for both.
+ *
  * An event recorded at release time also covers work queued after the free
  * and before the release: a guard may wait longer than strictly needed,
  * never less.

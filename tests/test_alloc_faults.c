@@ -1,6 +1,10 @@
 /* Fault injection at every driver call site of growth and release: each
    failing call leaves the allocator consistent (xseg_check), loses no live
-   block, and leaks no handle, mapping or reservation (the fixture checks). */
+   block, and leaks no handle, mapping or reservation (the fixture checks).
+   Each function fails once at its nth call, and persistently from its nth
+   call on; the sweep also runs on a thread that has no current context
+   (the allocator enters its own and leaves the thread as it found it). */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -11,9 +15,14 @@ enum { LIVE = 8 };
 typedef struct fault_run {
   xseg_allocator *a;
   void *live[LIVE];
+  size_t size[LIVE];
   int n;
   int failures;
+  bool touch;          /* fill and verify blocks (needs a context) */
 } fault_run;
+
+/* How a sweep injects: one failing call, or every call from the nth on. */
+typedef enum fault_mode { FAULT_ONCE, FAULT_PERSISTENT } fault_mode;
 
 static void fault_check(fault_run *r, xseg_status st) {
   if (st != XSEG_OK) {
@@ -27,21 +36,27 @@ static void fault_malloc(fault_run *r, size_t size) {
   void *p = NULL;
   xseg_status st = xseg_malloc(r->a, size, NULL, &p);
   if (st == XSEG_OK) {
-    XSEG_EXPECT_TRUE(at_fill(p, size, 3));
+    if (r->touch) XSEG_EXPECT_TRUE(at_fill(p, size, 3));
+    r->size[r->n] = size;
     r->live[r->n++] = p;
+  } else {
+    XSEG_EXPECT_TRUE(p == NULL);
   }
   fault_check(r, st);
 }
 
 static void fault_free(fault_run *r, int i) {
   if (i >= r->n || r->live[i] == NULL) return;
+  /* Whatever failed, a live block kept its bytes. */
+  if (r->touch) XSEG_EXPECT_TRUE(at_verify(r->live[i], r->size[i], 3));
   fault_check(r, xseg_free(r->a, r->live[i]));
   r->live[i] = NULL;
 }
 
 /* Growth that reuses handles and creates more, release, a new segment. */
-static int fault_scenario(const char *conf) {
+static int fault_scenario(const char *conf, bool touch) {
   fault_run r = {0};
+  r.touch = touch;
   r.a = at_create(conf);
   if (r.a == NULL) return 0;
   fault_malloc(&r, 8 * MiB);
@@ -56,23 +71,64 @@ static int fault_scenario(const char *conf) {
   for (int i = 0; i < r.n; i++) fault_free(&r, i);
   fault_check(&r, xseg_empty_cache(r.a));
   xsim_reset();        /* an injection not yet reached must not hit destroy */
+  /* The driver works again: what waited (handles whose release failed)
+     goes now, and everything is given back. */
+  fault_check(&r, xseg_empty_cache(r.a));
+  XSEG_EXPECT_EQ(at_stats(r.a).handles_awaiting_release, 0);
+  XSEG_EXPECT_EQ(at_stats(r.a).mapped_bytes, 0);
   xseg_destroy(r.a);
   return r.failures;
 }
 
-static void fault_sweep(const char *name, CUresult err, const char *conf) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+static void fault_sweep_on(const char *name, CUresult err, const char *conf,
+                           fault_mode mode, bool touch) {
   xsim_reset();
-  fault_scenario(conf);
+  fault_scenario(conf, touch);
   uint64_t calls = xsim_call_count(name);
   for (uint64_t nth = 1; nth <= calls + 1; nth++) {
     xsim_reset();
-    xsim_fail_call(name, nth, err);
-    int failures = fault_scenario(conf);
+    if (mode == FAULT_ONCE) xsim_fail_call(name, nth, err);
+    else xsim_fail_calls(name, nth, UINT64_MAX, err);
+    int failures = fault_scenario(conf, touch);
     if (nth <= calls && failures == 0 && err != CUDA_ERROR_OUT_OF_MEMORY)
-      XSEG_FAIL("%s #%llu failing was not reported by any call", name,
-                (unsigned long long)nth);
+      XSEG_FAIL("%s #%llu failing%s was not reported by any call", name,
+                (unsigned long long)nth,
+                mode == FAULT_ONCE ? "" : " (and every call after it)");
   }
+}
+
+static void fault_sweep_mode(const char *name, CUresult err,
+                             const char *conf, fault_mode mode) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  fault_sweep_on(name, err, conf, mode, true);
+}
+
+static void fault_sweep(const char *name, CUresult err, const char *conf) {
+  fault_sweep_mode(name, err, conf, FAULT_ONCE);
+}
+
+/* The sweep on a thread that never made a context current. */
+typedef struct fault_thread_arg {
+  const char *name;
+  CUresult err;
+  bool ctx_stayed_null;
+} fault_thread_arg;
+
+static void *fault_thread(void *p) {
+  fault_thread_arg *t = p;
+  fault_sweep_on(t->name, t->err, NULL, FAULT_PERSISTENT, false);
+  CUcontext ctx = (CUcontext)1;
+  t->ctx_stayed_null = cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx == NULL;
+  return NULL;
+}
+
+static void fault_sweep_no_context(const char *name, CUresult err) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);     /* loads the driver here */
+  fault_thread_arg t = {name, err, false};
+  pthread_t th;
+  XSEG_ASSERT_EQ(pthread_create(&th, NULL, fault_thread, &t), 0);
+  pthread_join(th, NULL);
+  XSEG_EXPECT_TRUE(t.ctx_stayed_null);
 }
 
 #define FAULT_TEST(fn, err)                                                 \
@@ -87,6 +143,25 @@ static void fault_sweep(const char *name, CUresult err, const char *conf) {
   XSEG_TEST(alloc_faults, fn##_multi_granule_handles) {                     \
     XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep(#fn, err, "xseg_handle_max_mb:0,xseg_handle_max_part:0");   \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_persistent_expandable) {                     \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep_mode(#fn, err, NULL, FAULT_PERSISTENT);                     \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_persistent_classic) {                        \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep_mode(#fn, err, "expandable_segments:False",                 \
+                     FAULT_PERSISTENT);                                     \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_persistent_granules) {                       \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep_mode(#fn, err,                                              \
+                     "xseg_handle_policy:granule,xseg_large_granule_mb:4",  \
+                     FAULT_PERSISTENT);                                     \
+  }                                                                         \
+  XSEG_TEST(alloc_faults, fn##_thread_without_context) {                    \
+    XT_REQUIRE_SIM();                                                       \
+    fault_sweep_no_context(#fn, err);                                       \
   }
 
 FAULT_TEST(cuMemAddressReserve, CUDA_ERROR_UNKNOWN)
@@ -134,3 +209,28 @@ XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
   XSEG_EXPECT_OK(xseg_free(a, p));
   xseg_destroy(a);
 }
+
+/* Two failures in a row (found by the fuzz test): cuMemSetAccess fails
+   after the growth mapped its handles, and so does the first unmap that
+   rolls the mapping back. The rollback tries again: nothing stays mapped
+   where the allocator believes nothing is. */
+XSEG_TEST(alloc_faults, failed_rollback_unmap_is_tried_again) {
+  XT_REQUIRE_SIM();
+  xseg_allocator *a = at_create(NULL);
+  xsim_live before;
+  xsim_get_live(&before);
+  xsim_fail_call("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+  xsim_fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  void *p;
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 6 * MiB, NULL, &p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuMemSetAccess") != NULL);
+  xsim_live after;
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.mappings, before.mappings);
+  XSEG_EXPECT_EQ(after.handles, before.handles);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, 6 * MiB, NULL, &p));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  xseg_destroy(a);
+}
+

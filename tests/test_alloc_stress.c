@@ -115,9 +115,10 @@ static void *stress_worker(void *arg) {
   return NULL;
 }
 
-XSEG_TEST(alloc_stress, four_threads_four_streams) {
+static void stress_threads(const char *conf) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
+  xseg_allocator *a = at_create(conf);
+  XSEG_ASSERT_TRUE(a != NULL);
   enum { T = 4 };
   stress_thread t[T];
   pthread_t th[T];
@@ -135,4 +136,15 @@ XSEG_TEST(alloc_stress, four_threads_four_streams) {
   XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
   xseg_destroy(a);
   for (int i = 0; i < T; i++) XSEG_EXPECT_CU(cuStreamDestroy(t[i].stream));
+}
+
+XSEG_TEST(alloc_stress, four_threads_four_streams) { stress_threads(NULL); }
+
+XSEG_TEST(alloc_stress, four_threads_classic) {
+  stress_threads("expandable_segments:False");
+}
+
+XSEG_TEST(alloc_stress, four_threads_granules) {
+  stress_threads("xseg_small_granule_mb:4,xseg_large_granule_mb:8,"
+                 "xseg_handle_policy:granule,xseg_grow_min_mb:16");
 }

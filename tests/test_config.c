@@ -319,9 +319,14 @@ XSEG_TEST(config, mb_overflow_is_an_error) {
   /* fits in 64 bits, but times 2^20 does not */
   EXPECT_INVALID("max_split_size_mb:17592186044416", "max_split_size_mb",
                  "17592186044416");
-  /* the largest value whose bytes fit */
-  XSEG_EXPECT_EQ(parsed("max_split_size_mb:17592186044415").max_split_size,
-                 (size_t)17592186044415u * MiB);
+  /* bytes that fit, but wrap when rounded to a granule */
+  EXPECT_INVALID("max_split_size_mb:17592186044415", "max_split_size_mb",
+                 "too large, must be <= 67108864");
+  /* the largest value: 64 TiB */
+  XSEG_EXPECT_EQ(parsed("max_split_size_mb:67108864").max_split_size,
+                 (size_t)67108864u * MiB);
+  EXPECT_INVALID("xseg_grow_min_mb:67108865", "xseg_grow_min_mb",
+                 "67108865");
   /* does not fit in 64 bits at all */
   EXPECT_INVALID("xseg_reserve_mb:99999999999999999999999", "xseg_reserve_mb",
                  "99999999999999999999999");

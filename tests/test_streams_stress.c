@@ -198,19 +198,19 @@ static long stress_ops(void) {
   return n > 0 ? n : STRESS_DEFAULT_OPS;
 }
 
-XSEG_TEST(streams_stress, four_threads_four_streams_record_stream) {
-  /* A 96 MiB device on the emulator; on a GPU a 96 MiB memory-fraction
-     cap stands for it. */
+/* The whole stress on an allocator configured by `conf`, `ops` in all: on
+   a 96 MiB device on the emulator; on a GPU a 96 MiB memory-fraction cap
+   stands for it. */
+static void stress_streams(const char *conf, long ops) {
   if (xt_have_sim()) xsim_set_device_memory(0, 96 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  stress_ctx ctx = {.a = xt_have_sim() ? at_create(NULL)
-                                       : at_create_capped(NULL, 96 * MiB)};
+  stress_ctx ctx = {.a = xt_have_sim() ? at_create(conf)
+                                       : at_create_capped(conf, 96 * MiB)};
   XSEG_ASSERT_TRUE(ctx.a != NULL);
   for (int i = 0; i < STREAMS; i++)
     XSEG_ASSERT_CU(cuStreamCreate(&ctx.streams[i], CU_STREAM_NON_BLOCKING));
   stress_thread t[THREADS];
   pthread_t th[THREADS];
-  long ops = stress_ops();
   for (int i = 0; i < THREADS; i++)
     t[i] = (stress_thread){.ctx = &ctx, .id = i, .ops = ops / THREADS,
                            .seed = 0x5eed + 7919 * (uint64_t)i};
@@ -243,4 +243,20 @@ XSEG_TEST(streams_stress, four_threads_four_streams_record_stream) {
   xseg_destroy(ctx.a);
   for (int i = 0; i < STREAMS; i++)
     XSEG_EXPECT_CU(cuStreamDestroy(ctx.streams[i]));
+}
+
+XSEG_TEST(streams_stress, four_threads_four_streams_record_stream) {
+  stress_streams(NULL, stress_ops());
+}
+
+/* The classic policy and non-default granules, with a quarter of the
+   operations each to keep CI's time. */
+XSEG_TEST(streams_stress, classic_record_stream) {
+  stress_streams("expandable_segments:False", stress_ops() / 4);
+}
+
+XSEG_TEST(streams_stress, granules_record_stream) {
+  stress_streams("xseg_small_granule_mb:4,xseg_large_granule_mb:8,"
+                 "xseg_handle_policy:granule,roundup_power2_divisions:4",
+                 stress_ops() / 4);
 }

@@ -228,8 +228,11 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
   }
   if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
   /* The rollback goes around the wrappers: the message stays the failing
-     call's. */
-  if (st != XSEG_OK && mapped > 0)
+     call's. It is tried twice: a range left mapped here is one the layers
+     above believe unmapped, which nothing would unmap again. */
+  if (st != XSEG_OK && mapped > 0 &&
+      XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk) !=
+          CUDA_SUCCESS)
     XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
   return st;
 }

@@ -31,6 +31,10 @@ typedef struct xs_vmm {
                                       POSIX fds (IPC); cleared if the
                                       driver refuses that */
   CUmemAccessDesc access[XS_VMM_MAX_ACCESS];
+  /* Handles already unmapped whose cuMemRelease failed (unreleased.c):
+     [0, n_unreleased) of an array of cap_unreleased. */
+  uint64_t *unreleased;
+  size_t n_unreleased, cap_unreleased;
 } xs_vmm;
 
 /* Loads the driver (see xs_driver_load for `driver_path`), checks that the
@@ -59,6 +63,19 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle);
 xseg_status xs_vmm_handle_release(xs_vmm *v, uint64_t handle);
+
+/* Releases a handle that is no longer mapped anywhere. When cuMemRelease
+   fails, the handle is kept for xs_vmm_unreleased_retry instead of being
+   lost, and the failure is returned with a message that says so. */
+xseg_status xs_vmm_handle_release_or_keep(xs_vmm *v, uint64_t handle);
+/* Keeps a handle whose release failed, leaving the message alone; false
+   when host memory ran out. */
+bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t handle);
+/* Tries every kept handle again; the first failure is returned (those
+   that fail again stay kept). */
+xseg_status xs_vmm_unreleased_retry(xs_vmm *v);
+/* Retries one last time, then forgets the list (xseg_destroy). */
+void xs_vmm_unreleased_destroy(xs_vmm *v);
 
 /* Maps a whole handle of `size` bytes at addr (no access yet). */
 xseg_status xs_vmm_map(xs_vmm *v, uint64_t addr, size_t size,

@@ -1,0 +1,625 @@
+/* Differential fuzz test of the public API.
+ *
+ * A seeded random walk over xseg_malloc, xseg_free, xseg_record_stream,
+ * xseg_empty_cache(_blocking), xseg_set_memory_fraction, private pools
+ * (begin / end / release) and streams created and destroyed, while streams
+ * are held back by latches, so that work queued before a free really is
+ * late. A shadow model keeps every live block, the byte it should hold,
+ * the counters of every call and the state of every pool, and after each
+ * step:
+ *   - no two live blocks overlap;
+ *   - the statistics equal the model's (counts, requested bytes, OOMs) or
+ *     are bounded by it (rounded bytes), and agree with each other and with
+ *     the emulator's physical bytes;
+ *   - xseg_check is OK;
+ *   - whenever no stream is held, every live block holds its bytes (written
+ *     on its own stream, and on the streams it was recorded on, read back
+ *     through the driver): a late write into a reused block shows here.
+ * After xseg_destroy nothing the allocator created is alive in the emulator.
+ * Two configurations also make driver calls of the allocator fail now and
+ * then: a failure is reported, and nothing is lost or leaked.
+ *
+ * Blocking calls may wait on a held stream (the out-of-memory path and
+ * empty_cache_blocking wait on guard events): a watchdog opens every latch
+ * when a call has been blocked for a while, as a GPU would finish the work.
+ *
+ * CI runs a short walk per configuration with a fixed seed. A long run:
+ *   XSEG_FUZZ_SEED=7 XSEG_FUZZ_STEPS=200000 ./build/tests/test_fuzz
+ * (XSEG_FUZZ_SEED=0 draws a seed from the clock; it is printed.)
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alloc_helpers.h"
+
+enum { MAX_LIVE = 96, MAX_STREAMS = 4, MAX_POOLS = 2, SPAN = 512 };
+
+typedef struct fz_block {
+  void *p;
+  size_t size;
+  int stream;          /* index in fz.streams; -1: its stream was destroyed */
+  unsigned char tag;   /* the byte its spans hold once queued work is done */
+  bool frozen;         /* used on another stream: no more own writes */
+} fz_block;
+
+typedef struct fz_stream {
+  CUstream s;          /* NULL for slot 0 (the legacy stream) */
+  bool alive;
+  xt_latch *latch;     /* held while non-NULL */
+  int pool;            /* private pool it allocates to, 0 = none */
+  unsigned char scratch[SPAN];  /* what its reads copy to (TSan builds) */
+} fz_stream;
+
+typedef struct fz {
+  xseg_allocator *a;
+  uint64_t rng;
+  fz_block live[MAX_LIVE];
+  int n_live;
+  fz_stream streams[MAX_STREAMS + 1];
+  CUevent written;     /* orders another stream's use after the owner's */
+  int pool_state[MAX_POOLS + 1];  /* 0 none, 1 ended and not released */
+  unsigned char next_tag;
+  bool faults;         /* driver calls fail now and then */
+  /* the model's counters */
+  int64_t mallocs, frees, ooms, requested_total;
+  xsim_live base;
+  /* watchdog */
+  pthread_t dog;
+  atomic_int in_call, stop;
+  atomic_uint call_seq;
+  pthread_mutex_t latch_lock;
+  uint64_t steps, step;
+  bool failed;
+} fz;
+
+static uint64_t fz_rand(fz *f, uint64_t n) { return at_rand(&f->rng) % n; }
+
+static size_t fz_round(size_t size) {
+  return size <= 512 ? 512 : (size + 511) / 512 * 512;
+}
+
+/* Records a failure with the step it happened at; the walk stops there. */
+static void fz_fail(fz *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void fz_fail(fz *f, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  XSEG_FAIL("step %llu: %s", (unsigned long long)f->step, msg);
+  f->failed = true;
+}
+
+/* ---- latches and the watchdog ------------------------------------------ */
+
+static void fz_open_all_locked(fz *f) {
+  for (int i = 1; i <= MAX_STREAMS; i++)
+    if (f->streams[i].latch != NULL) xt_latch_open(f->streams[i].latch);
+}
+
+/* Opens every latch when one xseg call has been running for 50 ms: it
+   waits on held work (a blocking call), which the test lets finish. */
+static void *fz_watchdog(void *arg) {
+  fz *f = arg;
+  const struct timespec tick = {0, 5 * 1000 * 1000};
+  unsigned seen = 0;
+  int ticks = 0;
+  while (!atomic_load(&f->stop)) {
+    nanosleep(&tick, NULL);
+    unsigned seq = atomic_load(&f->call_seq);
+    if (!atomic_load(&f->in_call) || seq != seen) {
+      seen = seq;
+      ticks = 0;
+      continue;
+    }
+    if (++ticks == 10) {
+      pthread_mutex_lock(&f->latch_lock);
+      fz_open_all_locked(f);
+      pthread_mutex_unlock(&f->latch_lock);
+    }
+  }
+  return NULL;
+}
+
+static void fz_call_begin(fz *f) {
+  atomic_fetch_add(&f->call_seq, 1);
+  atomic_store(&f->in_call, 1);
+}
+static void fz_call_end(fz *f) { atomic_store(&f->in_call, 0); }
+
+static bool fz_any_held(const fz *f) {
+  for (int i = 1; i <= MAX_STREAMS; i++)
+    if (f->streams[i].latch != NULL) return true;
+  return false;
+}
+
+/* Lets stream i run again and waits for it. */
+static void fz_unhold(fz *f, int i) {
+  fz_stream *st = &f->streams[i];
+  pthread_mutex_lock(&f->latch_lock);
+  xt_latch_open(st->latch);
+  pthread_mutex_unlock(&f->latch_lock);
+  /* It may wait on a held stream (another stream's use waits on its
+     owner's work): the watchdog lets that one go. */
+  fz_call_begin(f);
+  XSEG_EXPECT_CU(cuStreamSynchronize(st->s));
+  fz_call_end(f);
+  pthread_mutex_lock(&f->latch_lock);
+  xt_latch_free(st->latch);
+  st->latch = NULL;
+  pthread_mutex_unlock(&f->latch_lock);
+}
+
+static void fz_unhold_all(fz *f) {
+  for (int i = 1; i <= MAX_STREAMS; i++)
+    if (f->streams[i].latch != NULL) fz_unhold(f, i);
+}
+
+/* ---- bytes ---------------------------------------------------------------- */
+
+/* Queues writes of `tag` to the first and last SPAN bytes of b on stream
+   slot si. */
+static void fz_write(fz *f, const fz_block *b, int si, unsigned char tag) {
+  CUstream s = f->streams[si].s;
+  CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->p;
+  size_t n = b->size < SPAN ? b->size : SPAN;
+  if (n == 0) return;
+  XSEG_EXPECT_CU(cuMemsetD8Async(d, tag, n, s));
+  if (b->size > SPAN)
+    XSEG_EXPECT_CU(cuMemsetD8Async(d + b->size - n, tag, n, s));
+}
+
+static bool fz_span_is(CUdeviceptr d, size_t n, unsigned char v) {
+  unsigned char buf[SPAN];
+  if (cuMemcpyDtoH(buf, d, n) != CUDA_SUCCESS) return false;
+  for (size_t i = 0; i < n; i++)
+    if (buf[i] != v) return false;
+  return true;
+}
+
+/* Every live block holds its tag (no stream held, all work done). */
+static void fz_verify_bytes(fz *f) {
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  for (int i = 0; i < f->n_live; i++) {
+    const fz_block *b = &f->live[i];
+    CUdeviceptr d = (CUdeviceptr)(uintptr_t)b->p;
+    size_t n = b->size < SPAN ? b->size : SPAN;
+    if (n == 0) continue;
+    if (!fz_span_is(d, n, b->tag) || !fz_span_is(d + b->size - n, n, b->tag))
+      fz_fail(f, "block %p (%zu bytes) lost its bytes (0x%02x)", b->p,
+              b->size, b->tag);
+  }
+}
+
+/* ---- the checks after every step ---------------------------------------- */
+
+static void fz_check_stats(fz *f) {
+  xseg_stats s = at_stats(f->a);
+  int64_t requested = 0, rounded = 0;
+  for (int i = 0; i < f->n_live; i++) {
+    requested += (int64_t)f->live[i].size;
+    rounded += (int64_t)fz_round(f->live[i].size);
+  }
+  struct { const char *what; int64_t got, want; } eq[] = {
+      {"allocation.current", s.allocation.current, f->n_live},
+      {"allocation.allocated", s.allocation.allocated, f->mallocs},
+      {"allocation.freed", s.allocation.freed, f->frees},
+      {"requested_bytes.current", s.requested_bytes.current, requested},
+      {"requested_bytes.allocated", s.requested_bytes.allocated,
+       f->requested_total},
+      {"num_ooms", s.num_ooms, f->ooms},
+      {"mapped_bytes", s.mapped_bytes, s.reserved_bytes.current},
+      {"pending_free_bytes", s.pending_free_bytes,
+       s.active_bytes.current - s.allocated_bytes.current},
+  };
+  for (size_t i = 0; i < sizeof eq / sizeof eq[0]; i++)
+    if (eq[i].got != eq[i].want)
+      fz_fail(f, "%s is %lld, the model says %lld", eq[i].what,
+              (long long)eq[i].got, (long long)eq[i].want);
+  if (s.allocated_bytes.current < rounded ||
+      s.active_bytes.current < s.allocated_bytes.current ||
+      s.active.current < s.allocation.current ||
+      s.reserved_bytes.current < s.active_bytes.current ||
+      s.reserved_bytes.peak < s.reserved_bytes.current ||
+      s.allocated_bytes.peak < s.allocated_bytes.current)
+    fz_fail(f, "stats out of order: allocated %lld (>= %lld), active %lld, "
+            "reserved %lld", (long long)s.allocated_bytes.current,
+            (long long)rounded, (long long)s.active_bytes.current,
+            (long long)s.reserved_bytes.current);
+  if (s.handles_awaiting_release != 0 && !f->faults)
+    fz_fail(f, "%lld handles wait for a release, and no call failed",
+            (long long)s.handles_awaiting_release);
+  /* The emulator's view: what xseg holds is what it says it holds (and the
+     handles whose release failed, which no stat sizes). */
+  xsim_live now;
+  xsim_get_live(&now);
+  int64_t physical = (int64_t)(now.physical_bytes - f->base.physical_bytes);
+  if (s.handles_awaiting_release != 0 && physical > s.reserved_bytes.current)
+    physical = s.reserved_bytes.current;
+  struct { const char *what; int64_t emulator, xseg; } em[] = {
+      {"physical bytes", physical, s.reserved_bytes.current},
+      {"handles", (int64_t)(now.handles - f->base.handles),
+       s.num_device_alloc - s.num_device_free + s.handles_awaiting_release},
+      {"reservations", (int64_t)(now.reservations - f->base.reservations),
+       s.segment.current},
+  };
+  for (size_t i = 0; i < sizeof em / sizeof em[0]; i++)
+    if (em[i].emulator != em[i].xseg)
+      fz_fail(f, "the emulator holds %lld %s, xseg's stats say %lld",
+              (long long)em[i].emulator, em[i].what, (long long)em[i].xseg);
+}
+
+static void fz_check(fz *f) {
+  at_live live[MAX_LIVE];
+  for (int i = 0; i < f->n_live; i++)
+    live[i] = (at_live){f->live[i].p, f->live[i].size};
+  if (!at_disjoint(live, (size_t)f->n_live)) fz_fail(f, "live blocks overlap");
+  if (xseg_check(f->a) != XSEG_OK) fz_fail(f, "xseg_check: %s", xseg_last_error());
+  fz_check_stats(f);
+  if (!fz_any_held(f)) fz_verify_bytes(f);
+}
+
+/* ---- the operations ------------------------------------------------------ */
+
+/* A live stream slot (0, the legacy stream, included). */
+static int fz_pick_stream(fz *f) {
+  for (;;) {
+    int i = (int)fz_rand(f, MAX_STREAMS + 1);
+    if (i == 0 || f->streams[i].alive) return i;
+  }
+}
+
+static size_t fz_size(fz *f) {
+  switch (fz_rand(f, 8)) {
+    case 0: return fz_rand(f, 600);                         /* tiny, 0 too */
+    case 1: case 2: case 3: return 1 + fz_rand(f, 1 << 20);  /* small pool */
+    case 4: case 5: return (1 << 20) + fz_rand(f, 8 << 20);
+    case 6: return fz_rand(f, 40) << 20;                     /* whole MiB */
+    default: return (8 << 20) + fz_rand(f, 24 << 20);
+  }
+}
+
+static void fz_malloc(fz *f) {
+  if (f->n_live == MAX_LIVE) return;
+  int si = fz_pick_stream(f);
+  size_t size = fz_size(f);
+  void *p = (void *)1;
+  fz_call_begin(f);
+  xseg_status st = xseg_malloc(f->a, size, f->streams[si].s, &p);
+  fz_call_end(f);
+  if (st == XSEG_ERR_OUT_OF_MEMORY || (st == XSEG_ERR_DRIVER && f->faults)) {
+    f->ooms += st == XSEG_ERR_OUT_OF_MEMORY;
+    if (p != NULL) fz_fail(f, "a failed malloc left *ptr %p", p);
+    return;
+  }
+  if (st != XSEG_OK) {
+    fz_fail(f, "malloc(%zu): %s: %s", size, xseg_status_name(st),
+            xseg_last_error());
+    return;
+  }
+  if (((uintptr_t)p & 511) != 0) fz_fail(f, "%p is not 512-byte aligned", p);
+  f->mallocs++;
+  f->requested_total += (int64_t)size;
+  fz_block *b = &f->live[f->n_live++];
+  *b = (fz_block){p, size, si, ++f->next_tag, false};
+  fz_write(f, b, si, b->tag);
+}
+
+static void fz_free(fz *f) {
+  if (f->n_live == 0) return;
+  int i = (int)fz_rand(f, (uint64_t)f->n_live);
+  xseg_status st = xseg_free(f->a, f->live[i].p);
+  if (st == XSEG_ERR_DRIVER && f->faults) return;     /* still live */
+  if (st != XSEG_OK) {
+    fz_fail(f, "free(%p): %s: %s", f->live[i].p, xseg_status_name(st),
+            xseg_last_error());
+    return;
+  }
+  f->frees++;
+  f->live[i] = f->live[--f->n_live];
+}
+
+/* A new byte on the block's own stream (queued behind a hold, if any). */
+static void fz_rewrite(fz *f) {
+  if (f->n_live == 0) return;
+  fz_block *b = &f->live[fz_rand(f, (uint64_t)f->n_live)];
+  if (b->frozen || b->stream < 0) return;
+  b->tag = ++f->next_tag;
+  fz_write(f, b, b->stream, b->tag);
+}
+
+/* Under ThreadSanitizer another stream's use is a read (a copy into that
+   stream's scratch): two streams writing the same byte would be a race to
+   TSan, while a read racing with a new owner's write is exactly the early
+   reuse it should report. Elsewhere it writes the block's byte again, so
+   an early reuse shows as a wrong byte. */
+#if defined(__SANITIZE_THREAD__)
+#define FZ_SHARED_READS 1
+#else
+#define FZ_SHARED_READS 0
+#endif
+
+/* The test's own cuEventRecord, which a fault armed for the allocator may
+   hit once. */
+static CUresult fz_event_record(fz *f, CUstream s) {
+  CUresult r = cuEventRecord(f->written, s);
+  return r == CUDA_SUCCESS || !f->faults ? r : cuEventRecord(f->written, s);
+}
+
+/* Used on another stream, after the owner's work so far: recorded, and
+   read or written there (the same byte, so that the order of the streams'
+   writes does not matter; no more writes of the owner follow). */
+static void fz_use_elsewhere(fz *f) {
+  if (f->n_live == 0) return;
+  fz_block *b = &f->live[fz_rand(f, (uint64_t)f->n_live)];
+  int si = fz_pick_stream(f);
+  CUstream other = f->streams[si].s;
+  xseg_status st = xseg_record_stream(f->a, b->p, other);
+  if (st != XSEG_OK) {
+    fz_fail(f, "record_stream: %s", xseg_last_error());
+    return;
+  }
+  b->frozen = true;
+  if (b->stream >= 0) {
+    XSEG_EXPECT_CU(fz_event_record(f, f->streams[b->stream].s));
+    XSEG_EXPECT_CU(cuStreamWaitEvent(other, f->written, 0));
+  }
+  if (!FZ_SHARED_READS) {
+    fz_write(f, b, si, b->tag);
+    return;
+  }
+  size_t n = b->size < SPAN ? b->size : SPAN;
+  if (n != 0)
+    XSEG_EXPECT_CU(cuMemcpyDtoHAsync(f->streams[si].scratch,
+                                     (CUdeviceptr)(uintptr_t)b->p, n, other));
+}
+
+static void fz_hold(fz *f) {
+  int i = 1 + (int)fz_rand(f, MAX_STREAMS);
+  fz_stream *st = &f->streams[i];
+  if (!st->alive || st->latch != NULL) return;
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(st->s, l));
+  pthread_mutex_lock(&f->latch_lock);
+  st->latch = l;
+  pthread_mutex_unlock(&f->latch_lock);
+}
+
+static void fz_empty_cache(fz *f) {
+  bool blocking = fz_rand(f, 3) == 0;
+  bool capturing = false;
+  for (int i = 0; i <= MAX_STREAMS; i++) capturing |= f->streams[i].pool != 0;
+  fz_call_begin(f);
+  xseg_status st = blocking ? xseg_empty_cache_blocking(f->a)
+                            : xseg_empty_cache(f->a);
+  fz_call_end(f);
+  xseg_status want = blocking && capturing ? XSEG_ERR_CAPTURE : XSEG_OK;
+  if (st != want && !(st == XSEG_ERR_DRIVER && f->faults))
+    fz_fail(f, "empty_cache%s: %s (want %s): %s", blocking ? "_blocking" : "",
+            xseg_status_name(st), xseg_status_name(want), xseg_last_error());
+}
+
+static void fz_fraction(fz *f) {
+  static const double fractions[] = {0.3, 0.6, 1.0};
+  double v = fractions[fz_rand(f, 3)];
+  if (xseg_set_memory_fraction(f->a, v) != XSEG_OK)
+    fz_fail(f, "set_memory_fraction(%g): %s", v, xseg_last_error());
+}
+
+static bool fz_pool_in_use(const fz *f, int pool) {
+  for (int i = 0; i <= MAX_STREAMS; i++)
+    if (f->streams[i].pool == pool) return true;
+  return false;
+}
+
+static void fz_expect(fz *f, const char *what, xseg_status got,
+                      xseg_status want) {
+  if (got != want)
+    fz_fail(f, "%s: %s, the model says %s (%s)", what, xseg_status_name(got),
+            xseg_status_name(want), xseg_last_error());
+}
+
+/* Begin, end or release a private pool, as the model predicts. */
+static void fz_pool(fz *f) {
+  int pool = 1 + (int)fz_rand(f, MAX_POOLS);
+  switch (fz_rand(f, 3)) {
+    case 0: {
+      int si = fz_pick_stream(f);
+      fz_stream *st = &f->streams[si];
+      xseg_status want = st->pool != 0 ? XSEG_ERR_INVALID_ARGUMENT : XSEG_OK;
+      fz_expect(f, "begin_allocate_to_pool",
+                xseg_begin_allocate_to_pool(f->a, (xseg_pool_id)pool, st->s),
+                want);
+      if (want == XSEG_OK) st->pool = pool;
+      break;
+    }
+    case 1: {
+      bool used = fz_pool_in_use(f, pool);
+      fz_expect(f, "end_allocate_to_pool",
+                xseg_end_allocate_to_pool(f->a, (xseg_pool_id)pool),
+                used ? XSEG_OK : XSEG_ERR_INVALID_ARGUMENT);
+      for (int i = 0; i <= MAX_STREAMS; i++)
+        if (f->streams[i].pool == pool) f->streams[i].pool = 0;
+      if (used) f->pool_state[pool] = 1;
+      break;
+    }
+    default: {
+      xseg_status want = fz_pool_in_use(f, pool) ? XSEG_ERR_CAPTURE
+                         : f->pool_state[pool] ? XSEG_OK
+                                               : XSEG_ERR_INVALID_ARGUMENT;
+      fz_expect(f, "release_pool",
+                xseg_release_pool(f->a, (xseg_pool_id)pool), want);
+      if (want == XSEG_OK) f->pool_state[pool] = 0;
+    }
+  }
+}
+
+/* Destroys an idle stream (its work finished first) or creates one. */
+static void fz_stream_turn(fz *f) {
+  int i = 1 + (int)fz_rand(f, MAX_STREAMS);
+  fz_stream *st = &f->streams[i];
+  if (!st->alive) {
+    st->alive = cuStreamCreate(&st->s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+    XSEG_EXPECT_TRUE(st->alive);
+    return;
+  }
+  if (st->latch != NULL || st->pool != 0) return;
+  fz_call_begin(f);                     /* may wait on a held stream */
+  XSEG_EXPECT_CU(cuStreamSynchronize(st->s));
+  fz_call_end(f);
+  XSEG_EXPECT_CU(cuStreamDestroy(st->s));
+  st->alive = false;
+  for (int k = 0; k < f->n_live; k++)
+    if (f->live[k].stream == i) f->live[k].stream = -1;
+}
+
+/* Arms one failing call of a driver function that only the allocator
+   calls (the test's own calls never fail). */
+static void fz_fault(fz *f) {
+  static const char *const names[] = {
+      "cuMemCreate", "cuMemMap",   "cuMemSetAccess", "cuMemUnmap",
+      "cuMemRelease", "cuMemAddressReserve", "cuEventRecord",
+      "cuEventQuery", "cuStreamQuery"};
+  const char *name = names[fz_rand(f, sizeof names / sizeof names[0])];
+  CUresult err = strcmp(name, "cuMemCreate") == 0 && fz_rand(f, 2)
+                     ? CUDA_ERROR_OUT_OF_MEMORY
+                     : CUDA_ERROR_UNKNOWN;
+  xsim_fail_call(name, 1 + fz_rand(f, 4), err);
+}
+
+static void fz_step(fz *f) {
+  if (f->faults && fz_rand(f, 100) < 4) fz_fault(f);
+  uint64_t r = fz_rand(f, 100);
+  if (r < 32) fz_malloc(f);
+  else if (r < 54) fz_free(f);
+  else if (r < 62) fz_rewrite(f);
+  else if (r < 67) fz_use_elsewhere(f);
+  else if (r < 75) fz_hold(f);
+  else if (r < 82) {
+    int i = 1 + (int)fz_rand(f, MAX_STREAMS);
+    if (f->streams[i].latch != NULL) fz_unhold(f, i);
+  } else if (r < 87) fz_empty_cache(f);
+  else if (r < 89) fz_fraction(f);
+  else if (r < 97) fz_pool(f);
+  else fz_stream_turn(f);
+}
+
+/* ---- one walk -------------------------------------------------------------- */
+
+static uint64_t fz_env(const char *name, uint64_t dflt) {
+  const char *v = getenv(name);
+  return v != NULL && v[0] != '\0' ? strtoull(v, NULL, 10) : dflt;
+}
+
+static void fz_teardown(fz *f) {
+  xsim_reset();                         /* the driver works again */
+  fz_unhold_all(f);
+  for (int i = 0; i < f->n_live; i++)
+    XSEG_EXPECT_OK(xseg_free(f->a, f->live[i].p));
+  f->frees += f->n_live;
+  f->n_live = 0;
+  for (int i = 0; i <= MAX_STREAMS; i++) f->streams[i].pool = 0;
+  xseg_end_allocate_to_pool(f->a, 1);
+  xseg_end_allocate_to_pool(f->a, 2);
+  /* Every handle whose release failed goes now. */
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(f->a));
+  XSEG_EXPECT_EQ(at_stats(f->a).handles_awaiting_release, 0);
+  fz_check(f);
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  xseg_destroy(f->a);
+  xsim_live now;
+  xsim_get_live(&now);
+  for (int i = 1; i <= MAX_STREAMS; i++)
+    if (f->streams[i].alive) XSEG_EXPECT_CU(cuStreamDestroy(f->streams[i].s));
+  XSEG_EXPECT_EQ(now.handles, f->base.handles);
+  XSEG_EXPECT_EQ(now.mappings, f->base.mappings);
+  XSEG_EXPECT_EQ(now.reservations, f->base.reservations);
+  XSEG_EXPECT_EQ(now.physical_bytes, f->base.physical_bytes);
+}
+
+/* steps_default walks in CI; XSEG_FUZZ_STEPS and XSEG_FUZZ_SEED override. */
+static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
+                   uint64_t device_bytes, bool faults) {
+  XT_REQUIRE_SIM();
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xsim_set_device_memory(0, device_bytes);
+  static fz f;
+  memset(&f, 0, sizeof f);
+  uint64_t seed = fz_env("XSEG_FUZZ_SEED", 20261123);
+  if (seed == 0) seed = (uint64_t)time(NULL);
+  f.rng = (seed ^ (seed_salt * 0x9E3779B97F4A7C15ull)) | 1;
+  f.steps = fz_env("XSEG_FUZZ_STEPS", steps_default);
+  f.faults = faults;
+  xsim_get_live(&f.base);
+  f.a = at_create(conf);
+  XSEG_ASSERT_TRUE(f.a != NULL);
+  for (int i = 1; i <= MAX_STREAMS; i++)
+    f.streams[i].alive =
+        cuStreamCreate(&f.streams[i].s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+  f.streams[0].alive = true;
+  XSEG_ASSERT_CU(cuEventCreate(&f.written, CU_EVENT_DISABLE_TIMING));
+  pthread_mutex_init(&f.latch_lock, NULL);
+  pthread_create(&f.dog, NULL, fz_watchdog, &f);
+  for (f.step = 0; f.step < f.steps && !f.failed; f.step++) {
+    fz_step(&f);
+    fz_check(&f);
+  }
+  if (f.failed)
+    fprintf(stderr, "fuzz: \"%s\" failed at step %llu; reproduce with "
+            "XSEG_FUZZ_SEED=%llu XSEG_FUZZ_STEPS=%llu\n", conf,
+            (unsigned long long)f.step, (unsigned long long)seed,
+            (unsigned long long)f.steps);
+  else if (f.steps != steps_default)
+    fprintf(stderr, "fuzz: \"%s\": %llu steps, seed %llu: %lld mallocs, "
+            "%lld OOMs\n", conf, (unsigned long long)f.steps,
+            (unsigned long long)seed, (long long)f.mallocs,
+            (long long)f.ooms);
+  fz_teardown(&f);
+  XSEG_EXPECT_CU(cuEventDestroy(f.written));
+  atomic_store(&f.stop, 1);
+  pthread_join(f.dog, NULL);
+  pthread_mutex_destroy(&f.latch_lock);
+}
+
+/* Steps per configuration in CI: fewer under the sanitizers, whose
+   slowdown (TSan's above all) would otherwise take minutes. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+enum { STEPS = 300 };
+#else
+enum { STEPS = 1500 };
+#endif
+#define DEVICE ((uint64_t)512 << 20)
+
+XSEG_TEST(fuzz, expandable) { fz_run("", 1, STEPS, DEVICE, false); }
+
+XSEG_TEST(fuzz, classic) {
+  fz_run("expandable_segments:False", 2, STEPS, DEVICE, false);
+}
+
+XSEG_TEST(fuzz, granules_and_rounding) {
+  fz_run("xseg_small_granule_mb:4,xseg_large_granule_mb:8,"
+         "roundup_power2_divisions:4,max_split_size_mb:40",
+         3, STEPS, DEVICE, false);
+}
+
+XSEG_TEST(fuzz, handles_and_garbage_collection) {
+  fz_run("xseg_handle_policy:granule,garbage_collection_threshold:0.5,"
+         "xseg_grow_min_mb:6",
+         4, STEPS, DEVICE, false);
+}
+
+/* Driver calls fail now and then (growth, release, guards, deferred
+   frees): failures are reported, nothing is lost or leaked. */
+XSEG_TEST(fuzz, failing_driver_calls) {
+  fz_run("xseg_handle_policy:granule", 5, STEPS, DEVICE, true);
+}
+
+XSEG_TEST(fuzz, failing_driver_calls_classic) {
+  fz_run("expandable_segments:False", 6, STEPS, DEVICE, true);
+}
