@@ -546,7 +546,7 @@ static void fz_teardown(fz *f) {
 /* steps_default walks in CI; XSEG_FUZZ_STEPS and XSEG_FUZZ_SEED override. */
 static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
                    uint64_t device_bytes, bool faults) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks xseg's stats against the emulator's objects");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, device_bytes);
   static fz f;
