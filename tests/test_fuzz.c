@@ -380,10 +380,13 @@ static void fz_use_elsewhere(fz *f) {
                                      (CUdeviceptr)(uintptr_t)b->p, n, other));
 }
 
+/* One stream at a time: the driver runs host functions one at a time, so
+   a second latch would not hold its stream independently of the first
+   (opening it would not let that stream go while the first blocks). */
 static void fz_hold(fz *f) {
   int i = 1 + (int)fz_rand(f, MAX_STREAMS);
   fz_stream *st = &f->streams[i];
-  if (!st->alive || st->latch != NULL) return;
+  if (!st->alive || st->latch != NULL || fz_any_held(f)) return;
   xt_latch *l = xt_latch_new();
   XSEG_EXPECT_CU(xt_latch_hold(st->s, l));
   pthread_mutex_lock(&f->latch_lock);
