@@ -10,8 +10,11 @@
  *   sim_ipc.c      export / import of shareable handles (POSIX fds), the
  *                  memfd naming that carries a handle's properties
  *   sim_stream.c   streams (one worker thread each), the legacy default
- *                  stream, host functions, memset / memcpy, cuCtxSynchronize,
- *                  the modeled device lag and the virtual clock
+ *                  stream, cuLaunchHostFunc, memset / memcpy,
+ *                  cuCtxSynchronize, the modeled device lag and the virtual
+ *                  clock
+ *   sim_host.c     the one thread that runs every host function, one at a
+ *                  time
  *   sim_event.c    events
  *   sim_graph.c    stream capture, graphs, graph launch
  *

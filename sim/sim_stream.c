@@ -1,5 +1,5 @@
 /* sim_stream.c: streams, their worker threads, the legacy default stream,
- * host functions, memset / memcpy and cuCtxSynchronize.
+ * cuLaunchHostFunc, memset / memcpy and cuCtxSynchronize.
  *
  * See sim_stream.h for the model: (stream, seq) counters, dependency lists,
  * one lock. The legacy stream follows cuda.h's stream synchronization notes
@@ -26,6 +26,9 @@ static pthread_cond_t xs_progress = PTHREAD_COND_INITIALIZER;
 static struct CUstream_st *xs_registry;            /* non-legacy streams */
 static struct CUstream_st *xs_legacy[XSIM_MAX_DEVICES];
 static uint64_t xs_next_stream_id = 1;
+/* Host functions queued on a stream and not yet handed to the host-function
+   thread (see "handing host functions over"). */
+static uint64_t xs_host_queued;
 
 /* The virtual clock (xsim.h): off, or on with a lag; `now` only grows.
    host_waits counts threads blocked in a host wait (xs_host_wait_locked). */
@@ -55,6 +58,8 @@ static void xs_fork_parent(void) { xs_sim_unlock(); }
 static void xs_fork_child(void) {
   memset(xs_legacy, 0, sizeof xs_legacy);
   xs_registry = NULL;
+  xs_host_queued = 0;
+  xs_host_fork_child_locked();
   xs_sim_unlock();
 }
 static pthread_once_t xs_fork_once = PTHREAD_ONCE_INIT;
@@ -121,10 +126,8 @@ static void xs_fill(void *dst, uint32_t value, size_t count, unsigned width) {
 }
 
 static void xs_work_run(const xs_work *w) {
+  assert(w->kind != XS_WORK_HOST && "host functions run on their thread");
   switch (w->kind) {
-  case XS_WORK_HOST:
-    w->u.host.fn(w->u.host.data);
-    break;
   case XS_WORK_SET:
     xs_fill(w->u.set.dst, w->u.set.value, w->u.set.count, w->u.set.width);
     break;
@@ -256,12 +259,51 @@ static bool xs_worker_may_run_locked(const struct CUstream_st *s) {
          xs_deps_done_locked(op->deps, op->ndeps);
 }
 
-/* The next runnable operation, or NULL once s is destroyed and drained.
-   The head is marked running; a modeled lag (XSIM_GPU_LAG) delays it. */
+/* ---- handing host functions over --------------------------------------
+   A host function goes to the host-function thread (sim_host.c) the moment
+   it becomes ready, in the thread that makes it ready: the submission of a
+   host function to an idle stream, or the retirement of the work it waited
+   for. So the thread's queue is in the order the functions became ready,
+   whatever the scheduling of the workers (a latch taken first is run
+   first). Only a modeled lag (XSIM_GPU_LAG) leaves it to the worker, which
+   hands its head over once the lag has passed. */
+
+static bool xs_host_ready_locked(const struct CUstream_st *s) {
+  const xs_op *op = s->head;
+  return op && op->work.kind == XS_WORK_HOST && !s->running &&
+         xs_deps_done_locked(op->deps, op->ndeps) &&
+         (op->due_wall_ns == 0 || op->due_wall_ns <= xs_monotonic_ns());
+}
+
+/* The stream stays running until the host-function thread retires its
+   head. */
+static void xs_host_hand_over_locked(struct CUstream_st *s) {
+  assert(xs_host_queued > 0 && "counted when submitted");
+  xs_host_queued--;
+  s->running = true;
+  xs_host_enqueue_locked(s);
+}
+
+static void xs_host_hand_over_ready_locked(void) {
+  if (xs_host_queued == 0) return;
+  for (int d = 0; d < XSIM_MAX_DEVICES; d++)
+    if (xs_legacy[d] && xs_host_ready_locked(xs_legacy[d]))
+      xs_host_hand_over_locked(xs_legacy[d]);
+  for (struct CUstream_st *s = xs_registry; s; s = s->next)
+    if (xs_host_ready_locked(s)) xs_host_hand_over_locked(s);
+}
+
+/* The next operation for the worker to run, or NULL once s is destroyed and
+   drained. The head is marked running; a modeled lag (XSIM_GPU_LAG) delays
+   it; a host function is handed over instead. */
 static xs_op *xs_worker_next_locked(struct CUstream_st *s) {
   for (;;) {
     if (xs_worker_may_run_locked(s)) {
       if (s->head->due_wall_ns <= xs_monotonic_ns()) {
+        if (s->head->work.kind == XS_WORK_HOST) {
+          xs_host_hand_over_locked(s);
+          continue;
+        }
         s->running = true;
         return s->head;
       }
@@ -284,10 +326,11 @@ static void xs_op_retire_locked(struct CUstream_st *s, xs_op *op) {
   if (op->work.kind == XS_WORK_RECORD)
     xs_event_stamp_locked(op->work.u.record.event, op->work.u.record.gen);
   xs_op_free_locked(op);
+  xs_host_hand_over_ready_locked();
 }
 
-static void xs_worker_retire_locked(struct CUstream_st *s, xs_op *op) {
-  xs_op_retire_locked(s, op);
+void xs_stream_retire_head_locked(struct CUstream_st *s) {
+  xs_op_retire_locked(s, s->head);
   xs_sim_broadcast_locked();
 }
 
@@ -298,7 +341,7 @@ static void *xs_worker_main(void *arg) {
     xs_sim_unlock();
     xs_work_run(&op->work);
     xs_sim_lock();
-    xs_worker_retire_locked(s, op);
+    xs_stream_retire_head_locked(s);
   }
   if (!s->legacy) xs_registry_remove_locked(s);
   xs_stream_release_locked(s);   /* the worker's reference */
@@ -524,6 +567,10 @@ static void xs_stream_enqueue_locked(struct CUstream_st *s, xs_op *op) {
   if (s->tail) s->tail->next = op;
   else s->head = op;
   s->tail = op;
+  if (op->work.kind == XS_WORK_HOST) {
+    xs_host_queued++;
+    if (xs_host_ready_locked(s)) xs_host_hand_over_locked(s);
+  }
   if (!op->clocked) xs_sim_broadcast_locked();   /* no worker takes it */
 }
 
@@ -544,6 +591,10 @@ CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
   if (s->capture) return xs_capture_append_locked(s, w);
   if (s->legacy && xs_stream_blocking_capture_locked(s->device, true))
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+  if (w->kind == XS_WORK_HOST) {
+    CUresult r = xs_host_start_locked();
+    if (r != CUDA_SUCCESS) return r;
+  }
   xs_op *op = calloc(1, sizeof *op);
   xs_deps d = {0};
   CUresult r = op ? xs_op_deps_locked(&d, s, w, extra)
@@ -799,7 +850,8 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx) {
 /* ---- host functions ---------------------------------------------------- */
 
 /* cuda.h: "The function will be called after currently enqueued work and
-   will block work added after it." It runs on the stream's worker. */
+   will block work added after it." It runs on the process's one
+   host-function thread (sim_host.c), one host function at a time. */
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
   XSIM_ENTER("cuLaunchHostFunc");
   if (!fn) return CUDA_ERROR_INVALID_VALUE;

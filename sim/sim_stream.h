@@ -11,9 +11,9 @@
  *
  * One mutex guards all of it (queues, counters, events, captures), and one
  * condition variable is broadcast whenever an operation is submitted or
- * completes. Workers run operations (memset, memcpy, host functions) without
- * the mutex. A handful of streams is the expected load, so one lock and one
- * broadcast keep the code short at a cost nobody measures.
+ * completes. Workers run operations (memset, memcpy) without the mutex. A
+ * handful of streams is the expected load, so one lock and one broadcast
+ * keep the code short at a cost nobody measures.
  *
  * The modeled device lag (xsim.h). With XSIM_GPU_LAG an operation is not
  * started before its submission time plus the lag (wall clock). Under the
@@ -21,8 +21,12 @@
  * t + lag: workers leave clocked work alone, and only the threads that move
  * the clock (xsim_clock_advance) or wait on the host (synchronize) run it,
  * in their own thread, so what has completed is a function of the clock and
- * the host's calls alone. Host functions are never clocked: they run on the
- * worker as soon as the work before them is done.
+ * the host's calls alone. Host functions are never clocked: they run as soon
+ * as the work before them is done and no other host function runs.
+ *
+ * Host functions do not run on the worker: it hands them to the process's
+ * one host-function thread (sim_host.c), which runs them one at a time, as
+ * the driver does.
  *
  * Graph capture: a capturing stream appends the work it is given to the
  * capture's graph instead of queueing it; a graph is a list of work items in
@@ -106,6 +110,7 @@ struct CUstream_st {
   size_t cap_tail;             /* graph length after this stream's last node */
   bool cap_joined;             /* its tail was waited on by another stream */
   struct CUstream_st *prev, *next;   /* registry of non-legacy streams */
+  struct CUstream_st *host_next;     /* queue of the host-function thread */
 };
 
 /* The one lock and its condition variable. */
@@ -138,6 +143,9 @@ typedef struct xs_ticket {
 CUresult xs_stream_submit_locked(struct CUstream_st *s, const xs_work *w,
                                  const xs_dep *extra, xs_ticket *ticket);
 bool xs_dep_done_locked(const xs_dep *d);
+/* Completes s's head, which s->running marks as being run by the caller,
+   and broadcasts the progress. */
+void xs_stream_retire_head_locked(struct CUstream_st *s);
 /* Blocks until d is complete: a host wait. Under the virtual clock it first
    runs the awaited work and what that work depends on (xsim.h). */
 void xs_dep_wait_locked(const xs_dep *d);
@@ -145,6 +153,15 @@ void xs_dep_wait_locked(const xs_dep *d);
    realloc: the grown array, *cap updated; NULL, v and *cap untouched, when
    out of memory. Used by dependency lists and graphs alike. */
 void *xs_array_grow(void *v, size_t *cap, size_t first, size_t elem);
+
+/* ---- the host-function thread (sim_host.c) ---------------------------- */
+
+/* Starts the thread unless it runs: CUDA_ERROR_OUT_OF_MEMORY if it cannot. */
+CUresult xs_host_start_locked(void);
+/* Hands s's head, a ready host function marked running, to the thread. */
+void xs_host_enqueue_locked(struct CUstream_st *s);
+/* In a forked child: no thread, nothing queued. */
+void xs_host_fork_child_locked(void);
 
 /* ---- events ------------------------------------------------------------ */
 

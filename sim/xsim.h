@@ -84,9 +84,10 @@ void xsim_set_latency(const char *name, uint64_t ns);
      catches up with the awaited work, and with the work of other streams it
      depends on, at once, in the waiting thread, without moving the clock.
      Each such call counts in xsim_call_count as usual.
-   - Host functions (cuLaunchHostFunc) are not clocked: they run on the
-     stream's worker as soon as the work before them is done, so a latch
-     holds a stream as without the clock. Clocked work queued behind a host
+   - Host functions (cuLaunchHostFunc) are not clocked: they run as soon
+     as the work before them is done and no other host function runs (one
+     at a time per process, as on a real driver), so a latch holds a stream
+     as without the clock. Clocked work queued behind a host
      function runs at the next advance or host wait after it returned.
    - xsim_clock_enable while operations of an earlier clock are queued lets
      those run at once; xsim_clock_disable does so for all clocked work.

@@ -145,22 +145,22 @@ static void fault_sweep_no_context(const char *name, CUresult err) {
     fault_sweep(#fn, err, "xseg_handle_max_mb:0,xseg_handle_max_part:0");   \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_persistent_expandable) {                     \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep_mode(#fn, err, NULL, FAULT_PERSISTENT);                     \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_persistent_classic) {                        \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep_mode(#fn, err, "expandable_segments:False",                 \
                      FAULT_PERSISTENT);                                     \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_persistent_granules) {                       \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep_mode(#fn, err,                                              \
                      "xseg_handle_policy:granule,xseg_large_granule_mb:4",  \
                      FAULT_PERSISTENT);                                     \
   }                                                                         \
   XSEG_TEST(alloc_faults, fn##_thread_without_context) {                    \
-    XT_REQUIRE_SIM();                                                       \
+    XT_REQUIRE_SIM_FOR("injects driver faults");                            \
     fault_sweep_no_context(#fn, err);                                       \
   }
 
@@ -215,7 +215,7 @@ XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
    rolls the mapping back. The rollback tries again: nothing stays mapped
    where the allocator believes nothing is. */
 XSEG_TEST(alloc_faults, failed_rollback_unmap_is_tried_again) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL);
   xsim_live before;
   xsim_get_live(&before);

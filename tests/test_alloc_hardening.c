@@ -97,7 +97,7 @@ XSEG_TEST(hardening, empty_cache_releases_every_pool_large_granule) {
 /* Free cached segments of 40, 20 and 2 MiB on three streams, nothing
    allocated, 100 MiB device: 61 MiB fits once the cache is released. */
 XSEG_TEST(hardening, out_of_memory_path_releases_every_stream) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, 100 * MiB);
   CUstream s[3] = {stream_new(), stream_new(), stream_new()};
@@ -174,7 +174,7 @@ XSEG_TEST(hardening, largest_size_keys_work) {
 /* ---- 4. memory cached for a destroyed stream ---------------------------- */
 
 XSEG_TEST(hardening, destroyed_streams_memory_moves) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, 64 * MiB);
   CUstream s1 = stream_new(), s2 = stream_new();
@@ -248,7 +248,7 @@ static int64_t awaiting(xseg_allocator *a) {
 /* cuMemRelease fails persistently: the handles wait (counted in stats and
    JSON), the message names the call, a later pass releases them. */
 XSEG_TEST(hardening, failed_release_keeps_handle_for_retry) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("xseg_handle_policy:granule");
   xsim_live before;
@@ -287,7 +287,7 @@ XSEG_TEST(hardening, failed_release_keeps_handle_for_retry) {
 /* Still failing when xseg_destroy comes: destroy tries them again (the
    fixture checks that nothing leaked). */
 XSEG_TEST(hardening, destroy_releases_waiting_handles) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   void *p;
@@ -302,7 +302,7 @@ XSEG_TEST(hardening, destroy_releases_waiting_handles) {
 /* ---- 6. huge requests --------------------------------------------------- */
 
 XSEG_TEST(hardening, requests_beyond_the_device_are_refused_first) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("xseg_memory_fraction:0.5");
   xsim_reset_counters();

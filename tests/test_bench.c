@@ -554,7 +554,7 @@ static bool replay_small_exact_lag(xb_env *env, uint64_t lag_us,
    released before the end); with 1000 us nothing is released during the
    trace. No run waits on the host. */
 XSEG_TEST(bench, exact_mode_under_lag_releases_behind_the_clock) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
   uint64_t g = env.vmm.granularity;
@@ -586,7 +586,7 @@ XSEG_TEST(bench, exact_mode_under_lag_releases_behind_the_clock) {
    passes the free's time plus the lag, and the block stays mapped until
    then; the first call after that releases it. */
 XSEG_TEST(bench, freed_block_waits_for_the_clock) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
   CUstream s = NULL;
@@ -686,7 +686,7 @@ XSEG_TEST(bench, varbatch_written_trace_round_trips) {
    has completed: two replays of a multi-stream workload give the same
    numbers, driver call for driver call, in every mode. */
 XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   char path[256];
   XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", "", false));
   xb_trace t;

@@ -380,10 +380,13 @@ static void fz_use_elsewhere(fz *f) {
                                      (CUdeviceptr)(uintptr_t)b->p, n, other));
 }
 
+/* One stream at a time: the driver runs host functions one at a time, so
+   a second latch would not hold its stream independently of the first
+   (opening it would not let that stream go while the first blocks). */
 static void fz_hold(fz *f) {
   int i = 1 + (int)fz_rand(f, MAX_STREAMS);
   fz_stream *st = &f->streams[i];
-  if (!st->alive || st->latch != NULL) return;
+  if (!st->alive || st->latch != NULL || fz_any_held(f)) return;
   xt_latch *l = xt_latch_new();
   XSEG_EXPECT_CU(xt_latch_hold(st->s, l));
   pthread_mutex_lock(&f->latch_lock);
@@ -546,7 +549,7 @@ static void fz_teardown(fz *f) {
 /* steps_default walks in CI; XSEG_FUZZ_STEPS and XSEG_FUZZ_SEED override. */
 static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
                    uint64_t device_bytes, bool faults) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("checks xseg's stats against the emulator's objects");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, device_bytes);
   static fz f;

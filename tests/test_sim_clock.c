@@ -38,7 +38,7 @@ static CUevent event_new(void) {
 }
 
 XSEG_TEST(SimClock, work_completes_when_the_clock_reaches_queue_time_plus_lag) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   unsigned char buf[4] = {0};
   CUstream s = stream_new();
@@ -63,7 +63,7 @@ XSEG_TEST(SimClock, work_completes_when_the_clock_reaches_queue_time_plus_lag) {
 }
 
 XSEG_TEST(SimClock, the_clock_never_goes_back) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_clock_enable(10);
   XSEG_EXPECT_EQ(xsim_clock_now(), 0);
@@ -81,7 +81,7 @@ XSEG_TEST(SimClock, the_clock_never_goes_back) {
 /* s2 waits for s1's event: its work is due by its own queue time, but runs
    only once s1's work has (a chain across streams, in one advance). */
 XSEG_TEST(SimClock, cross_stream_wait_follows_the_clock) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   unsigned char a[1] = {0}, b[1] = {0};
   CUstream s1 = stream_new(), s2 = stream_new();
@@ -110,7 +110,7 @@ XSEG_TEST(SimClock, cross_stream_wait_follows_the_clock) {
    catches up with the awaited work (and what it waits for on other
    streams), the clock stays, and the wait is counted. */
 XSEG_TEST(SimClock, host_waits_run_the_awaited_work_at_once) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   unsigned char a[1] = {0}, b[1] = {0}, c[1] = {0};
   CUstream s1 = stream_new(), s2 = stream_new();
@@ -154,7 +154,7 @@ XSEG_TEST(SimClock, host_waits_run_the_awaited_work_at_once) {
 /* A latch still holds a stream under the clock (host functions are not
    clocked), and advancing past work queued behind it does not block. */
 XSEG_TEST(SimClock, a_latch_holds_a_clocked_stream) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   unsigned char a[1] = {0};
   CUstream s = stream_new();
@@ -177,7 +177,7 @@ XSEG_TEST(SimClock, a_latch_holds_a_clocked_stream) {
 /* Disabling the clock hands clocked work back to the workers, and so does
    destroying a stream whose work the clock has not reached. */
 XSEG_TEST(SimClock, disable_lets_clocked_work_run) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("runs on the emulator's virtual clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   unsigned char a[1] = {0};
   CUstream s = stream_new(), gone = stream_new();
@@ -200,7 +200,7 @@ XSEG_TEST(SimClock, disable_lets_clocked_work_run) {
 /* XSIM_GPU_LAG's wall-clock form: an operation never completes before its
    queue time plus the lag (a lower bound, so no timing flake). */
 XSEG_TEST(SimClock, wall_lag_delays_completion) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("models device lag");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   enum { LAG_US = 50000 };
   unsigned char a[1] = {0};
@@ -225,7 +225,7 @@ XSEG_TEST(SimClock, wall_lag_delays_completion) {
 /* XSIM_GPU_LAG is read by xsim_reset like every knob; a malformed value is
    reported and means no lag. */
 XSEG_TEST(SimClock, gpu_lag_comes_from_the_environment) {
-  XT_REQUIRE_SIM();
+  XT_REQUIRE_SIM_FOR("models device lag");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   enum { LAG_US = 30000 };
   unsigned char a[1] = {0};

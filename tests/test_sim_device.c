@@ -110,17 +110,18 @@ XSEG_TEST(SimDevice, primary_context_is_one_and_refcounted) {
 
 /* cuDevicePrimaryCtxRelease: "Releasing a primary context that has not been
    previously retained will fail with CUDA_ERROR_INVALID_CONTEXT." Device 1
-   (of two emulated) is retained by no one else in this process. */
+   (two emulated, or a real second GPU) is retained by no one else in this
+   process. */
 XSEG_TEST(SimDevice, release_of_unretained_primary_context_fails) {
-  XT_REQUIRE_SIM_FOR("emulates a second device");
-  st_env("XSIM_DEVICE_COUNT", "2");
+  if (xt_have_sim()) st_env("XSIM_DEVICE_COUNT", "2");
+  XT_REQUIRE_DEVICES(2);
   XSEG_EXPECT_CU(cuInit(0));
   CUcontext c;
   XSEG_EXPECT_CU_ERR(cuDevicePrimaryCtxRelease(1), CUDA_ERROR_INVALID_CONTEXT);
   XSEG_EXPECT_CU(cuDevicePrimaryCtxRetain(&c, 1));
   XSEG_EXPECT_CU(cuDevicePrimaryCtxRelease(1));
   XSEG_EXPECT_CU_ERR(cuDevicePrimaryCtxRelease(1), CUDA_ERROR_INVALID_CONTEXT);
-  st_env("XSIM_DEVICE_COUNT", NULL);
+  if (xt_have_sim()) st_env("XSIM_DEVICE_COUNT", NULL);
 }
 
 /* Context stack rules, run on a fresh thread (whose stack starts empty):

@@ -3,13 +3,13 @@
  * latch that holds a stream back; a host function records whether the latch
  * had been released when it ran, so "B ran after A" is checked, not hoped.
  *
- * A real driver runs the host functions of a context one at a time (observed
- * on H100, driver 580: with one stream held by a latch, a host function on
- * another stream never ran, and two latches on two streams never held at
- * once). So "B does not wait for A" is shown with device work on B (a
- * memset) that drains while A is held, never with a host function on B; and
- * nothing here copies to pageable host memory behind a held stream, which
- * makes the host wait for the stream.
+ * A real driver runs host functions one at a time (observed on H100, driver
+ * 580: with one stream held by a latch, a host function on another stream
+ * never ran, and two latches on two streams never held at once), and so does
+ * the emulator (host_functions_run_one_at_a_time). So "B does not wait for
+ * A" is shown with device work on B (a memset) that drains while A is held,
+ * never with a host function on B; and nothing here copies to pageable host
+ * memory behind a held stream, which makes the host wait for the stream.
  */
 #include <stdatomic.h>
 #include <string.h>
@@ -100,6 +100,106 @@ XSEG_TEST(SimStream, host_functions_run_in_stream_order) {
   XSEG_EXPECT_EQ(log.seen[1], 2);
   XSEG_EXPECT_EQ(log.seen[2], 3);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xt_latch_free(l);
+}
+
+/* Whether *flag becomes set within about `ms` milliseconds: a bounded
+   look for something that must not happen, so that a wrong answer fails
+   the test instead of hanging it. */
+static bool set_within(atomic_int *flag, int ms) {
+  const struct timespec step = {0, 1000 * 1000};
+  for (int i = 0; i < ms; i++) {
+    if (atomic_load(flag)) return true;
+    nanosleep(&step, NULL);
+  }
+  return atomic_load(flag) != 0;
+}
+
+/* Host functions run one at a time, whatever their streams. Observed on
+   H100, driver 580: while a latch blocked a host function on one stream, a
+   host function on another stream never ran, and two latches were never
+   seen waiting at once. The documentation allows it (cudaLaunchHostFunc:
+   host functions of independent streams "execute in undefined order and
+   may be serialized"). The device work of the other stream is not held
+   back; its host function runs once the blocked one returns. */
+XSEG_TEST(SimStream, host_functions_run_one_at_a_time) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  st_buf buf;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&buf));
+  CUstream a, b;
+  CUevent reached;
+  XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&reached, CU_EVENT_DISABLE_TIMING));
+  xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
+  atomic_int released = 0;
+  st_probe p = {.released = &released};
+  XSEG_EXPECT_CU(xt_latch_hold(a, la));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(la, 1));
+  XSEG_EXPECT_CU(cuMemsetD8Async(buf.ptr, 0x5A, 64, b));
+  XSEG_EXPECT_CU(cuEventRecord(reached, b));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, st_probe_run, &p));
+  XSEG_EXPECT_CU(xt_latch_hold(b, lb));
+  XSEG_EXPECT_CU(cuEventSynchronize(reached));  /* b's host work is ready */
+  XSEG_EXPECT_FALSE(set_within(&p.ran, 200));
+  XSEG_EXPECT_EQ(xt_latch_waiting(lb), 0);
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(b), CUDA_ERROR_NOT_READY);
+  st_release(&released, la);
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(lb, 1));   /* b's turn */
+  XSEG_EXPECT_EQ(atomic_load(&p.ran), 1);
+  XSEG_EXPECT_EQ(atomic_load(&p.saw_released), 1);
+  XSEG_EXPECT_EQ(xt_latch_waiting(la), 0);
+  xt_latch_open(lb);
+  XSEG_EXPECT_CU(cuStreamSynchronize(b));
+  XSEG_EXPECT_CU(cuStreamSynchronize(a));
+  XSEG_EXPECT_CU(cuEventDestroy(reached));
+  XSEG_EXPECT_CU(cuStreamDestroy(a));
+  XSEG_EXPECT_CU(cuStreamDestroy(b));
+  xt_latch_free(la);
+  xt_latch_free(lb);
+  st_buf_free(&buf);
+}
+
+/* The emulator hands host functions to its one host-function thread in the
+   order they became ready, so its runs do not depend on how its threads
+   are scheduled. With a blocks the thread: c's function, submitted first,
+   waits for a's latch; b's and d's are ready at once, in that order. So
+   they run b, d, c. The driver documents the order across streams as
+   undefined, so the order is checked on the emulator only; that all three
+   wait for the latch holds on any driver. */
+XSEG_TEST(SimStream, host_functions_run_in_the_order_they_become_ready) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream a, b, c, d;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&c, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&d, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  xt_latch *l = xt_latch_new();
+  order_log log = {0};
+  order_entry in_b = {&log, 2}, in_c = {&log, 3}, in_d = {&log, 4};
+  XSEG_EXPECT_CU(xt_latch_hold(a, l));
+  XSEG_EXPECT_CU(cuEventRecord(e, a));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(c, e, 0));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(c, order_append, &in_c));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(b, order_append, &in_b));
+  XSEG_EXPECT_CU(cuLaunchHostFunc(d, order_append, &in_d));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_EQ(atomic_load(&log.n), 0);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_EQ(atomic_load(&log.n), 3);
+  if (xt_have_sim()) {
+    XSEG_EXPECT_EQ(log.seen[0], 2);
+    XSEG_EXPECT_EQ(log.seen[1], 4);
+    XSEG_EXPECT_EQ(log.seen[2], 3);
+  }
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(a));
+  XSEG_EXPECT_CU(cuStreamDestroy(b));
+  XSEG_EXPECT_CU(cuStreamDestroy(c));
+  XSEG_EXPECT_CU(cuStreamDestroy(d));
   xt_latch_free(l);
 }
 

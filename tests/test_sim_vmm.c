@@ -430,29 +430,40 @@ XSEG_TEST(SimVmm, data_written_through_one_mapping_is_read_through_another) {
 
 /* cuMemRelease: "The generic memory handle can be freed when there are still
    outstanding mappings made with this handle"; the memory is freed only
-   "when all outstanding mappings to the memory are unmapped". */
+   "when all outstanding mappings to the memory are unmapped". Observed on
+   H100, driver 580: bytes stay readable and writable through the mapping
+   after the release. The emulator's live counts also show the memory held
+   until the unmap. */
 XSEG_TEST(SimVmm, physical_memory_survives_release_while_mapped) {
-  XT_REQUIRE_SIM_FOR("reads the emulator's live-object counts");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));
-  xsim_live before, mid, after;
-  xsim_get_live(&before);
+  xsim_live before = {0}, mid = {0}, after = {0};
+  if (xt_have_sim()) xsim_get_live(&before);
   CUmemGenericAllocationHandle h;
   XSEG_ASSERT_CU(st_create(&h, s.g, CU_MEM_HANDLE_TYPE_NONE));
   XSEG_ASSERT_CU(cuMemMap(s.va, s.g, 0, h, 0));
   XSEG_ASSERT_CU(st_access(s.va, s.g, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-  memset((void *)s.va, 0x42, 4096);
+  XSEG_EXPECT_CU(cuMemsetD8(s.va, 0x42, 4096));
   XSEG_ASSERT_CU(cuMemRelease(h));
-  xsim_get_live(&mid);
-  XSEG_EXPECT_EQ(mid.handles, before.handles + 1);
-  XSEG_EXPECT_EQ(mid.physical_bytes, before.physical_bytes + s.g);
-  XSEG_EXPECT_EQ(((volatile char *)s.va)[4095], 0x42);
-  ((volatile char *)s.va)[0] = 0x43;
-  XSEG_EXPECT_CU_ERR(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+  unsigned char back[2] = {0, 0};
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&back[0], s.va + 4095, 1));
+  XSEG_EXPECT_EQ(back[0], 0x42);
+  XSEG_EXPECT_CU(cuMemsetD8(s.va, 0x43, 1));
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&back[1], s.va, 1));
+  XSEG_EXPECT_EQ(back[1], 0x43);
+  if (xt_have_sim()) {
+    xsim_get_live(&mid);
+    XSEG_EXPECT_EQ(mid.handles, before.handles + 1);
+    XSEG_EXPECT_EQ(mid.physical_bytes, before.physical_bytes + s.g);
+    /* A released handle is stale: the driver's answer is undefined. */
+    XSEG_EXPECT_CU_ERR(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE);
+  }
   XSEG_EXPECT_CU(cuMemUnmap(s.va, s.g));
-  xsim_get_live(&after);
-  XSEG_EXPECT_EQ(after.handles, before.handles);
-  XSEG_EXPECT_EQ(after.physical_bytes, before.physical_bytes);
+  if (xt_have_sim()) {
+    xsim_get_live(&after);
+    XSEG_EXPECT_EQ(after.handles, before.handles);
+    XSEG_EXPECT_EQ(after.physical_bytes, before.physical_bytes);
+  }
   st_space_fini(&s);
 }
 
@@ -577,7 +588,7 @@ XSEG_TEST(SimVmm, pages_are_committed_only_when_touched) {
    cuMemGetAccess reads them back per location. The emulator records a peer
    device's flags; host access follows the owning device's. */
 XSEG_TEST(SimVmm, peer_device_access_is_recorded) {
-  XT_REQUIRE_SIM_FOR("emulates a second device");
+  XT_REQUIRE_SIM_FOR("emulates a second device, touches memory from the host");
   st_env("XSIM_DEVICE_COUNT", "2");
   st_space s;
   XSEG_ASSERT_TRUE(st_space_init(&s, 1));

@@ -180,7 +180,7 @@ XSEG_TEST(streams, work_queued_after_the_free_does_not_delay_reuse) {
   XSEG_ASSERT_CU(xt_latch_hold(s1, after));   /* later work on s1 */
   xt_latch_open(before);
   XSEG_EXPECT_TRUE(malloc_until(a, s0, p));
-  XSEG_EXPECT_TRUE(xt_latch_waiting(after) == 1);  /* still held */
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(after, 1));  /* still held */
   XSEG_EXPECT_TRUE(bytes_are(p, SIZE, 0xAB));      /* s1's write landed */
   xt_latch_open(after);
   XSEG_EXPECT_CU(cuStreamSynchronize(s1));
@@ -201,7 +201,7 @@ XSEG_TEST(streams, two_recorded_streams_reuse_only_after_both) {
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s1, l1));
-  XSEG_ASSERT_CU(xt_latch_hold(s2, l2));
+  XSEG_ASSERT_CU(xt_latch_hold_behind(s2, s1, l2));   /* s2 outlasts s1 */
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s2));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));   /* once is enough */
@@ -365,7 +365,8 @@ XSEG_TEST(streams, empty_cache_blocking_waits_on_the_guard_event_only) {
   XSEG_ASSERT_CU(xt_latch_hold(s0, held));
   XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x5A, 8 * MiB, s0));
   XSEG_ASSERT_OK(xseg_free(a, p));
-  XSEG_ASSERT_CU(xt_latch_hold(other, unrelated));   /* a device sync hangs */
+  /* A device sync would hang on `other`, held once s0's latch opens. */
+  XSEG_ASSERT_CU(xt_latch_hold_behind(other, s0, unrelated));
   sync_counts before = sync_now();
   call_thread t = {.a = a};
   pthread_t th;
@@ -386,7 +387,7 @@ XSEG_TEST(streams, empty_cache_blocking_waits_on_the_guard_event_only) {
   XSEG_EXPECT_EQ(after.stream_sync, before.stream_sync);
   XSEG_EXPECT_EQ(after.ctx_sync, before.ctx_sync);
   XSEG_EXPECT_GE(after.event_sync, before.event_sync + 1);
-  XSEG_EXPECT_EQ(xt_latch_waiting(unrelated), 1);
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(unrelated, 1));
   xt_latch_open(unrelated);
   XSEG_EXPECT_CU(cuStreamSynchronize(other));
   XSEG_EXPECT_OK(xseg_check(a));
@@ -480,7 +481,7 @@ XSEG_TEST(streams, growth_at_the_limit_makes_the_stream_wait_not_the_host) {
   XSEG_ASSERT_CU(xt_latch_hold(sa, la));
   XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, p));
-  XSEG_ASSERT_CU(xt_latch_hold(sc, lc));      /* never released in time */
+  XSEG_ASSERT_CU(xt_latch_hold_behind(sc, sa, lc));   /* held throughout */
   sync_counts before = sync_now();
   call_thread t = {.a = a, .stream = sb, .size = 48 * MiB};
   pthread_t th;
@@ -494,7 +495,7 @@ XSEG_TEST(streams, growth_at_the_limit_makes_the_stream_wait_not_the_host) {
   XSEG_EXPECT_EQ(cuStreamQuery(sb), CUDA_ERROR_NOT_READY);  /* behind A */
   xt_latch_open(la);
   XSEG_EXPECT_CU(cuStreamSynchronize(sb));
-  XSEG_EXPECT_EQ(xt_latch_waiting(lc), 1);    /* C never held it up */
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(lc, 1));   /* C never held it up */
   XSEG_EXPECT_TRUE(at_verify(t.p, 48 * MiB, 6));  /* A's 0x77 never lands */
   sync_counts after = sync_now();
   XSEG_EXPECT_EQ(after.stream_sync, before.stream_sync + 1);  /* the test's */

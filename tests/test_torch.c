@@ -98,11 +98,22 @@ XSEG_TEST(torch, two_threads_first_use_makes_one_allocator) {
   xs_torch_destroy_all();
 }
 
+/* A 1 GiB device on the emulator; on a GPU a memory-fraction cap a MiB
+   above 1 GiB stands for it (as at_create_capped sets it). */
 XSEG_TEST(torch, out_of_memory_is_kept_with_the_message) {
-  XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 1 * GiB);
+  if (xt_have_sim()) xsim_set_device_memory(0, 1 * GiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   torch_setup();
+  if (!xt_have_sim()) {
+    CUdevice dev;
+    size_t total = 0;
+    XSEG_ASSERT_CU(cuDeviceGet(&dev, 0));
+    XSEG_ASSERT_CU(cuDeviceTotalMem(&total, dev));
+    char conf[64];
+    snprintf(conf, sizeof conf, "xseg_memory_fraction:%.12g",
+             ((double)GiB + (double)MiB) / (double)total);
+    setenv("XSEG_ALLOC_CONF", conf, 1);
+  }
   void *p = xseg_torch_malloc(512 * MiB, 0, NULL);
   XSEG_ASSERT_TRUE(p != NULL);
   XSEG_EXPECT_TRUE(xseg_torch_malloc(768 * MiB, 0, NULL) == NULL);

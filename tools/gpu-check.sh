@@ -10,7 +10,9 @@
 # no test failed or timed out and both benchmarks ran.
 #
 #   tools/gpu-check.sh                  build into build-gpu, test, bench
-#   tools/gpu-check.sh --driver sim     the same on the emulator (a dry run,
+#   tools/gpu-check.sh --driver sim     the same on the emulator, the tests
+#                                       told it is a real driver (a dry run,
+#                                       -DXSEG_TEST_DRIVER=sim-as-system,
 #                                       into build-gpu-sim)
 #   tools/gpu-check.sh --summarize LOG  only the summary of a ctest -V log
 #
@@ -28,7 +30,7 @@ micro_args=""
 summarize=""
 
 usage() {
-  sed -n '2,20s/^# \{0,1\}//p' "$0"
+  sed -n '2,22s/^# \{0,1\}//p' "$0"
   exit "${1:-0}"
 }
 
@@ -95,7 +97,7 @@ fi
 
 case "$driver" in
   cuda) test_driver=system; build="${build:-$root/build-gpu}" ;;
-  sim) test_driver=sim; build="${build:-$root/build-gpu-sim}" ;;
+  sim) test_driver=sim-as-system; build="${build:-$root/build-gpu-sim}" ;;
   *) echo "gpu-check.sh: --driver is cuda or sim, not $driver" >&2; exit 2 ;;
 esac
 

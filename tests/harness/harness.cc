@@ -185,6 +185,12 @@ extern "C" bool xt_live_unchanged(const xsim_live *before,
   return out.empty();
 }
 
+extern "C" bool xt_devices_at_least(int n) {
+  int count = 0;
+  return cuInit(0) == CUDA_SUCCESS &&
+         cuDeviceGetCount(&count) == CUDA_SUCCESS && count >= n;
+}
+
 extern "C" CUcontext xt_context(int dev) {
   static CUcontext contexts[64];
   static std::mutex lock;

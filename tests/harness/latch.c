@@ -69,3 +69,14 @@ static void CUDA_CB latch_wait(void *arg) {
 CUresult xt_latch_hold(CUstream stream, xt_latch *l) {
   return cuLaunchHostFunc(stream, latch_wait, l);
 }
+
+CUresult xt_latch_hold_behind(CUstream stream, CUstream held, xt_latch *l) {
+  CUevent e;
+  CUresult r = cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return r;
+  r = cuEventRecord(e, held);
+  if (r == CUDA_SUCCESS) r = cuStreamWaitEvent(stream, e, 0);
+  CUresult destroyed = cuEventDestroy(e);   /* the wait keeps its record */
+  if (r == CUDA_SUCCESS) r = destroyed;
+  return r == CUDA_SUCCESS ? xt_latch_hold(stream, l) : r;
+}

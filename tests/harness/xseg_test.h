@@ -63,8 +63,6 @@ bool xt_check_str(const char *file, int line, bool fatal, const char *a,
 /* Marks the running test skipped; the body must return after it. */
 void xt_skip(const char *file, int line, const char *why);
 
-/* True when the emulator is the driver (its control API is present). */
-static inline bool xt_have_sim(void) { return xsim_get_live != NULL; }
 
 /* The fixture's leak check, exposed so that a test can prove it catches a
    leak: compares `now` against `before`, writes what leaked to msg and
@@ -82,6 +80,14 @@ static inline const char *xt_driver_name(void) {
   return d != NULL && strcmp(d, "system") == 0 ? NULL : "sim";
 }
 
+/* True when the tests may steer the emulator: its control API is present,
+   and the tests were not told they run on a real driver. With
+   XSEG_TEST_DRIVER=system on the emulator (-DXSEG_TEST_DRIVER=sim-as-system)
+   every test takes the path it takes on a GPU: a dry run of a GPU run. */
+static inline bool xt_have_sim(void) {
+  return xsim_get_live != NULL && xt_driver_name() != NULL;
+}
+
 /* A context on device `dev` made current on the calling thread (the primary
    context, retained once per process and never released: the driver keeps it
    for the process's lifetime anyway). */
@@ -90,17 +96,26 @@ CUcontext xt_context(int dev);
 /* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
    function that blocks the stream until xt_latch_open. Open every latch
    before the test ends, then synchronise, then free it. On a real driver
-   host functions run one at a time (observed on H100, driver 580): while
-   one latch blocks, no other host function of the process runs, so a
-   latch on a second stream holds that stream too but is not seen waiting,
-   and "stream B is not held back" must be shown with device work on B,
-   not a host function. Nothing the test thread does between hold and open
+   host functions run one at a time (observed on H100, driver 580), and so
+   they do on the emulator: while one latch blocks, no other host function
+   of the process runs. So a test holds at most one stream by a blocked
+   latch at a time (a second stream with xt_latch_hold_behind); "stream B is
+   not held back" is shown with device work on B, not a host function; and
+   a latch that starts waiting only once another opened is awaited with
+   xt_latch_wait_for_holders, not read at once with xt_latch_waiting.
+   Nothing the test thread does between hold and open
    may wait for the held stream: no synchronising call, no copy into
    pageable host memory on it or on the legacy stream behind a blocking
    stream it holds. */
 typedef struct xt_latch xt_latch;
 xt_latch *xt_latch_new(void);
 CUresult  xt_latch_hold(CUstream stream, xt_latch *l);
+/* Holds a second stream without a second host function blocked at once:
+   `stream` first waits (an event) for the work queued so far on `held`, its
+   latch included, then is held by l. So l's host function becomes ready only
+   after held's latch opened, whatever order the driver gives host functions
+   of different streams; until then `stream` is held by the wait. */
+CUresult  xt_latch_hold_behind(CUstream stream, CUstream held, xt_latch *l);
 void      xt_latch_open(xt_latch *l);
 int       xt_latch_waiting(xt_latch *l);   /* host functions blocked now */
 /* Waits (up to 10 s) until n host functions are blocked on the latch. */
@@ -197,6 +212,20 @@ void      xt_latch_free(xt_latch *l);
       return;                                                               \
     }                                                                       \
   } while (0)
+
+/* Skips the test unless the driver has at least n devices (n a literal).
+   On the emulator the test first asks for them (XSIM_DEVICE_COUNT), on a
+   real driver the machine must have them. */
+#define XT_REQUIRE_DEVICES(n)                                               \
+  do {                                                                      \
+    if (!xt_devices_at_least(n)) {                                          \
+      xt_skip(__FILE__, __LINE__, "needs " #n " devices; this machine has " \
+                                  "fewer");                                 \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+/* The device count, after cuInit, is at least n. */
+bool xt_devices_at_least(int n);
 
 #ifdef __cplusplus
 }
