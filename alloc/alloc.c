@@ -205,6 +205,7 @@ void xseg_destroy(xseg_allocator *a) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
     xs_stream_pools_free_locked(a, sp);
   }
+  xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
   xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
     xs_pending_destroy(&a->pending);

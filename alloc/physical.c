@@ -96,6 +96,15 @@ xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out) {
 void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (i > 0 && handles[i] == handles[i - 1]) continue;
+    /* Lent (or taken from a mapping it was lent from): an alias still maps
+       it, so its memory stays until that alias is unmapped, and its bytes
+       count until then (segments/release.c releases it there). */
+    xs_vmm_alias orphan;
+    if (xs_vmm_alias_orphan(&a->vmm, handles[i], &orphan)) {
+      xs_stats_move(&a->stats, XS_GAUGE_reserved_bytes,
+                    (xs_pool_kind)orphan.tag, (int64_t)orphan.size);
+      continue;
+    }
     /* Around the message-setting wrappers: the growth's own failure is the
        message. A failed release is kept for a retry (vmm/unreleased.c). */
     CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];

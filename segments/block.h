@@ -67,7 +67,8 @@ struct xs_block {
      there; this old mapping (XS_PAGE_ALIAS) waits, unusable, until its
      stream's guard passes free_epoch, and is then unmapped. Implies
      allocated (never merges, in no tree) and !mapped (not memory: it
-     counts in no stat but the pool's retiring list). */
+     counts in no stat but the pool's retiring list; a handle it maps that
+     no mapping owns any more counts once, as an orphan: vmm/aliases.c). */
   bool retiring;
   xs_block *retire_next;       /* the pool's retiring list */
 };

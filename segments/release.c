@@ -32,7 +32,13 @@
  * bytes leave reserved_bytes, which the new mapping adds back), and
  * xs_pool_retire unmaps it once the guard has passed its free. One handle
  * is then mapped at two addresses for a while: physical memory is counted
- * once, only address space twice.
+ * once, only address space twice. The driver frees a handle only when it
+ * is released and its last mapping is gone, so while an alias maps a
+ * handle (vmm/aliases.c) a release pass leaves that handle mapped where it
+ * is owned (releasing it would free nothing, and reserved_bytes would stop
+ * counting memory the device still holds); a handle that a failed growth
+ * gives up while an alias maps it is an orphan, counted in reserved_bytes
+ * until xs_pool_retire unmaps its last alias and releases it.
  *
  * Unmapping does not wait for work in flight. PyTorch's expandable segments
  * synchronize the stream before every unmap; here nothing waits: a block is
@@ -68,13 +74,31 @@ static void release_span(const xs_block *b, uint64_t *lo, size_t *n) {
   *n = g1 > g0 ? g1 - g0 : 0;
 }
 
-/* How many granules of the span from granule g (n of them) to cut: whole
-   handles from its low end until at least `want`, never more than `max`. */
-static size_t release_take(const xs_segment *s, size_t g, size_t n,
-                           size_t want, size_t max) {
+/* Whether the owned handle at granule g is still mapped by an alias (a
+   mapping it was lent from, perhaps in another pool). Releasing it would
+   free no device memory until that alias is unmapped, while reserved
+   bytes would stop counting it: it stays for a pass after the alias went
+   (vmm/aliases.c). Moving it to a new mapping is fine: it stays owned. */
+static bool release_pinned(const xs_pool *p, const xs_segment *s, size_t g) {
+  return s->mapped[g] == XS_PAGE_OWNED &&
+         xs_vmm_alias_maps(p->vmm, s->handle[g]);
+}
+
+/* How many granules of the span from granule *g (*n of them) to cut: whole
+   handles from its low end until at least `want`, never more than `max`.
+   A release to the driver (`release`) first skips the pinned handles at
+   the low end (moving *g and *n) and stops before the next one. */
+static size_t release_take(const xs_pool *p, const xs_segment *s, size_t *g,
+                           size_t *n, size_t want, size_t max, bool release) {
+  while (release && *n > 0 && release_pinned(p, s, *g)) {
+    size_t k = s->hlen[*g];
+    *g += k;
+    *n -= k;
+  }
   size_t took = 0;
-  while (took < n && took < want && took + s->hlen[g + took] <= max)
-    took += s->hlen[g + took];
+  while (took < *n && took < want && took + s->hlen[*g + took] <= max &&
+         !(release && release_pinned(p, s, *g + took)))
+    took += s->hlen[*g + took];
   return took;
 }
 
@@ -138,6 +162,10 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
                 -(int64_t)(n * s->granule));
   if (lend) {
     xs_segment_record_lend(s, lo, n, handles_out);
+    size_t g = xs_segment_granule_of(s, lo);
+    for (size_t i = 0; i < n; i += s->hlen[g + i])
+      xs_vmm_alias_add(p->vmm, lo + i * s->granule, handles_out[i],
+                       s->hlen[g + i] * s->granule, (int)p->kind);
     mid->allocated = true;
     mid->retiring = true;
     mid->retire_next = p->retiring;
@@ -148,6 +176,21 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
   xs_segment_record_unmap(s, lo, n, handles_out);
   if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   xs_pool_coalesce(p, mid);
+}
+
+/* After [addr, addr + size) of s was unmapped: releases the orphans whose
+   last aliases were there (their bytes leave reserved_bytes only now) and
+   forgets the other aliases there. */
+static void release_aliases(xs_pool *p, uint64_t addr, size_t size,
+                            xseg_status *late) {
+  xs_vmm_alias e;
+  while (xs_vmm_alias_take_orphan(p->vmm, addr, size, &e)) {
+    xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, (xs_pool_kind)e.tag,
+                  -(int64_t)e.size);
+    xseg_status st = release_handle(p, e.handle);
+    if (st != XSEG_OK && *late == XSEG_OK) *late = st;
+  }
+  xs_vmm_alias_drop(p->vmm, addr, size);
 }
 
 static void release_put_spares(xs_pool *p, xs_block *spare[2]) {
@@ -163,19 +206,24 @@ static size_t release_block(xs_pool *p, xs_block *b, size_t want, size_t max,
                             bool lend, uint64_t *handles_out,
                             xseg_status *st) {
   assert(!lend || handles_out != NULL);
+  xs_segment *s = b->seg;
   uint64_t lo;
   size_t n;
   release_span(b, &lo, &n);
-  n = release_take(b->seg, xs_segment_granule_of(b->seg, lo), n, want, max);
+  size_t g = xs_segment_granule_of(s, lo);
+  n = release_take(p, s, &g, &n, want, max, !lend && handles_out == NULL);
   if (n == 0) return 0;
-  uint64_t hi = lo + n * b->seg->granule;
+  lo = s->base + g * s->granule;
+  uint64_t hi = lo + n * s->granule;
   xs_block *spare[2] = {NULL, NULL};
   if (lo > b->addr) spare[0] = xs_blocks_get(p->blocks);
   if (hi < xs_block_end(b)) spare[1] = xs_blocks_get(p->blocks);
   if ((lo > b->addr && spare[0] == NULL) ||
-      (hi < xs_block_end(b) && spare[1] == NULL)) {
+      (hi < xs_block_end(b) && spare[1] == NULL) ||
+      (lend && !xs_vmm_alias_reserve(p->vmm, n))) {
     release_put_spares(p, spare);
-    *st = xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for a block");
+    *st = xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                   "out of host memory for a block or an alias record");
     return 0;
   }
   xseg_status late = XSEG_OK;
@@ -270,6 +318,7 @@ xseg_status xs_pool_retire(xs_pool *p) {
     }
     *link = r->retire_next;
     p->n_retiring--;
+    release_aliases(p, r->addr, r->size, &first);
     xs_segment *s = r->seg;
     xs_segment_record_unmap(s, r->addr, r->size / s->granule, NULL);
     if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, r->addr, r->size);
@@ -341,6 +390,7 @@ static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
     if (first == XSEG_OK) first = st;
     g += run;
   }
+  release_aliases(p, s->base, s->size, &first);
   xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);
   return first != XSEG_OK ? first : st;
 }

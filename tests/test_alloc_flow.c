@@ -220,6 +220,48 @@ XSEG_TEST(alloc_flow, check_counts_an_alias_once_and_destroy_frees_it) {
   lend_teardown(&f);                          /* destroys with aliases */
 }
 
+/* A growth that fails after lending: the lent handles go back to nobody,
+   but the old mappings still map them, so the driver keeps their memory
+   until those are unmapped. Until then their bytes stay in reserved_bytes
+   (orphans) and they are not released; once the held work has run, a
+   release pass unmaps the old mappings and releases them. Device memory
+   held is what reserved_bytes says at every point. */
+XSEG_TEST(alloc_flow, a_failed_growth_keeps_counting_what_it_had_lent) {
+  lend_fixture f = {0};
+  lend_setup(&f);
+  xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
+  uint64_t releases = xsim_call_count("cuMemRelease");
+  void *big = NULL;
+  XSEG_EXPECT_EQ(xseg_malloc(f.a, 56 * MiB, f.s, &big), XSEG_ERR_DRIVER);
+  xsim_fail_call("cuMemCreate", 0, CUDA_SUCCESS);
+  XSEG_EXPECT_EQ(xsim_call_count("cuMemRelease"), releases);
+  xseg_stats st;
+  XSEG_ASSERT_OK(xseg_get_stats(f.a, &st));
+  xsim_live l = live_now();
+  XSEG_EXPECT_EQ(st.reserved_bytes.current, 48 * MiB);   /* 40 + the pin */
+  XSEG_EXPECT_EQ((int64_t)l.physical_bytes, st.reserved_bytes.current);
+  XSEG_EXPECT_EQ((int64_t)l.handles,
+                 st.num_device_alloc - st.num_device_free);
+  XSEG_EXPECT_OK(xseg_check(f.a));
+  XSEG_EXPECT_OK(xseg_empty_cache(f.a));     /* held: nothing may go */
+  XSEG_EXPECT_EQ(xsim_call_count("cuMemRelease"), releases);
+  XSEG_ASSERT_OK(xseg_get_stats(f.a, &st));
+  XSEG_EXPECT_EQ(st.reserved_bytes.current, 48 * MiB);
+  xt_latch_open(f.l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(f.s));
+  XSEG_EXPECT_OK(xseg_empty_cache(f.a));
+  XSEG_EXPECT_GT(xsim_call_count("cuMemRelease"), releases);
+  XSEG_ASSERT_OK(xseg_get_stats(f.a, &st));
+  l = live_now();
+  XSEG_EXPECT_EQ(st.reserved_bytes.current, 8 * MiB);    /* the pin */
+  XSEG_EXPECT_EQ((int64_t)l.physical_bytes, st.reserved_bytes.current);
+  XSEG_EXPECT_EQ((int64_t)l.handles,
+                 st.num_device_alloc - st.num_device_free);
+  XSEG_EXPECT_EQ(l.mappings, l.handles);
+  XSEG_EXPECT_OK(xseg_check(f.a));
+  lend_teardown(&f);
+}
+
 /* ---- across streams: the device waits, not the host ----------------------- */
 
 /* Stream A frees 48 MiB its held work still writes. Stream B asks for 48
@@ -262,6 +304,72 @@ XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
   xt_latch_free(la);
+  XSEG_EXPECT_CU(cuStreamDestroy(sa));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+}
+
+/* A stolen handle stays mapped at the donor's old address until the
+   donor's guard passes. Here the thief's work is done (it waited on the
+   donor's old work, which has run) but the donor's guard cannot show it
+   yet: its event in flight was recorded before the donor's free, and the
+   donor is busy with new work. A release pass must not release the handle
+   then: the driver would keep its memory until the alias is unmapped,
+   while reserved bytes stopped counting it. Device memory held is what
+   reserved_bytes says, handle for handle, before and after the alias
+   goes. */
+XSEG_TEST(alloc_flow, a_handle_an_alias_still_maps_is_not_released) {
+  XT_REQUIRE_SIM();
+  xsim_set_device_memory(0, 256 * MiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream sa = stream_new(), sb = stream_new();
+  xt_latch *old = xt_latch_new(), *busy = xt_latch_new();
+  xsim_live base = live_now();
+  void *p, *x, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, sa, &x));
+  XSEG_ASSERT_CU(xt_latch_hold(sa, old));
+  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
+  XSEG_ASSERT_OK(xseg_free(a, x));
+  /* A's guard event: recorded now, before p's free, and held back. */
+  uint64_t records = xsim_call_count("cuEventRecord");
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_ASSERT_EQ(xsim_call_count("cuEventRecord"), records + 1);
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  uint64_t stream_waits = xsim_call_count("cuStreamWaitEvent");
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));         /* B steals */
+  XSEG_ASSERT_EQ(xsim_call_count("cuStreamWaitEvent"), stream_waits + 1);
+  XSEG_ASSERT_GT(live_now().mappings, live_now().handles);  /* an alias */
+  xt_latch_open(old);
+  XSEG_EXPECT_CU(cuStreamSynchronize(sb));   /* A's old work has run */
+  XSEG_ASSERT_CU(xt_latch_hold(sa, busy));   /* A busy again */
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  uint64_t releases = xsim_call_count("cuMemRelease");
+  XSEG_EXPECT_OK(xseg_empty_cache(a));       /* B's guard passes, A's not */
+  XSEG_EXPECT_EQ(xsim_call_count("cuMemRelease"), releases);
+  xseg_stats st;
+  XSEG_ASSERT_OK(xseg_get_stats(a, &st));
+  xsim_live l = live_now();
+  XSEG_EXPECT_GT(l.mappings, l.handles);     /* the alias is still there */
+  XSEG_EXPECT_GE(l.physical_bytes - base.physical_bytes, 48 * MiB);
+  XSEG_EXPECT_EQ((int64_t)(l.physical_bytes - base.physical_bytes),
+                 st.reserved_bytes.current);
+  XSEG_EXPECT_EQ((int64_t)(l.handles - base.handles),
+                 st.num_device_alloc - st.num_device_free);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xt_latch_open(busy);
+  XSEG_EXPECT_CU(cuStreamSynchronize(sa));
+  XSEG_EXPECT_OK(xseg_empty_cache(a));       /* the alias, then the handle */
+  XSEG_ASSERT_OK(xseg_get_stats(a, &st));
+  l = live_now();
+  XSEG_EXPECT_EQ(l.physical_bytes, base.physical_bytes);
+  XSEG_EXPECT_EQ(l.mappings, base.mappings);
+  XSEG_EXPECT_EQ(st.reserved_bytes.current, 0);
+  XSEG_EXPECT_EQ(st.num_device_alloc, st.num_device_free);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(old);
+  xt_latch_free(busy);
   XSEG_EXPECT_CU(cuStreamDestroy(sa));
   XSEG_EXPECT_CU(cuStreamDestroy(sb));
 }

@@ -122,13 +122,14 @@ XSEG_TEST(segments, block_cache_recycles_structs) {
 typedef struct fake {
   xs_segment seg;
   xs_pool pool;
+  xs_vmm vmm;                   /* no driver: only its alias records */
   xs_blocks cache;
   xs_stats stats;
 } fake;
 
 static void fake_init(fake *f, size_t n, const uint8_t *map) {
   memset(f, 0, sizeof *f);
-  xs_pool_init(&f->pool, XS_POOL_LARGE, NULL, NULL, &f->cache, &f->stats);
+  xs_pool_init(&f->pool, XS_POOL_LARGE, NULL, &f->vmm, &f->cache, &f->stats);
   xs_segment *s = &f->seg;
   s->base = 0x7f0000000000ull;
   s->granule = 2u << 20;
@@ -161,6 +162,7 @@ static void fake_init(fake *f, size_t n, const uint8_t *map) {
 }
 
 static void fake_free(fake *f) {
+  xs_vmm_alias_destroy(&f->vmm);
   xs_segment_free_page_map(&f->seg);
   xs_blocks_destroy(&f->cache);
 }

@@ -35,6 +35,11 @@ typedef struct xs_vmm {
      [0, n_unreleased) of an array of cap_unreleased. */
   uint64_t *unreleased;
   size_t n_unreleased, cap_unreleased;
+  /* Old mappings of lent handles, still mapped (aliases.c): [0, n_aliases)
+     of an array of cap_aliases. */
+  struct xs_vmm_alias *aliases;
+  size_t n_aliases, cap_aliases;
+  size_t orphan_bytes;             /* held by orphans only (aliases.c) */
 } xs_vmm;
 
 /* Loads the driver (see xs_driver_load for `driver_path`), checks that the
@@ -76,6 +81,45 @@ bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t handle);
 xseg_status xs_vmm_unreleased_retry(xs_vmm *v);
 /* Retries one last time, then forgets the list (xseg_destroy). */
 void xs_vmm_unreleased_destroy(xs_vmm *v);
+
+/* Aliases (aliases.c): a lent handle stays mapped at its old address (the
+   alias) after it was mapped again elsewhere, until the alias is unmapped.
+   The driver frees a handle's memory only when it is released and its last
+   mapping is gone, so releasing a handle that an alias still maps frees
+   nothing yet: the layers above ask xs_vmm_alias_maps first, and a handle
+   that must go while aliases map it (a growth that failed after taking
+   it) becomes an orphan, released when its last alias is unmapped. */
+typedef struct xs_vmm_alias {
+  uint64_t addr;                   /* the alias mapping's first byte */
+  uint64_t handle;
+  size_t size;                     /* the handle's bytes */
+  int tag;                         /* the caller's: whom its bytes count for
+                                      (an orphan's: all its aliases') */
+  bool orphan;                     /* owned nowhere: released with its last
+                                      alias */
+} xs_vmm_alias;
+/* Room for n more aliases; false when host memory ran out (then nothing
+   may be lent). */
+bool xs_vmm_alias_reserve(xs_vmm *v, size_t n);
+/* Records that `handle` (`size` bytes) stays mapped at `addr`;
+   xs_vmm_alias_reserve made room first. */
+void xs_vmm_alias_add(xs_vmm *v, uint64_t addr, uint64_t handle, size_t size,
+                      int tag);
+/* Whether an alias still maps `handle`. */
+bool xs_vmm_alias_maps(const xs_vmm *v, uint64_t handle);
+/* Makes `handle`, which its owner gives up, an orphan of the aliases that
+   map it, if any: then *out gets its size and tag (its bytes are still
+   held on the device, in v->orphan_bytes) and true is returned. */
+bool xs_vmm_alias_orphan(xs_vmm *v, uint64_t handle, xs_vmm_alias *out);
+/* Takes out one orphan whose last aliases lie in [addr, addr + size) (just
+   unmapped), with all its aliases: its release is now due. False: none. */
+bool xs_vmm_alias_take_orphan(xs_vmm *v, uint64_t addr, size_t size,
+                              xs_vmm_alias *out);
+/* Forgets the aliases mapped in [addr, addr + size) (just unmapped). */
+void xs_vmm_alias_drop(xs_vmm *v, uint64_t addr, size_t size);
+/* Releases the orphans left (their aliases could not be unmapped) and
+   forgets every alias (xseg_destroy, after the pools' unmaps). */
+void xs_vmm_alias_destroy(xs_vmm *v);
 
 /* Maps a whole handle of `size` bytes at addr (no access yet). */
 xseg_status xs_vmm_map(xs_vmm *v, uint64_t addr, size_t size,
