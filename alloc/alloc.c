@@ -3,7 +3,11 @@
  *
  * The cached path (a free block fits) makes no driver call and no heap
  * allocation once warm: a best-fit lookup, a split from the block cache,
- * one pointer-table insert, all under the allocator's one mutex.
+ * one pointer-table insert, all under the allocator's one mutex. A free
+ * that would only merge the block back into the rest it was split from
+ * parks it instead, and a malloc of the same size on the same pool takes
+ * it back when that is what merging and splitting would give (lazy
+ * merging, segments/pool.h); every other entry point settles first.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -65,9 +69,9 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
 }
 
 /* The pools of `stream`, looked up in the list and moved to its front. */
-static xseg_status alloc_pools_lookup(xseg_allocator *a,
-                                      struct CUstream_st *stream,
-                                      xs_stream_pools **out) {
+xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          xs_stream_pools **out) {
   xs_stream_pools **link = &a->streams;
   for (; *link != NULL; link = &(*link)->next)
     if ((*link)->stream == stream && (*link)->private_id == 0) break;
@@ -85,16 +89,6 @@ static xseg_status alloc_pools_lookup(xseg_allocator *a,
   }
   *out = sp;
   return XSEG_OK;
-}
-
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out) {
-  xs_stream_pools *sp = a->streams;
-  /* The common case: the same stream as last time, already first. */
-  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
-    return *out = sp, XSEG_OK;
-  return alloc_pools_lookup(a, stream, out);
 }
 
 /* Rounds a granule setting up to the device's granularity. */
@@ -237,13 +231,19 @@ void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign) {
                 sign * (int64_t)b->size);
   xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
                 sign * (int64_t)b->requested);
+  /* active stays: it is derived from allocation (segments/stats.h). */
+  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, sign, 0);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k,
+                     sign * (int64_t)b->size, 0);
 }
 
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
                              int sign) {
+  assert(sign < 0 && "active rises only with a malloc");
   xs_pool_kind k = b->seg->pool->kind;
-  xs_stats_move(&a->stats, XS_GAUGE_active, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, 0, sign);
+  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k, 0,
+                     sign * (int64_t)b->size);
 }
 
 /* Nothing announces the end of a capture found by the driver: ask, lest
@@ -260,25 +260,23 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
 
 /* The cached path's accounting: live and active together, the direction
    known at compile time (no sign multiplications, decreases without peak
-   checks). The same moves as xs_alloc_account_live and _active. */
+   checks). The same as xs_alloc_account_live and _active together. */
 static inline void alloc_account_malloc(xseg_allocator *a, const xs_block *b,
                                         xs_pool_kind k) {
-  int64_t size = (int64_t)b->size;
   xs_stats_inc(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  xs_stats_inc(&a->stats, XS_GAUGE_active, k, 1);
-  xs_stats_inc(&a->stats, XS_GAUGE_active_bytes, k, size);
+  /* active follows allocation (derived); its peak needs a look only while
+     freed blocks are still active. */
+  if (__builtin_expect(a->stats.all[XS_GAUGE_active].current != 0, 0))
+    xs_stats_held_peak(&a->stats, k);
 }
 
 static inline void alloc_account_free(xseg_allocator *a, const xs_block *b) {
   xs_pool_kind k = b->seg->pool->kind;
-  int64_t size = (int64_t)b->size;
   xs_stats_dec(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, size);
+  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_dec(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  xs_stats_dec(&a->stats, XS_GAUGE_active, k, 1);
-  xs_stats_dec(&a->stats, XS_GAUGE_active_bytes, k, size);
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -293,6 +291,17 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
     if (sp != NULL) return *out = sp, XSEG_OK;
   }
   return xs_stream_pools_get_locked(a, stream, out);
+}
+
+/* A block just taken from pool p becomes the caller's. */
+static inline void alloc_hand_out_locked(xseg_allocator *a, xs_pool *p,
+                                         xs_block *b, size_t size,
+                                         struct CUstream_st *stream) {
+  b->requested = size;
+  b->stream = stream;
+  xs_ptrtable_add(&a->live, b);
+  alloc_account_malloc(a, b, p->kind);
+  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -310,13 +319,48 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
   if (st != XSEG_OK) return st;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  b->requested = size;
-  b->stream = stream;
-  xs_ptrtable_add(&a->live, b);
-  alloc_account_malloc(a, b, p->kind);
-  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+  alloc_hand_out_locked(a, p, b, size, stream);
   *out = b;
   return XSEG_OK;
+}
+
+void xs_alloc_settle_locked(xseg_allocator *a) {
+  xs_alloc_park_stats_locked(a);
+  for (xs_stream_pools *sp = a->streams; sp != NULL && a->n_parked != 0;
+       sp = sp->next)
+    for (int k = 0; k < 2; k++) xs_alloc_settle_pool_locked(a, &sp->pool[k]);
+  assert(a->n_parked == 0);
+}
+
+/* The cached malloc with blocks parked (allocator.h): the one of the
+   request's pool when the request is its size and settling then taking
+   the best fit would hand out exactly it (xs_pool_retake). False (nothing
+   changed) otherwise: the caller settles and goes the usual way. Pending
+   frees and captures go the usual way, in the usual order. */
+static bool alloc_retake_locked(xseg_allocator *a, size_t size,
+                                size_t rounded, struct CUstream_st *stream,
+                                xs_block **out) {
+  if (xs_alloc_has_pending(a) || xs_alloc_capturing(a) ||
+      !xs_ptrtable_reserve(&a->live))
+    return false;
+  xs_stream_pools *sp;
+  if (xs_stream_pools_get_locked(a, stream, &sp) != XSEG_OK) return false;
+  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded) return false;
+  /* The merged block must be one the policy takes and splits. */
+  size_t merged = rounded + b->next->size;
+  if (!xs_alloc_fit_takes(a, merged, rounded) ||
+      !xs_alloc_splits(a, p->kind, merged, rounded))
+    return false;
+  /* Another pool's merge goes in the stats before this one's moves. */
+  if (a->park_stats != p) xs_alloc_park_stats_locked(a);
+  if (!xs_pool_retake(p, a->park_stats != p)) return false;
+  a->park_stats = NULL;
+  a->n_parked--;
+  alloc_hand_out_locked(a, p, b, size, stream);
+  *out = b;
+  return true;
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
@@ -340,14 +384,21 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
                     "to blocks and granules", size);
-  xs_alloc_lock(a);
-  /* Frees waiting on other streams are settled first, as PyTorch's
-     process_events; a counter check when none waits. A failed query only
-     leaves them waiting: the allocation goes on. */
-  if (__builtin_expect(xs_alloc_has_pending(a), 0))
-    xs_alloc_process_pending_locked(a, false);
+  xs_alloc_lock_cached(a);
   xs_block *b = NULL;
-  xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
+  xseg_status st = XSEG_OK;
+  /* A miss settles every pool: growth and pending frees look at other
+     streams' pools. */
+  if (a->n_parked != 0 && !alloc_retake_locked(a, size, rounded, stream, &b))
+    xs_alloc_settle_locked(a);
+  if (b == NULL) {
+    /* Frees waiting on other streams are settled first, as PyTorch's
+       process_events; a counter check when none waits. A failed query
+       only leaves them waiting: the allocation goes on. */
+    if (__builtin_expect(xs_alloc_has_pending(a), 0))
+      xs_alloc_process_pending_locked(a, false);
+    st = alloc_block_locked(a, size, rounded, stream, &b);
+  }
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
@@ -362,13 +413,26 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
-  /* Exported and held by another process: pending until it lets go. */
-  if (__builtin_expect(a->ipc != NULL, 0) && xs_ipc_hold_free_locked(a, b))
-    return XSEG_OK;
-  if (__builtin_expect(b->uses.n != 0, 0))
-    return xs_alloc_defer_free_locked(a, b);
+  xs_pool *p = b->seg->pool;
+  /* Its pool's parked block merges first, as at its own free. */
+  xs_alloc_settle_pool_locked(a, p);
+  if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
+    /* Shared or deferred frees may look at other pools: none parked. */
+    if (a->n_parked != 0) xs_alloc_settle_locked(a);
+    /* Exported and held by another process: pending until it lets go. */
+    if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
+    if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
+  }
   alloc_account_free(a, b);
-  xs_alloc_give_locked(a, b);
+  if (!xs_pool_parkable(b)) {
+    xs_alloc_give_locked(a, b);
+    return XSEG_OK;
+  }
+  /* Stamped and traced as xs_alloc_give_locked does, merged later. */
+  xs_alloc_stamp_locked(a, b);
+  xs_pool_park(p, b);
+  a->n_parked++;
+  a->park_stats = p;
   return XSEG_OK;
 }
 
@@ -378,7 +442,9 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                     "NULL", ptr);
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_alloc_lock(a);
+  xs_alloc_lock_cached(a);
+  /* The last park's merge counts before this free's moves. */
+  xs_alloc_park_stats_locked(a);
   size_t slot = xs_ptrtable_find(&a->live, addr);
   if (slot == SIZE_MAX) {
     xs_alloc_unlock(a);

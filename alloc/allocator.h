@@ -98,6 +98,15 @@ struct xseg_allocator {
   xs_capture *captures;
   size_t n_captures, cap_captures, n_implicit;
   xs_trace trace;                     /* device_traces ring (snapshot) */
+  /* Pools whose block the cached free parked unmerged (segments/pool.h,
+     lazy merging). Every entry point but the cached malloc and free
+     settles them all as it takes the lock (xs_alloc_lock), so nothing
+     else ever sees one. */
+  size_t n_parked;
+  /* The pool of the last park while its merge is not in the stats yet:
+     until the next operation, which counts it first or, taking the block
+     back, together with the split (segments/pool.h). */
+  xs_pool *park_stats;
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
@@ -120,7 +129,26 @@ struct xseg_allocator {
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
 
-static inline void xs_alloc_lock(xseg_allocator *a) {
+/* Counts the last park's merge in the stats, if it is not yet. */
+static inline void xs_alloc_park_stats_locked(xseg_allocator *a) {
+  if (a->park_stats == NULL) return;
+  xs_pool_park_stats(a->park_stats);
+  a->park_stats = NULL;
+}
+/* Merges p's parked block, if any, as its free would have. */
+static inline void xs_alloc_settle_pool_locked(xseg_allocator *a,
+                                               xs_pool *p) {
+  if (p->parked == NULL) return;
+  xs_alloc_park_stats_locked(a);
+  xs_pool_settle(p);
+  a->n_parked--;
+}
+/* Merges every parked block (alloc.c). */
+void xs_alloc_settle_locked(xseg_allocator *a);
+
+/* The lock for the cached malloc and free alone, which deal with a parked
+   block themselves. */
+static inline void xs_alloc_lock_cached(xseg_allocator *a) {
   xs_lock_take(&a->lock);
 #ifndef NDEBUG
   a->owner = pthread_self();
@@ -128,11 +156,19 @@ static inline void xs_alloc_lock(xseg_allocator *a) {
 #endif
 }
 
+/* The lock for everything else: every pool keeps block.h's rules. */
+static inline void xs_alloc_lock(xseg_allocator *a) {
+  xs_alloc_lock_cached(a);
+  if (__builtin_expect(a->n_parked != 0, 0)) xs_alloc_settle_locked(a);
+}
+
 static inline void xs_alloc_unlock(xseg_allocator *a) {
 #ifndef NDEBUG
   if (a->debug_check_every != 0 &&
-      ++a->debug_ops % a->debug_check_every == 0)
+      ++a->debug_ops % a->debug_check_every == 0) {
+    if (a->n_parked != 0) xs_alloc_settle_locked(a);
     xs_alloc_debug_check_locked(a);
+  }
   a->owned = false;
 #endif
   xs_lock_drop(&a->lock);
@@ -145,10 +181,20 @@ static inline void xs_alloc_unlock(xseg_allocator *a) {
 #define XS_ASSERT_LOCKED(a) ((void)0)
 #endif
 
-/* The pools of `stream`, created on first use (round.c has the policy). */
-xseg_status xs_stream_pools_get_locked(xseg_allocator *a,
-                                       struct CUstream_st *stream,
-                                       xs_stream_pools **out);
+/* The pools of `stream`, created on first use, looked up in the list and
+   moved to its front (alloc.c). */
+xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          xs_stream_pools **out);
+/* The same, inline for the common case: the stream of the last call,
+   already first. */
+static inline xseg_status xs_stream_pools_get_locked(
+    xseg_allocator *a, struct CUstream_st *stream, xs_stream_pools **out) {
+  xs_stream_pools *sp = a->streams;
+  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
+    return *out = sp, XSEG_OK;
+  return xs_stream_pools_lookup_locked(a, stream, out);
+}
 /* A new pair (private_id 0: a stream's), linked first; NULL on host OOM. */
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,
@@ -161,12 +207,15 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
    until its memory may really be reused (active, active_bytes). */
 void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
-/* Gives a block whose last use is over back to its pool, stamped with the
-   free clock. */
-static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+/* A block whose last use is over: stamped with the free clock, traced. */
+static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
   b->free_epoch = ++a->free_clock;
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
+}
+/* Gives a block whose last use is over back to its pool, stamped. */
+static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+  xs_alloc_stamp_locked(a, b);
   xs_pool_give(b->seg->pool, b);
 }
 
@@ -246,33 +295,42 @@ static inline xs_pool_kind xs_alloc_kind(size_t rounded) {
   return rounded <= XS_SMALL_SIZE ? XS_POOL_SMALL : XS_POOL_LARGE;
 }
 
-/* get_free_block: the best fit, unless it is an oversize block (at least
-   max_split_size, never split) that a smaller request must not take, or
-   far too large for an oversize request. */
+/* get_free_block's rule: a best fit of `size` bytes is taken, unless it is
+   an oversize block (at least max_split_size, never split) that a smaller
+   request must not take, or far too large for an oversize request. */
+static inline bool xs_alloc_fit_takes(const xseg_allocator *a, size_t size,
+                                      size_t rounded) {
+  size_t max_split = a->cfg.max_split_size;
+  if (rounded < max_split && size >= max_split) return false;
+  return rounded < max_split ||
+         size - rounded < a->cfg.max_non_split_rounding;
+}
+
+/* get_free_block: the best fit, if xs_alloc_fit_takes it. */
 static inline xs_block *xs_alloc_find_free(const xseg_allocator *a,
                                            xs_pool *p, size_t rounded) {
   xs_block *b = xs_freetree_best_fit(&p->free, rounded);
-  if (b == NULL) return NULL;
-  size_t max_split = a->cfg.max_split_size;
-  if (rounded < max_split && b->size >= max_split) return NULL;
-  if (rounded >= max_split &&
-      b->size - rounded >= a->cfg.max_non_split_rounding)
-    return NULL;
-  return b;
+  return b != NULL && xs_alloc_fit_takes(a, b->size, rounded) ? b : NULL;
 }
 
-/* should_split: expandable segments split off any remainder of at least
-   512 bytes (every byte of a segment is reachable, so slivers cost
-   nothing); classic large blocks only when the request is below
-   max_split_size and more than 1 MiB would remain. */
+/* should_split, for a block of `size` bytes in a pool of `kind`:
+   expandable segments split off any remainder of at least 512 bytes
+   (every byte of a segment is reachable, so slivers cost nothing);
+   classic large blocks only when the request is below max_split_size and
+   more than 1 MiB would remain. */
+static inline bool xs_alloc_splits(const xseg_allocator *a, xs_pool_kind kind,
+                                   size_t size, size_t rounded) {
+  assert(size >= rounded);
+  size_t remaining = size - rounded;
+  if (kind == XS_POOL_SMALL || a->cfg.expandable_segments)
+    return remaining >= XS_MIN_BLOCK;
+  return rounded < a->cfg.max_split_size && remaining > XS_SMALL_SIZE;
+}
+
 static inline bool xs_alloc_should_split(const xseg_allocator *a,
                                          const xs_pool *p, const xs_block *b,
                                          size_t rounded) {
-  assert(b->size >= rounded);
-  size_t remaining = b->size - rounded;
-  if (p->kind == XS_POOL_SMALL || a->cfg.expandable_segments)
-    return remaining >= XS_MIN_BLOCK;
-  return rounded < a->cfg.max_split_size && remaining > XS_SMALL_SIZE;
+  return xs_alloc_splits(a, p->kind, b->size, rounded);
 }
 
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded);

@@ -40,9 +40,13 @@ typedef struct xb_deferred_row {
   double records_per_free, queries_per_free;   /* driver calls */
 } xb_deferred_row;
 
+/* Threads: 1, 2 and 4 threads, each on its own stream. */
+enum { XB_THREAD_COUNTS = 3, XB_THREADS_MAX = 4 };
+static const int xb_thread_count[XB_THREAD_COUNTS] = {1, 2, 4};
 typedef struct xb_threads_row {
   uint64_t pairs_per_thread;
-  double one_pairs_per_s, two_pairs_per_s;
+  int cores;                          /* online CPUs: no claim beyond */
+  double pairs_per_s[XB_THREAD_COUNTS];
 } xb_threads_row;
 
 /* A fresh allocator in the micro's mode; prints why on failure. */

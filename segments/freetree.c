@@ -93,6 +93,11 @@ xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
   return RB_PREV(xs_freetree_rb, &t->root, b);
 }
 
+xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
+  (void)t;
+  return RB_NEXT(xs_freetree_rb, &t->root, b);
+}
+
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
   size_t count = 0, bytes = 0;
   const xs_block *prev = NULL;

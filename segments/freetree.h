@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "segments/block.h"
 
@@ -55,6 +56,13 @@ static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
 /* Largest first, then each next smaller (for reclaiming whole granules). */
 xs_block *xs_freetree_largest(xs_freetree *t);
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b);
+/* The next block up the order (the next fit after b), or NULL. */
+xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b);
+/* Whether a block keyed (size, addr) sorts before b. */
+static inline bool xs_freetree_before(size_t size, uint64_t addr,
+                                      const xs_block *b) {
+  return size < b->size || (size == b->size && addr < b->addr);
+}
 /* Order, count and bytes agree with a walk; `msg` gets the first problem. */
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
 

@@ -39,7 +39,7 @@ static size_t pool_split_bytes(const xs_block *b) {
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
-static void pool_split_swap(xs_pool *p, size_t out, size_t in) {
+static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
   /* Both counted (the usual case): the count's -1 then +1 only adds to
      its total of increases. */
   if (out != 0 && in != 0)
@@ -126,6 +126,74 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
   b->allocated = false;
   b->requested = 0;
   return xs_pool_coalesce(p, b);
+}
+
+void xs_pool_park(xs_pool *p, xs_block *b) {
+  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
+  b->allocated = false;
+  b->requested = 0;
+  p->parked = b;
+}
+
+/* Whether the block the parked one merges into is a piece of a larger
+   range (inactive_split counts it). */
+static bool pool_parked_merge_split(const xs_block *b) {
+  return b->prev != NULL || b->next->next != NULL;
+}
+
+void xs_pool_park_stats(xs_pool *p) {
+  /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
+     before it) unindexed, the merged block indexed. */
+  xs_block *b = p->parked, *rest = b->next;
+  pool_split_swap(p, rest->size,
+                  pool_parked_merge_split(b) ? b->size + rest->size : 0);
+}
+
+xs_block *xs_pool_settle(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
+  p->parked = NULL;
+  /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
+  xs_freetree_remove(&p->free, rest);
+  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  xs_freetree_insert(&p->free, b);
+  return b;
+}
+
+bool xs_pool_retake(xs_pool *p, bool merge_counted) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
+  /* The best fit once merged: the merged block (b->size + rest->size at
+     b->addr) against the best fit among the other free blocks, which is
+     the real best fit unless that is `rest`, and then the one after it. */
+  size_t merged = b->size + rest->size;
+  xs_block *other = xs_freetree_best_fit(&p->free, b->size);
+  if (other == rest) other = xs_freetree_larger(&p->free, rest);
+  if (other != NULL && !xs_freetree_before(merged, b->addr, other))
+    return false;
+  bool merged_split = pool_parked_merge_split(b);
+  if (merge_counted) {
+    /* The split's stats (pool_take_split): the merged block out of
+       inactive_split, the rest in. */
+    pool_split_swap(p, merged_split ? merged : 0, rest->size);
+  } else if (merged_split) {
+    /* The merge's and the split's together: every count returns to where
+       it is, the bytes having been up by b->size in between. */
+    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 2;
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
+                    sz + 2 * r);
+  } else {
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 1;
+    p->stats->pool[p->kind][XS_GAUGE_inactive_split_bytes].allocated +=
+        rest->size;
+  }
+  /* The split leaves the rest stamped with the merged block's epoch: the
+     newer of the two. */
+  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
+  b->allocated = true;
+  p->parked = NULL;
+  return true;
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {

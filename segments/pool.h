@@ -44,6 +44,7 @@ typedef struct xs_pool {
      chained through retire_next. */
   xs_block *retiring;
   size_t n_retiring;
+  xs_block *parked;             /* freed, not merged yet (lazy merging) */
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -62,6 +63,42 @@ void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split);
 xs_block *xs_pool_give(xs_pool *p, xs_block *b);
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
+
+/* Lazy merging. The cached free's common case is a block whose next
+   neighbour is free (the rest of the block it was split from) and whose
+   previous one is not, and the next malloc on the pool often asks for the
+   same size again: merging then splitting the same two blocks back costs
+   two tree updates for nothing. The allocator may instead park such a
+   block (one per pool): free, in no tree, not merged yet. The stats must
+   count the merge before anything else moves them (xs_pool_park_stats),
+   or the retake must count merge and split together. Until it is
+   settled the pool breaks block.h's
+   rules for that block alone, so nothing but xs_pool_retake and
+   xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
+   other operation on it, and every pool before anything that looks at
+   more than one). */
+/* Whether live block b's give would merge it with its next neighbour
+   alone. */
+static inline bool xs_pool_parkable(const xs_block *b) {
+  const xs_block *prev = b->prev, *next = b->next;
+  return b->mapped && next != NULL && !next->allocated && next->mapped &&
+         (prev == NULL || prev->allocated || !prev->mapped);
+}
+/* Frees parkable block b without merging it (p->parked: none yet). */
+void xs_pool_park(xs_pool *p, xs_block *b);
+/* Moves the stats as merging p's parked block would. */
+void xs_pool_park_stats(xs_pool *p);
+/* Merges p's parked block as xs_pool_give would have; returns the merged
+   block, indexed. */
+xs_block *xs_pool_settle(xs_pool *p);
+/* p's parked block handed out again for a request of its size, when that
+   is exactly what settling it and then taking the best fit would do: the
+   merged block is the best fit for that size (the caller has checked that
+   its policy would take and split it) and the split gives back the block
+   and its neighbour as they are. The stats move as that split's, and as
+   the merge's first unless `merge_counted`. False (nothing changed) when
+   another block fits better. */
+bool xs_pool_retake(xs_pool *p, bool merge_counted);
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,

@@ -25,6 +25,7 @@
 #ifndef XS_SEGMENTS_STATS_H
 #define XS_SEGMENTS_STATS_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "xseg.h"
@@ -65,8 +66,9 @@ typedef struct xs_gauge_val {
 /* Kept per pool kind; the "all" scope keeps only its own current and peak
    (its peak is not the sum of the kinds' peaks), and its allocated and
    freed are summed when read (xs_stats_get). Every malloc and free moves
-   five gauges, so an increase costs two adds and two compares, a decrease
-   two subtractions. */
+   three gauges (active and active_bytes are derived, below), so an
+   increase costs two adds and two compares, a decrease two
+   subtractions. */
 typedef struct xs_stats {
   xs_gauge_val pool[2][XS_GAUGE_COUNT];
   xs_gauge_val all[XS_GAUGE_COUNT];      /* .allocated unused */
@@ -107,6 +109,18 @@ static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   }
 }
 
+/* Gauge g of pool `kind` (and of all pools) rose by `up` >= 0 and fell
+   back, its increases adding up to `added` on the way: the current value
+   is unchanged, the peaks see the top (a merge and a split undone in one
+   step, segments/pool.c's xs_pool_retake). */
+static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
+                                   int64_t up, int64_t added) {
+  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+  p->allocated += added;
+  if (p->current + up > p->peak) p->peak = p->current + up;
+  if (a->current + up > a->peak) a->peak = a->current + up;
+}
+
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
@@ -116,11 +130,59 @@ static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
     xs_stats_dec(s, g, kind, -delta);
 }
 
-static inline int64_t xs_stats_current(const xs_stats *s, xs_gauge g) {
-  return s->all[g].current;
+/* Derived gauges. active and active_bytes are allocation and
+   allocated_bytes plus what is held: blocks freed by the caller but still
+   in use on other streams (pending). Their slots keep only that difference
+   (current: what is held; allocated: active's increases other than a
+   malloc's, less live increases that were not active's; peak: active's
+   peak whenever it moved while something was held), so that the cached
+   path, which moves allocation and active together, moves only the first.
+   The peak stays exact: active >= allocation always, and equals it while
+   nothing is held, so a peak reached then is allocation's peak, and one
+   reached while something is held is recorded by xs_stats_held_peak at
+   the malloc that reached it (a malloc is the only way active rises). */
+static inline int xs_stats_base(xs_gauge g) {
+  return g == XS_GAUGE_active         ? XS_GAUGE_allocation
+         : g == XS_GAUGE_active_bytes ? XS_GAUGE_allocated_bytes
+                                      : -1;
 }
 
-/* Gauge g in PyTorch's form for scope XS_STAT_ALL or kind + 1. */
+/* After a malloc of pool `kind` while something is held (the all scope's
+   held count is not 0): active's peaks see the new value. */
+static inline void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
+  static const xs_gauge derived[2] = {XS_GAUGE_active, XS_GAUGE_active_bytes};
+  for (int i = 0; i < 2; i++) {
+    xs_gauge g = derived[i];
+    int base = xs_stats_base(g);
+    xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
+    int64_t pc = s->pool[kind][base].current + p->current;
+    int64_t ac = s->all[base].current + a->current;
+    if (pc > p->peak) p->peak = pc;
+    if (ac > a->peak) a->peak = ac;
+  }
+}
+
+/* Derived gauge g of pool `kind` when its base moves by `live` and active
+   by `active` <= 0 (a malloc is active's only rise, and moves both):
+   what is held moves by the difference, and active's total of increases
+   does not follow the base's. */
+static inline void xs_stats_held_move(xs_stats *s, xs_gauge g,
+                                      xs_pool_kind kind, int64_t live,
+                                      int64_t active) {
+  assert(xs_stats_base(g) >= 0 && active <= 0);
+  xs_gauge_val *p = &s->pool[kind][g];
+  p->current += active - live;
+  s->all[g].current += active - live;
+  if (live > 0) p->allocated -= live;
+}
+
+static inline int64_t xs_stats_current(const xs_stats *s, xs_gauge g) {
+  int base = xs_stats_base(g);
+  return s->all[g].current + (base >= 0 ? s->all[base].current : 0);
+}
+
+/* Gauge g in PyTorch's form for scope XS_STAT_ALL or kind + 1, derived
+   gauges included. */
 static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
                                      int scope) {
   const xs_gauge_val *v = scope == XS_STAT_ALL ? &s->all[g]
@@ -128,16 +190,28 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
   int64_t allocated = scope == XS_STAT_ALL
                           ? s->pool[0][g].allocated + s->pool[1][g].allocated
                           : v->allocated;
-  return (xseg_stat){.current = v->current, .peak = v->peak,
-                     .allocated = allocated,
-                     .freed = allocated - v->current};
+  xseg_stat out = {.current = v->current, .peak = v->peak,
+                   .allocated = allocated};
+  int base = xs_stats_base(g);
+  if (base >= 0) {
+    xseg_stat b = xs_stats_get(s, (xs_gauge)base, scope);
+    out.current += b.current;
+    out.allocated += b.allocated;
+    if (b.peak > out.peak) out.peak = b.peak;
+  }
+  out.freed = out.allocated - out.current;
+  return out;
 }
 
 /* xseg_reset_peak_stats: every peak becomes the current value. */
 static inline void xs_stats_reset_peaks(xs_stats *s) {
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
-    s->all[g].peak = s->all[g].current;
-    for (int k = 0; k < 2; k++) s->pool[k][g].peak = s->pool[k][g].current;
+    int base = xs_stats_base((xs_gauge)g);
+    s->all[g].peak = s->all[g].current +
+                     (base >= 0 ? s->all[base].current : 0);
+    for (int k = 0; k < 2; k++)
+      s->pool[k][g].peak = s->pool[k][g].current +
+                           (base >= 0 ? s->pool[k][base].current : 0);
   }
 }
 

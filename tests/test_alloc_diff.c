@@ -43,6 +43,11 @@ static void model_read(xseg_allocator *a, model *m) {
           }
           m->b[m->n++] = (mblock){b->addr, s->base, b->size, b->requested,
                                   k, b->allocated, b->mapped};
+          /* A parked block (lazy merging) is its merge with the next. */
+          if (b == sp->pool[k].parked) {
+            b = b->next;
+            m->b[m->n - 1].size += b->size;
+          }
         }
   qsort(m->b, m->n, sizeof *m->b, mblock_cmp);
 }

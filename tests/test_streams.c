@@ -110,6 +110,49 @@ XSEG_TEST(streams, reuse_waits_for_recorded_work_and_pattern_never_lands) {
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
 }
 
+/* active is derived from allocation plus what pending frees hold
+   (segments/stats.h): its peak counts a pending block and a new one
+   together, which allocation's peak never sees, and its totals count each
+   block once. */
+XSEG_TEST(streams, active_peak_counts_pending_and_live_together) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s0 = stream_new(), s1 = stream_new();
+  xt_latch *held = xt_latch_new();
+  void *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
+  XSEG_ASSERT_OK(xseg_reset_peak_stats(a));
+  XSEG_ASSERT_CU(xt_latch_hold(s1, held));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * SIZE, s0, &q));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.allocated_bytes.peak, 2 * SIZE);
+  XSEG_EXPECT_EQ(s.active_bytes.current, 3 * SIZE);
+  XSEG_EXPECT_EQ(s.active_bytes.peak, 3 * SIZE);
+  XSEG_EXPECT_EQ(s.active.peak, 2);
+  XSEG_EXPECT_EQ(s.active.allocated, 2);
+  XSEG_EXPECT_EQ(s.active.freed, 0);
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &r));   /* settles p */
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  s = at_stats(a);
+  XSEG_EXPECT_EQ(s.active.current, 0);
+  XSEG_EXPECT_EQ(s.active.allocated, 3);
+  XSEG_EXPECT_EQ(s.active.freed, 3);
+  XSEG_EXPECT_EQ(s.active_bytes.peak, 3 * SIZE);
+  XSEG_EXPECT_EQ(s.active_bytes.freed, 4 * SIZE);
+  XSEG_ASSERT_OK(xseg_reset_peak_stats(a));
+  XSEG_EXPECT_EQ(at_stats(a).active_bytes.peak, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(held);
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
 /* Mallocs on `stream` until one returns `want` (freeing the others) or
    about 5 s pass. */
 static bool malloc_until(xseg_allocator *a, CUstream stream, void *want) {

@@ -1,0 +1,190 @@
+/* Lazy merging (segments/pool.h): a freed block parked unmerged and handed
+   out again must be exactly what merging at once and then taking the best
+   fit would have done: the same addresses, the same stats (peaks and
+   totals included). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc_helpers.h"
+
+/* A parked block whose merged form is not the best fit stays parked no
+   longer: the better fit (an exact free block lower down) is handed out. */
+XSEG_TEST(alloc_lazy, parked_block_yields_to_a_better_fit) {
+  xseg_allocator *a = at_create(NULL);
+  void *p[4];
+  for (int i = 0; i < 4; i++)
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &p[i]));
+  XSEG_ASSERT_OK(xseg_free(a, p[1]));   /* an exact free block, alone */
+  XSEG_ASSERT_OK(xseg_free(a, p[3]));   /* parked: the rest is above it */
+  void *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+  XSEG_EXPECT_TRUE(q == p[1]);          /* (4096, p[1]) sorts first */
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &r));
+  XSEG_EXPECT_TRUE(r == p[3]);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_free(a, p[0]));
+  XSEG_EXPECT_OK(xseg_free(a, p[2]));
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* The parked block comes back for its own size, on its own stream only. */
+XSEG_TEST(alloc_lazy, parked_block_returns_for_its_size_and_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 8192, NULL, &p));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 8192, s1, &q));   /* another pool */
+  XSEG_EXPECT_TRUE(q != p);
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_malloc(a, 8192, NULL, &q));
+  XSEG_EXPECT_TRUE(q == p);
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));  /* another size */
+  XSEG_EXPECT_TRUE(q == p);                        /* merged, then split */
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+/* A block taken back right after its park: merge and split count
+   together, and the merge's top can be a new peak (here: stream s1's free
+   space grew while the block was live). Compared with an allocator whose
+   stats are read, and so whose blocks are settled, after every call. */
+XSEG_TEST(alloc_lazy, retake_counts_the_peak_of_the_merge) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  xseg_stats st[2];
+  for (int eager = 0; eager < 2; eager++) {
+    xseg_allocator *a = at_create(NULL);
+    void *x, *z, *y;
+    xseg_stats unused;
+#define LAZY_CALL_(call)                                                     \
+  XSEG_ASSERT_OK(call);                                                      \
+  if (eager) XSEG_ASSERT_OK(xseg_get_stats(a, &unused));
+    LAZY_CALL_(xseg_malloc(a, 4096, NULL, &x))
+    LAZY_CALL_(xseg_malloc(a, 8192, s1, &z))
+    LAZY_CALL_(xseg_free(a, z))
+    LAZY_CALL_(xseg_free(a, x))
+    LAZY_CALL_(xseg_malloc(a, 4096, NULL, &y))
+    XSEG_EXPECT_TRUE(y == x);
+#undef LAZY_CALL_
+    st[eager] = at_stats(a);         /* y live: below the merge's top */
+    XSEG_EXPECT_OK(xseg_free(a, y));
+    XSEG_EXPECT_OK(xseg_check(a));
+    xseg_destroy(a);
+  }
+  XSEG_EXPECT_EQ(st[0].inactive_split_bytes.peak,
+                 st[1].inactive_split_bytes.peak);
+  XSEG_EXPECT_EQ(st[0].inactive_split_bytes.allocated,
+                 st[1].inactive_split_bytes.allocated);
+  XSEG_EXPECT_EQ(st[0].inactive_split.allocated,
+                 st[1].inactive_split.allocated);
+  XSEG_EXPECT_EQ(st[0].inactive_split.peak, st[1].inactive_split.peak);
+  XSEG_EXPECT_EQ(st[0].inactive_split_bytes.current,
+                 st[1].inactive_split_bytes.current);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+typedef struct lazy_run {
+  xseg_allocator *a;
+  void *live[64];
+  uint64_t base[2][2];          /* first address per stream and pool */
+} lazy_run;
+
+static uint64_t lazy_rng(uint64_t *s) {   /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static char *lazy_stats_json(xseg_allocator *a) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (f == NULL) return NULL;
+  xseg_stats_json(a, f);
+  fclose(f);
+  return buf;
+}
+
+/* One step of the sequence: free slot `i` if live, else malloc a size
+   drawn from a few (so that sizes repeat) on stream `st`. Returns the
+   address as an offset from the first block of its stream and pool (the
+   two allocators' reservations differ), or 0 for a free. */
+static uint64_t lazy_step(lazy_run *r, CUstream *streams, uint64_t roll) {
+  static const size_t sizes[] = {512, 4096, 4096, 8192, 8192, 65536,
+                                 2 * MiB, 3 * MiB, 4096, 8192};
+  size_t i = roll % 64, s = (roll >> 8) % 2;
+  size_t size = sizes[(roll >> 16) % 10];
+  if (r->live[i] != NULL) {
+    XSEG_EXPECT_OK(xseg_free(r->a, r->live[i]));
+    r->live[i] = NULL;
+    return 0;
+  }
+  if (!XSEG_EXPECT_OK(xseg_malloc(r->a, size, streams[s], &r->live[i])))
+    return 0;
+  uint64_t addr = (uint64_t)(uintptr_t)r->live[i];
+  uint64_t *base = &r->base[s][size > MiB];
+  if (*base == 0) *base = addr;
+  return addr - *base + 1;
+}
+
+/* The same random sequence on two allocators: one settled after every
+   operation (its stats read), as if blocks merged at free; the other left
+   to park. Both must hand out the same offsets and end with the same
+   stats. */
+static void lazy_compare(const char *conf, uint64_t seed, bool addresses) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream streams[2] = {NULL, NULL};
+  XSEG_ASSERT_CU(cuStreamCreate(&streams[1], CU_STREAM_NON_BLOCKING));
+  lazy_run eager = {.a = at_create(conf)}, lazy = {.a = at_create(conf)};
+  uint64_t s = seed;
+  for (int step = 0; step < 1500; step++) {
+    uint64_t roll = lazy_rng(&s);
+    uint64_t e = lazy_step(&eager, streams, roll);
+    /* Any entry point but malloc and free settles: merging at once. */
+    xseg_stats unused;
+    XSEG_ASSERT_OK(xseg_get_stats(eager.a, &unused));
+    if (step % 250 == 0) XSEG_ASSERT_OK(xseg_check(eager.a));
+    uint64_t l = lazy_step(&lazy, streams, roll);
+    if (addresses && e != l) {
+      XSEG_FAIL("step %d: eager offset %llu, lazy %llu", step,
+                (unsigned long long)e, (unsigned long long)l);
+      break;
+    }
+  }
+  char *je = lazy_stats_json(eager.a), *jl = lazy_stats_json(lazy.a);
+  XSEG_ASSERT_TRUE(je != NULL && jl != NULL);
+  XSEG_EXPECT_STREQ(je, jl);
+  free(je);
+  free(jl);
+  XSEG_EXPECT_OK(xseg_check(lazy.a));
+  for (int i = 0; i < 64; i++) {
+    if (eager.live[i] != NULL)
+      XSEG_EXPECT_OK(xseg_free(eager.a, eager.live[i]));
+    if (lazy.live[i] != NULL) XSEG_EXPECT_OK(xseg_free(lazy.a, lazy.live[i]));
+  }
+  xseg_destroy(eager.a);
+  xseg_destroy(lazy.a);
+  XSEG_EXPECT_CU(cuStreamDestroy(streams[1]));
+}
+
+XSEG_TEST(alloc_lazy, matches_merging_at_free_expandable) {
+  for (uint64_t seed = 1; seed <= 2; seed++) lazy_compare(NULL, seed, true);
+}
+
+XSEG_TEST(alloc_lazy, matches_merging_at_free_classic) {
+  for (uint64_t seed = 1; seed <= 3; seed++)
+    lazy_compare("expandable_segments:False", seed, false);
+}
