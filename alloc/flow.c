@@ -212,9 +212,12 @@ xseg_status xs_flow_collect(xseg_allocator *a, xs_pool *p,
   if (*have < n)
     *have += flow_foreign(a, p, g, n - *have, max - *have, handles + *have);
   if (*have >= n) return XSEG_OK;
+  /* The handles in hand left reserved_bytes when they were taken (unmapped
+     or lent) and come back with the map: the cap holds them with the new
+     ones, i.e. all `fresh` granules. */
   size_t fresh = plan->fresh > *have ? plan->fresh : n;
-  if (!xs_flow_within_cap(a, (fresh - *have) * g)) fresh = n;
-  if (!xs_flow_within_cap(a, (n - *have) * g))
+  if (!xs_flow_within_cap(a, fresh * g)) fresh = n;
+  if (!xs_flow_within_cap(a, n * g))
     return xs_flow_cap_error(a, (n - *have) * g);
   return flow_create(a, g, fresh, handles, have);
 }
