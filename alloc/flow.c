@@ -58,6 +58,10 @@ bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {
   return (size_t)reserved + bytes <= a->cap;
 }
 
+size_t xs_flow_mapped_most(const xseg_allocator *a) {
+  return a->cap_over > a->cap ? a->cap_over : a->cap;
+}
+
 xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes) {
   return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                   "mapping %zu more bytes would pass the memory fraction's "

@@ -127,6 +127,46 @@ XSEG_TEST(alloc_oom, reused_handles_count_against_the_cap) {
   xseg_destroy(a);
 }
 
+/* Lowering the fraction under what is mapped limits growth only, as
+   PyTorch's: nothing is unmapped for it, cached memory still serves, new
+   memory fails, and once usage is back under the cap growth is held to it
+   again. */
+XSEG_TEST(alloc_oom, lowering_the_fraction_under_usage_limits_growth_only) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(NULL, 64 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUdevice dev;
+  size_t total = 0;
+  XSEG_ASSERT_CU(cuDeviceGet(&dev, 0));
+  XSEG_ASSERT_CU(cuDeviceTotalMem(&total, dev));
+  void *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 40 * MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 20 * MiB, NULL, &q));
+  XSEG_ASSERT_OK(xseg_free(a, q));                 /* cached */
+  XSEG_ASSERT_OK(xseg_set_memory_fraction(a, (double)(17 * MiB) / total));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 60 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));                  /* over a lowered cap */
+  int64_t created = at_stats(a).num_device_alloc;
+  XSEG_ASSERT_OK(xseg_malloc(a, 20 * MiB, NULL, &q));   /* the cache */
+  XSEG_EXPECT_EQ(at_stats(a).num_device_alloc, created);
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4 * MiB, NULL, &r),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "memory fraction") != NULL);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, 16 * MiB, NULL, &r));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_LE(s.reserved_bytes.current, 17 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4 * MiB, NULL, &p),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_ASSERT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
 /* With garbage_collection_threshold, growth first releases cached memory
    down to the threshold (oldest frees first), and that is enough here:
    no failed growth, no retry. */
