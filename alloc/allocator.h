@@ -82,6 +82,10 @@ struct xseg_allocator {
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
   size_t cap;                         /* memory_fraction * device memory */
+  size_t cap_over;                    /* what was mapped when the cap was
+                                         lowered under it, until a growth
+                                         ends within the cap (0: none);
+                                         see xs_flow_mapped_most */
   /* Cross-stream safety (alloc/deferred.c, alloc/reclaim.c). */
   xs_event_pool events;               /* pending frees' and guards' events */
   xs_pending pending;                 /* frees waiting on recorded streams */

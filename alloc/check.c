@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/flow.h"
 #include "vmm/error.h"
 
 typedef struct check_ctx {
@@ -157,6 +157,11 @@ static bool check_stats(check_ctx *c, xseg_allocator *a) {
   CHECK_STAT(c, a, inactive_split_bytes, w->split_free_bytes);
   /* Orphans: handles owned nowhere that aliases still map (vmm/aliases.c). */
   CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes + a->vmm.orphan_bytes);
+  size_t most = xs_flow_mapped_most(a);
+  if ((size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes) > most)
+    CHECK_FAIL(c, "%lld bytes mapped, more than the memory fraction's cap "
+               "of %zu bytes", (long long)xs_stats_current(
+                   &a->stats, XS_GAUGE_reserved_bytes), most);
   CHECK_STAT(c, a, segment, c->segments);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
     xseg_stat s[XS_STAT_SCOPES];

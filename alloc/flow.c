@@ -58,6 +58,10 @@ bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {
   return (size_t)reserved + bytes <= a->cap;
 }
 
+size_t xs_flow_mapped_most(const xseg_allocator *a) {
+  return a->cap_over > a->cap ? a->cap_over : a->cap;
+}
+
 xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes) {
   return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                   "mapping %zu more bytes would pass the memory fraction's "
@@ -212,9 +216,12 @@ xseg_status xs_flow_collect(xseg_allocator *a, xs_pool *p,
   if (*have < n)
     *have += flow_foreign(a, p, g, n - *have, max - *have, handles + *have);
   if (*have >= n) return XSEG_OK;
+  /* The handles in hand left reserved_bytes when they were taken (unmapped
+     or lent) and come back with the map: the cap holds them with the new
+     ones, i.e. all `fresh` granules. */
   size_t fresh = plan->fresh > *have ? plan->fresh : n;
-  if (!xs_flow_within_cap(a, (fresh - *have) * g)) fresh = n;
-  if (!xs_flow_within_cap(a, (n - *have) * g))
+  if (!xs_flow_within_cap(a, fresh * g)) fresh = n;
+  if (!xs_flow_within_cap(a, n * g))
     return xs_flow_cap_error(a, (n - *have) * g);
   return flow_create(a, g, fresh, handles, have);
 }

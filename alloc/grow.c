@@ -111,10 +111,21 @@ static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
   return st;
 }
 
+/* A growth maps new memory only within the cap; one that only moves
+   memory (the cap lowered under what is mapped) leaves reserved_bytes no
+   higher than it found them. */
 static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
                              xs_block **out) {
-  return a->cfg.expandable_segments ? grow_expandable(a, p, rounded, out)
-                                    : grow_classic(a, p, rounded, out);
+  size_t before =
+      (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+  xseg_status st = a->cfg.expandable_segments
+                       ? grow_expandable(a, p, rounded, out)
+                       : grow_classic(a, p, rounded, out);
+  size_t after = (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+  assert((after <= a->cap || after <= before) && "growth passed the cap");
+  (void)before;
+  if (after <= a->cap) a->cap_over = 0;
+  return st;
 }
 
 /* PyTorch's message: what was asked, what the device has, what xseg holds,

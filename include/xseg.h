@@ -82,6 +82,10 @@ xseg_status xseg_empty_cache(xseg_allocator *a);
    num_sync_all_streams. Other calls on this allocator wait meanwhile.
    XSEG_ERR_CAPTURE during a graph capture. */
 xseg_status xseg_empty_cache_blocking(xseg_allocator *a);
+/* Caps mapped memory (reserved_bytes) at fraction * device memory, as
+   torch.cuda.set_per_process_memory_fraction: a cap lowered under what is
+   mapped unmaps nothing and limits growth only (cached memory still
+   serves; new memory fails over to the out-of-memory path). */
 xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction);
 /* Every current and future mapping becomes accessible from peer_device. */
 xseg_status xseg_enable_peer_access(xseg_allocator *a, int peer_device);

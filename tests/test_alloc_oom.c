@@ -89,6 +89,84 @@ XSEG_TEST(alloc_oom, memory_fraction_caps_what_is_mapped) {
   xseg_destroy(a);
 }
 
+/* A growth that reuses some free handles and creates the rest counts the
+   reused ones too: they left reserved_bytes when they were taken and come
+   back with the map. Here the stream's free 2 MiB handle (b) is taken for a
+   4 MiB growth at the end of the segment, and one more granule would map
+   10 MiB under a 9 MiB cap: the growth fails over to the out-of-memory
+   path instead. One-granule handles, no minimum growth: the layout is
+   a | b | c | growth. */
+XSEG_TEST(alloc_oom, reused_handles_count_against_the_cap) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(
+      "xseg_handle_policy:granule,xseg_grow_min_mb:0", 8 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  size_t cap = 9 * MiB;           /* at_create_capped's margin */
+  void *pa, *pb, *pc, *pd;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, NULL, &pa));
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, NULL, &pb));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, NULL, &pc));
+  XSEG_ASSERT_EQ(at_stats(a).reserved_bytes.current, 8 * MiB);
+  XSEG_ASSERT_OK(xseg_free(a, pb));
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4 * MiB, NULL, &pd),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "memory fraction") != NULL);
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_LE(s.reserved_bytes.peak, cap);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, 6 * MiB);   /* b released */
+  XSEG_EXPECT_OK(xseg_check(a));
+  /* 8 MiB live fits. */
+  XSEG_ASSERT_OK(xseg_free(a, pa));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, NULL, &pd));
+  s = at_stats(a);
+  XSEG_EXPECT_LE(s.reserved_bytes.peak, cap);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, pc));
+  XSEG_ASSERT_OK(xseg_free(a, pd));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* Lowering the fraction under what is mapped limits growth only, as
+   PyTorch's: nothing is unmapped for it, cached memory still serves, new
+   memory fails, and once usage is back under the cap growth is held to it
+   again. */
+XSEG_TEST(alloc_oom, lowering_the_fraction_under_usage_limits_growth_only) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(NULL, 64 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUdevice dev;
+  size_t total = 0;
+  XSEG_ASSERT_CU(cuDeviceGet(&dev, 0));
+  XSEG_ASSERT_CU(cuDeviceTotalMem(&total, dev));
+  void *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 40 * MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 20 * MiB, NULL, &q));
+  XSEG_ASSERT_OK(xseg_free(a, q));                 /* cached */
+  XSEG_ASSERT_OK(xseg_set_memory_fraction(a, (double)(17 * MiB) / total));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 60 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));                  /* over a lowered cap */
+  int64_t created = at_stats(a).num_device_alloc;
+  XSEG_ASSERT_OK(xseg_malloc(a, 20 * MiB, NULL, &q));   /* the cache */
+  XSEG_EXPECT_EQ(at_stats(a).num_device_alloc, created);
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4 * MiB, NULL, &r),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "memory fraction") != NULL);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_ASSERT_OK(xseg_malloc(a, 16 * MiB, NULL, &r));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_LE(s.reserved_bytes.current, 17 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4 * MiB, NULL, &p),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_ASSERT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
 /* With garbage_collection_threshold, growth first releases cached memory
    down to the threshold (oldest frees first), and that is enough here:
    no failed growth, no retry. */

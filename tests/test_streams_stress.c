@@ -226,6 +226,9 @@ static void stress_streams(const char *conf, long ops) {
          (long long)(peak.reserved_bytes.peak >> 20),
          (long long)peak.num_device_alloc, (long long)peak.num_device_free,
          (long long)peak.num_ooms);
+  /* The device (emulator) or the memory-fraction cap, a MiB above it. */
+  XSEG_EXPECT_LE(peak.reserved_bytes.peak,
+                 (int64_t)((xt_have_sim() ? 96 : 97) * MiB));
   XSEG_EXPECT_OK(xseg_check(ctx.a));
   xseg_stats s = at_stats(ctx.a);
   XSEG_EXPECT_EQ(s.allocation.current, 0);
