@@ -15,6 +15,27 @@
 #define MiB ((size_t)1 << 20)
 #define GiB ((size_t)1 << 30)
 
+/* A new non-blocking stream; NULL, the failure reported, if the driver
+   refused (a test then fails instead of using the legacy stream). */
+static inline CUstream at_stream_new(void) {
+  CUstream s = NULL;
+  if (!XSEG_EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) return NULL;
+  return s;
+}
+
+static inline CUdeviceptr at_dptr(void *p) {
+  return (CUdeviceptr)(uintptr_t)p;
+}
+
+/* True when every byte of [p, p+n) is v (read through the driver). */
+static inline bool at_bytes_are(void *p, size_t n, unsigned char v) {
+  unsigned char *buf = malloc(n);
+  bool ok = buf != NULL && cuMemcpyDtoH(buf, at_dptr(p), n) == CUDA_SUCCESS;
+  for (size_t i = 0; ok && i < n; i++) ok = buf[i] == v;
+  free(buf);
+  return ok;
+}
+
 /* An allocator on device 0 of the driver the tests link ("sim" unless the
    tests run on a real GPU), with `extra` appended to the config. */
 static inline xseg_allocator *at_create(const char *extra) {

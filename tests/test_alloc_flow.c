@@ -16,14 +16,6 @@
 
 #include "alloc_helpers.h"
 
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
-  return s;
-}
-
-static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
 /* True when every byte of [d, d+n) is v (read through the driver). */
 static bool dev_bytes_are(CUdeviceptr d, size_t n, unsigned char v) {
   unsigned char *buf = malloc(n);
@@ -97,13 +89,13 @@ static void lend_setup(lend_fixture *f) {
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   f->a = at_create(NULL);
-  f->s = stream_new();
+  f->s = at_stream_new();
   f->l = xt_latch_new();
   XSEG_ASSERT_OK(xseg_malloc(f->a, 40 * MiB, f->s, &f->old));
   XSEG_ASSERT_OK(xseg_malloc(f->a, 8 * MiB, f->s, &f->pin));
   XSEG_ASSERT_CU(xt_latch_hold(f->s, f->l));
   /* The old work: writes the old block after the latch. */
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(f->old), 0x77, 40 * MiB, f->s));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(f->old), 0x77, 40 * MiB, f->s));
   XSEG_ASSERT_OK(xseg_free(f->a, f->old));
 }
 
@@ -153,10 +145,10 @@ XSEG_TEST(alloc_flow, old_work_never_lands_in_the_new_block) {
   lend_setup(&f);
   XSEG_ASSERT_OK(xseg_malloc(f.a, 48 * MiB, f.s, &f.fresh));
   unsigned char v = at_byte(f.fresh, 3);
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(f.fresh), v, 48 * MiB, f.s));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(f.fresh), v, 48 * MiB, f.s));
   unsigned char *seen = malloc(48 * MiB);
   XSEG_ASSERT_TRUE(seen != NULL);
-  XSEG_ASSERT_CU(cuMemcpyDtoHAsync(seen, dptr(f.fresh), 48 * MiB, f.s));
+  XSEG_ASSERT_CU(cuMemcpyDtoHAsync(seen, at_dptr(f.fresh), 48 * MiB, f.s));
   usleep(10000);
   XSEG_EXPECT_EQ(cuStreamQuery(f.s), CUDA_ERROR_NOT_READY);
   xt_latch_open(f.l);
@@ -164,7 +156,7 @@ XSEG_TEST(alloc_flow, old_work_never_lands_in_the_new_block) {
   size_t bad = 0;
   for (size_t i = 0; i < 48 * MiB; i++) bad += seen[i] != v;
   XSEG_EXPECT_EQ(bad, 0);
-  XSEG_EXPECT_TRUE(dev_bytes_are(dptr(f.fresh), 48 * MiB, v));
+  XSEG_EXPECT_TRUE(dev_bytes_are(at_dptr(f.fresh), 48 * MiB, v));
   free(seen);
   lend_teardown(&f);
 }
@@ -273,12 +265,12 @@ XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
   xsim_set_device_memory(0, 256 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new();
   xt_latch *la = xt_latch_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
   XSEG_ASSERT_CU(xt_latch_hold(sa, la));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, p));
   uint64_t waits = host_waits(), creates = xsim_call_count("cuMemCreate");
   uint64_t stream_waits = xsim_call_count("cuStreamWaitEvent");
@@ -290,13 +282,13 @@ XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
   XSEG_ASSERT_OK(xseg_get_stats(a, &st));
   XSEG_EXPECT_EQ(st.reserved_bytes.current, 48 * MiB);
   unsigned char v = at_byte(q, 9);
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(q), v, 48 * MiB, sb));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(q), v, 48 * MiB, sb));
   usleep(20000);
   XSEG_EXPECT_EQ(cuStreamQuery(sb), CUDA_ERROR_NOT_READY);   /* behind A */
   XSEG_EXPECT_OK(xseg_check(a));
   xt_latch_open(la);
   XSEG_EXPECT_CU(cuStreamSynchronize(sb));
-  XSEG_EXPECT_TRUE(dev_bytes_are(dptr(q), 48 * MiB, v));     /* no 0x77 */
+  XSEG_EXPECT_TRUE(dev_bytes_are(at_dptr(q), 48 * MiB, v));     /* no 0x77 */
   XSEG_EXPECT_OK(xseg_free(a, q));
   XSEG_EXPECT_CU(cuStreamSynchronize(sa));
   XSEG_EXPECT_OK(xseg_empty_cache(a));
@@ -322,14 +314,14 @@ XSEG_TEST(alloc_flow, a_handle_an_alias_still_maps_is_not_released) {
   xsim_set_device_memory(0, 256 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new();
   xt_latch *old = xt_latch_new(), *busy = xt_latch_new();
   xsim_live base = live_now();
   void *p, *x, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
   XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, sa, &x));
   XSEG_ASSERT_CU(xt_latch_hold(sa, old));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, x));
   /* A's guard event: recorded now, before p's free, and held back. */
   uint64_t records = xsim_call_count("cuEventRecord");
@@ -383,7 +375,7 @@ XSEG_TEST(alloc_flow, memory_does_not_ping_pong_between_busy_streams) {
   xsim_set_device_memory(0, 256 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new();
   xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
@@ -422,7 +414,7 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new();
   xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
@@ -430,7 +422,7 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));         /* B takes A's */
   XSEG_ASSERT_CU(xt_latch_hold(sb, lb));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(q), 0x77, 48 * MiB, sb));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(q), 0x77, 48 * MiB, sb));
   XSEG_ASSERT_OK(xseg_free(a, q));
   uint64_t waits = host_waits();
   uint64_t stream_waits = xsim_call_count("cuStreamWaitEvent");
@@ -442,7 +434,7 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   XSEG_EXPECT_EQ(st.num_ooms, 0);
   XSEG_EXPECT_LE(st.reserved_bytes.current, 64 * MiB);
   unsigned char v = at_byte(r, 4);
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(r), v, 48 * MiB, sa));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(r), v, 48 * MiB, sa));
   xt_latch_open(la);
   usleep(20000);
   XSEG_EXPECT_EQ(cuStreamQuery(sa), CUDA_ERROR_NOT_READY);   /* behind B */
@@ -450,7 +442,7 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   xt_latch_open(lb);
   XSEG_EXPECT_CU(cuStreamSynchronize(sa));
   XSEG_EXPECT_CU(cuStreamSynchronize(sb));
-  XSEG_EXPECT_TRUE(dev_bytes_are(dptr(r), 48 * MiB, v));     /* no 0x77 */
+  XSEG_EXPECT_TRUE(dev_bytes_are(at_dptr(r), 48 * MiB, v));     /* no 0x77 */
   XSEG_EXPECT_OK(xseg_free(a, r));
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
@@ -469,7 +461,7 @@ XSEG_TEST(alloc_flow, nothing_is_stolen_while_a_stream_captures) {
   xsim_set_device_memory(0, 256 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new(), sc = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new(), sc = at_stream_new();
   xt_latch *la = xt_latch_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
@@ -566,7 +558,7 @@ static void flow_retire(flow_thread *t, flow_slot *sl) {
   flow_probe *pr = &t->check[t->n_checks++];
   pr->v = sl->v;
   CUstream s = t->sh->s[sl->stream];
-  CUdeviceptr d = dptr(sl->p);
+  CUdeviceptr d = at_dptr(sl->p);
   if (cuMemcpyDtoHAsync(pr->bytes[0], d, FLOW_PROBE, s) != CUDA_SUCCESS ||
       cuMemcpyDtoHAsync(pr->bytes[1], d + sl->size - FLOW_PROBE, FLOW_PROBE,
                         s) != CUDA_SUCCESS ||
@@ -591,7 +583,7 @@ static void *flow_worker(void *arg) {
     }
     sl->v = (unsigned char)(rand_r(&t->seed) | 1);
     if (cuLaunchHostFunc(s, flow_lag, NULL) != CUDA_SUCCESS ||
-        cuMemsetD8Async(dptr(sl->p), sl->v, sl->size, s) != CUDA_SUCCESS)
+        cuMemsetD8Async(at_dptr(sl->p), sl->v, sl->size, s) != CUDA_SUCCESS)
       t->sh->failures++;
   }
   for (int i = 0; i < FLOW_LIVE; i++)
@@ -609,7 +601,7 @@ XSEG_TEST(alloc_flow, stress_four_threads_four_lagging_streams) {
   memset(&sh, 0, sizeof sh);
   sh.a = xt_have_sim() ? at_create(NULL) : at_create_capped(NULL, 160 * MiB);
   XSEG_ASSERT_TRUE(sh.a != NULL);
-  for (int i = 0; i < FLOW_STREAMS; i++) XSEG_ASSERT_TRUE((sh.s[i] = stream_new()) != NULL);
+  for (int i = 0; i < FLOW_STREAMS; i++) XSEG_ASSERT_TRUE((sh.s[i] = at_stream_new()) != NULL);
   static flow_thread t[FLOW_THREADS];
   pthread_t th[FLOW_THREADS];
   for (int i = 0; i < FLOW_THREADS; i++) {

@@ -9,23 +9,6 @@
 
 #include "alloc_helpers.h"
 
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
-  return s;
-}
-
-static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
-/* True when every byte of [p, p+n) is v (read through the driver). */
-static bool bytes_are(void *p, size_t n, unsigned char v) {
-  unsigned char *buf = malloc(n);
-  bool ok = cuMemcpyDtoH(buf, dptr(p), n) == CUDA_SUCCESS;
-  for (size_t i = 0; ok && i < n; i++) ok = buf[i] == v;
-  free(buf);
-  return ok;
-}
-
 /* ---- 1. a private pool used by two streams ------------------------------ */
 
 /* s1 frees a block of private pool 1 while its work on the block is held
@@ -34,7 +17,7 @@ static bool bytes_are(void *p, size_t n, unsigned char v) {
 XSEG_TEST(hardening, private_pool_keeps_blocks_per_stream) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   enum { SIZE = 256 * 1024 };
-  CUstream s1 = stream_new(), s2 = stream_new();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
   XSEG_ASSERT_TRUE(s1 != NULL && s2 != NULL);
   xseg_allocator *a = at_create(NULL);
   XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 1, s1));
@@ -43,15 +26,15 @@ XSEG_TEST(hardening, private_pool_keeps_blocks_per_stream) {
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s1, &p));
   xt_latch *l = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(s1, l));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0xAA, SIZE, s1));   /* held */
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0xAA, SIZE, s1));   /* held */
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s2, &q));
   XSEG_EXPECT_TRUE((char *)q + SIZE <= (char *)p || (char *)p + SIZE <= (char *)q);
-  XSEG_EXPECT_CU(cuMemsetD8Async(dptr(q), 0x55, SIZE, s2));
+  XSEG_EXPECT_CU(cuMemsetD8Async(at_dptr(q), 0x55, SIZE, s2));
   XSEG_EXPECT_CU(cuStreamSynchronize(s2));
   xt_latch_open(l);
   XSEG_EXPECT_CU(cuStreamSynchronize(s1));
-  XSEG_EXPECT_TRUE(bytes_are(q, SIZE, 0x55));
+  XSEG_EXPECT_TRUE(at_bytes_are(q, SIZE, 0x55));
   /* s1 still reuses its own free block at once (stream order). */
   void *r;
   XSEG_EXPECT_OK(xseg_malloc(a, SIZE, s1, &r));
@@ -100,7 +83,7 @@ XSEG_TEST(hardening, out_of_memory_path_releases_every_stream) {
   XT_REQUIRE_SIM_FOR("sets the device capacity");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, 100 * MiB);
-  CUstream s[3] = {stream_new(), stream_new(), stream_new()};
+  CUstream s[3] = {at_stream_new(), at_stream_new(), at_stream_new()};
   xseg_allocator *a = at_create("expandable_segments:False");
   XSEG_ASSERT_TRUE(a != NULL);
   const size_t sizes[3] = {40 * MiB, 20 * MiB, 100};
@@ -177,11 +160,11 @@ XSEG_TEST(hardening, destroyed_streams_memory_moves) {
   XT_REQUIRE_SIM_FOR("sets the device capacity");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, 64 * MiB);
-  CUstream s1 = stream_new(), s2 = stream_new();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
   xseg_allocator *a = at_create(NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, s1, &p));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x11, 48 * MiB, s1));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x11, 48 * MiB, s1));
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_CU(cuStreamSynchronize(s1));
   XSEG_ASSERT_CU(cuStreamDestroy(s1));
@@ -198,7 +181,7 @@ XSEG_TEST(hardening, destroyed_streams_memory_moves) {
    stream's memory. */
 XSEG_TEST(hardening, empty_cache_after_stream_destroy) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  CUstream s1 = stream_new();
+  CUstream s1 = at_stream_new();
   xseg_allocator *a = at_create(NULL);
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, s1, &p));
@@ -216,7 +199,7 @@ XSEG_TEST(hardening, empty_cache_after_stream_destroy) {
    failed every time). The free completes, and the block is reused. */
 XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  CUstream s1 = stream_new(), s2 = stream_new();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
   xseg_allocator *a = at_create(NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s1, &p));
@@ -224,7 +207,7 @@ XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s2));
   XSEG_ASSERT_OK(xseg_record_stream(a, q, s2));
   XSEG_ASSERT_OK(xseg_record_stream(a, q, NULL));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 7, 1 * MiB, s2));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 7, 1 * MiB, s2));
   XSEG_ASSERT_CU(cuStreamSynchronize(s2));
   XSEG_ASSERT_CU(cuStreamDestroy(s2));
   XSEG_EXPECT_OK(xseg_free(a, p));

@@ -13,25 +13,6 @@
 
 enum { SIZE = 64 * 1024 };
 
-/* A new non-blocking stream; NULL, the failure reported, if the driver
-   refused (a test then fails instead of using the legacy stream). */
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  if (!XSEG_EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) return NULL;
-  return s;
-}
-
-static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
-/* True when every byte of [p, p+n) is v (read through the driver). */
-static bool bytes_are(void *p, size_t n, unsigned char v) {
-  unsigned char *buf = malloc(n);
-  bool ok = cuMemcpyDtoH(buf, dptr(p), n) == CUDA_SUCCESS;
-  for (size_t i = 0; ok && i < n; i++) ok = buf[i] == v;
-  free(buf);
-  return ok;
-}
-
 /* Driver calls that wait on the host for a stream or the device. */
 typedef struct sync_counts {
   uint64_t stream_sync, ctx_sync, event_sync;
@@ -46,7 +27,7 @@ static sync_counts sync_now(void) {
 XSEG_TEST(streams, record_stream_needs_a_live_block) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s1 = stream_new();
+  CUstream s1 = at_stream_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, NULL, &p));
   XSEG_EXPECT_STATUS(xseg_record_stream(a, (char *)p + 512, s1),
@@ -69,12 +50,12 @@ XSEG_TEST(streams, record_stream_needs_a_live_block) {
 XSEG_TEST(streams, reuse_waits_for_recorded_work_and_pattern_never_lands) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), s1 = stream_new();
+  CUstream s0 = at_stream_new(), s1 = at_stream_new();
   xt_latch *held = xt_latch_new();
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s1, held));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0xAB, SIZE, s1));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0xAB, SIZE, s1));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
   XSEG_ASSERT_OK(xseg_free(a, p));
   xseg_stats s = at_stats(a);
@@ -88,7 +69,7 @@ XSEG_TEST(streams, reuse_waits_for_recorded_work_and_pattern_never_lands) {
   XSEG_EXPECT_TRUE(q != p);
   at_live both[2] = {{p, SIZE}, {q, SIZE}};
   XSEG_EXPECT_TRUE(at_disjoint(both, 2));
-  XSEG_ASSERT_CU(cuMemsetD8(dptr(q), 0x11, SIZE));
+  XSEG_ASSERT_CU(cuMemsetD8(at_dptr(q), 0x11, SIZE));
   XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_UNKNOWN_POINTER);
   /* s1 runs: its memset lands in p, never in q; then p is free again. */
   xt_latch_open(held);
@@ -96,10 +77,10 @@ XSEG_TEST(streams, reuse_waits_for_recorded_work_and_pattern_never_lands) {
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &r));
   XSEG_EXPECT_TRUE(r == p);
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_ASSERT_CU(cuMemsetD8(dptr(r), 0x22, SIZE));
+  XSEG_ASSERT_CU(cuMemsetD8(at_dptr(r), 0x22, SIZE));
   XSEG_ASSERT_CU(cuStreamSynchronize(s0));
-  XSEG_EXPECT_TRUE(bytes_are(q, SIZE, 0x11));
-  XSEG_EXPECT_TRUE(bytes_are(r, SIZE, 0x22));
+  XSEG_EXPECT_TRUE(at_bytes_are(q, SIZE, 0x11));
+  XSEG_EXPECT_TRUE(at_bytes_are(r, SIZE, 0x22));
   XSEG_EXPECT_OK(xseg_free(a, q));
   XSEG_EXPECT_OK(xseg_free(a, r));
   XSEG_EXPECT_OK(xseg_check(a));
@@ -117,7 +98,7 @@ XSEG_TEST(streams, reuse_waits_for_recorded_work_and_pattern_never_lands) {
 XSEG_TEST(streams, active_peak_counts_pending_and_live_together) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), s1 = stream_new();
+  CUstream s0 = at_stream_new(), s1 = at_stream_new();
   xt_latch *held = xt_latch_new();
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
@@ -169,19 +150,19 @@ static bool malloc_until(xseg_allocator *a, CUstream stream, void *want) {
 XSEG_TEST(streams, work_queued_after_the_free_does_not_delay_reuse) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), s1 = stream_new();
+  CUstream s0 = at_stream_new(), s1 = at_stream_new();
   xt_latch *before = xt_latch_new(), *after = xt_latch_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s1, before));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0xAB, SIZE, s1));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0xAB, SIZE, s1));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_CU(xt_latch_hold(s1, after));   /* later work on s1 */
   xt_latch_open(before);
   XSEG_EXPECT_TRUE(malloc_until(a, s0, p));
   XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(after, 1));  /* still held */
-  XSEG_EXPECT_TRUE(bytes_are(p, SIZE, 0xAB));      /* s1's write landed */
+  XSEG_EXPECT_TRUE(at_bytes_are(p, SIZE, 0xAB));      /* s1's write landed */
   xt_latch_open(after);
   XSEG_EXPECT_CU(cuStreamSynchronize(s1));
   XSEG_EXPECT_OK(xseg_free(a, p));
@@ -196,7 +177,7 @@ XSEG_TEST(streams, work_queued_after_the_free_does_not_delay_reuse) {
 XSEG_TEST(streams, two_recorded_streams_reuse_only_after_both) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), s1 = stream_new(), s2 = stream_new();
+  CUstream s0 = at_stream_new(), s1 = at_stream_new(), s2 = at_stream_new();
   xt_latch *l1 = xt_latch_new(), *l2 = xt_latch_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &p));
@@ -235,7 +216,7 @@ XSEG_TEST(streams, many_recorded_streams) {
   xseg_allocator *a = at_create(NULL);
   enum { N = 9 };
   CUstream s[N];
-  for (int i = 0; i < N; i++) s[i] = stream_new();
+  for (int i = 0; i < N; i++) s[i] = at_stream_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, NULL, &p));
   for (int i = 0; i < N; i++) XSEG_ASSERT_OK(xseg_record_stream(a, p, s[i]));
@@ -256,7 +237,7 @@ XSEG_TEST(streams, many_recorded_streams) {
 XSEG_TEST(streams, destroy_with_pending_frees) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s1 = stream_new();
+  CUstream s1 = at_stream_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, NULL, &p));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
@@ -270,7 +251,7 @@ XSEG_TEST(streams, failed_event_record_keeps_the_block_live) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s1 = stream_new(), s2 = stream_new();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, NULL, &p));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
@@ -300,12 +281,12 @@ XSEG_TEST(streams, empty_cache_leaves_guarded_granules_and_never_blocks) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new();
+  CUstream s0 = at_stream_new();
   xt_latch *held = xt_latch_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, s0, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s0, held));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x5A, 8 * MiB, s0));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, 8 * MiB, s0));
   XSEG_ASSERT_OK(xseg_free(a, p));
   sync_counts before = sync_now();
   uint64_t unmaps = xsim_call_count("cuMemUnmap");
@@ -358,12 +339,12 @@ XSEG_TEST(streams, empty_cache_blocking_waits_on_the_guard_event_only) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), other = stream_new();
+  CUstream s0 = at_stream_new(), other = at_stream_new();
   xt_latch *held = xt_latch_new(), *unrelated = xt_latch_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, s0, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s0, held));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x5A, 8 * MiB, s0));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, 8 * MiB, s0));
   XSEG_ASSERT_OK(xseg_free(a, p));
   /* A device sync would hang on `other`, held once s0's latch opens. */
   XSEG_ASSERT_CU(xt_latch_hold_behind(other, s0, unrelated));
@@ -426,10 +407,10 @@ XSEG_TEST(streams, growth_at_the_limit_takes_an_idle_streams_memory) {
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_CU(cuStreamSynchronize(sa));
   sync_counts before = sync_now();
@@ -474,12 +455,12 @@ XSEG_TEST(streams, growth_at_the_limit_makes_the_stream_wait_not_the_host) {
   xsim_set_device_memory(0, 64 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream sa = stream_new(), sb = stream_new(), sc = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new(), sc = at_stream_new();
   xt_latch *la = xt_latch_new(), *lc = xt_latch_new();
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
   XSEG_ASSERT_CU(xt_latch_hold(sa, la));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x77, 48 * MiB, sa));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_CU(xt_latch_hold_behind(sc, sa, lc));   /* held throughout */
   sync_counts before = sync_now();
@@ -490,7 +471,7 @@ XSEG_TEST(streams, growth_at_the_limit_makes_the_stream_wait_not_the_host) {
   pthread_join(th, NULL);
   XSEG_ASSERT_OK(t.st);
   unsigned char v = at_byte(t.p, 6);
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(t.p), v, 48 * MiB, sb));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(t.p), v, 48 * MiB, sb));
   usleep(20000);
   XSEG_EXPECT_EQ(cuStreamQuery(sb), CUDA_ERROR_NOT_READY);  /* behind A */
   xt_latch_open(la);
@@ -521,12 +502,12 @@ XSEG_TEST(streams, pending_memory_moves_only_after_its_events) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create_capped(NULL, 64 * MiB);   /* the limit */
   XSEG_ASSERT_TRUE(a != NULL);
-  CUstream sa = stream_new(), sb = stream_new(), s1 = stream_new();
+  CUstream sa = at_stream_new(), sb = at_stream_new(), s1 = at_stream_new();
   xt_latch *l1 = xt_latch_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
   XSEG_ASSERT_CU(xt_latch_hold(s1, l1));
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x33, 48 * MiB, s1));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x33, 48 * MiB, s1));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
   XSEG_ASSERT_OK(xseg_free(a, p));
   call_thread t = {.a = a, .stream = sb, .size = 48 * MiB};
@@ -559,7 +540,7 @@ XSEG_TEST(streams, garbage_collection_releases_oldest_first) {
   xsim_set_device_memory(0, 100 * MiB);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create("garbage_collection_threshold:0.5");
-  CUstream s[3] = {stream_new(), stream_new(), stream_new()};
+  CUstream s[3] = {at_stream_new(), at_stream_new(), at_stream_new()};
   void *p[3], *q, *again;
   for (int i = 0; i < 3; i++)
     XSEG_ASSERT_OK(xseg_malloc(a, 20 * MiB, s[i], &p[i]));
@@ -591,7 +572,7 @@ XSEG_TEST(streams, steady_cross_stream_frees_create_bounded_events) {
   const char *env = getenv("XSEG_TEST_CROSS_FREES");
   long n = env != NULL ? atol(env) : 100000;
   xseg_allocator *a = at_create(NULL);
-  CUstream s0 = stream_new(), s1 = stream_new();
+  CUstream s0 = at_stream_new(), s1 = at_stream_new();
   uint64_t created0 = xsim_call_count("cuEventCreate");
   uint64_t created_at_half = 0;
   struct timespec t0, t1;

@@ -8,16 +8,6 @@
 
 #include "alloc_helpers.h"
 
-/* A new non-blocking stream; NULL, the failure reported, if the driver
-   refused (a test then fails instead of using the legacy stream). */
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  if (!XSEG_EXPECT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))) return NULL;
-  return s;
-}
-
-static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
 /* Calls CUDA forbids during a global capture, and unmaps. */
 static const char *const forbidden[] = {
     "cuEventQuery", "cuEventSynchronize", "cuStreamQuery",
@@ -38,7 +28,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s = stream_new(), s0 = stream_new(), s1 = stream_new();
+  CUstream s = at_stream_new(), s0 = at_stream_new(), s1 = at_stream_new();
   enum { SIZE = 3 * 1024 * 1024 };
   void *cached, *pend, *p, *p2, *tmp, *after;
   /* A cached block of s, and a free pending on s1's work. */
@@ -54,7 +44,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
   forbidden_counts(before);
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &p));
   XSEG_EXPECT_TRUE(p != cached);            /* not the stream's cache */
-  XSEG_ASSERT_CU(cuMemsetD8Async(dptr(p), 0x5A, SIZE, s));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, SIZE, s));
   XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &tmp));
   XSEG_ASSERT_OK(xseg_free(a, tmp));        /* back to the private pool */
   XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &p2));
@@ -80,7 +70,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
   XSEG_ASSERT_CU(cuGraphLaunch(x, s));
   XSEG_ASSERT_CU(cuStreamSynchronize(s));
   unsigned char byte = 0;
-  XSEG_ASSERT_CU(cuMemcpyDtoH(&byte, dptr(p) + SIZE - 1, 1));
+  XSEG_ASSERT_CU(cuMemcpyDtoH(&byte, at_dptr(p) + SIZE - 1, 1));
   XSEG_EXPECT_EQ(byte, 0x5A);
 
   /* Frees made during the capture get their events at the next malloc
@@ -125,7 +115,7 @@ XSEG_TEST(streams_capture, released_pool_memory_moves_to_other_streams) {
   xseg_allocator *a = xt_have_sim() ? at_create(NULL)
                                     : at_create_capped(NULL, 64 * MiB);
   XSEG_ASSERT_TRUE(a != NULL);
-  CUstream s = stream_new(), sb = stream_new();
+  CUstream s = at_stream_new(), sb = at_stream_new();
   void *p, *q;
   XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 7, s));
   XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
@@ -158,7 +148,7 @@ XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s = stream_new(), s1 = stream_new();
+  CUstream s = at_stream_new(), s1 = at_stream_new();
   void *warm, *p, *q, *pend;
   XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, s, &warm));
   XSEG_ASSERT_OK(xseg_free(a, warm));      /* s's cache holds 2 MiB */
@@ -205,7 +195,7 @@ XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
 XSEG_TEST(streams_capture, pool_calls_check_their_arguments) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
-  CUstream s = stream_new();
+  CUstream s = at_stream_new();
   XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(a, 0, s),
                      XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(NULL, 1, s),
@@ -264,7 +254,7 @@ XSEG_TEST(streams_capture, queries_leave_another_threads_capture_valid) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   XSEG_ASSERT_TRUE(a != NULL);
-  CUstream s = stream_new(), held = stream_new(), captured = stream_new();
+  CUstream s = at_stream_new(), held = at_stream_new(), captured = at_stream_new();
   XSEG_ASSERT_TRUE(s != NULL && held != NULL && captured != NULL);
   xt_latch *latch = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(held, latch));

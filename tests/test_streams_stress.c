@@ -55,8 +55,6 @@ typedef struct stress_block {
 
 static void delay_host(void *arg) { usleep((useconds_t)(uintptr_t)arg); }
 
-static CUdeviceptr dptr(void *p) { return (CUdeviceptr)(uintptr_t)p; }
-
 static size_t stress_size(uint64_t *seed) {
   uint64_t r = at_rand(seed);
   if (r % 8 == 0) return (size_t)(1 + at_rand(seed) % (6 * MiB));  /* large */
@@ -66,7 +64,7 @@ static size_t stress_size(uint64_t *seed) {
 /* Writes the pattern on `s` over the first and last KiB (all if small). */
 static bool stress_write(stress_block *b, CUstream s) {
   size_t span = b->size < 2048 ? b->size : 1024;
-  CUdeviceptr d = dptr(b->p);
+  CUdeviceptr d = at_dptr(b->p);
   return cuMemsetD8Async(d, b->tag, span, s) == CUDA_SUCCESS &&
          cuMemsetD8Async(d + b->size - span, b->tag, span, s) == CUDA_SUCCESS;
 }
@@ -78,10 +76,10 @@ static bool stress_verify(stress_block *b, CUstream own) {
   size_t span = b->size < 2048 ? b->size : 1024;
   size_t n = b->size < 2048 ? b->size : 2048;
   if (cuStreamSynchronize(own) != CUDA_SUCCESS ||
-      cuMemcpyDtoH(buf, dptr(b->p), span) != CUDA_SUCCESS)
+      cuMemcpyDtoH(buf, at_dptr(b->p), span) != CUDA_SUCCESS)
     return false;
   if (n > span &&
-      cuMemcpyDtoH(buf + span, dptr(b->p) + b->size - span, span) !=
+      cuMemcpyDtoH(buf + span, at_dptr(b->p) + b->size - span, span) !=
           CUDA_SUCCESS)
     return false;
   for (size_t i = 0; i < n; i++)
@@ -94,7 +92,7 @@ static bool stress_use(stress_thread *t, stress_block *b, int x) {
   CUstream other = t->ctx->streams[x];
   if (!STRESS_SHARE_READS) return stress_write(b, other);
   size_t n = b->size < 1024 ? b->size : 1024;
-  return cuMemcpyDtoDAsync(dptr(t->scratch[x]), dptr(b->p), n, other) ==
+  return cuMemcpyDtoDAsync(at_dptr(t->scratch[x]), at_dptr(b->p), n, other) ==
          CUDA_SUCCESS;
 }
 

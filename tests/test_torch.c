@@ -19,12 +19,6 @@ static void torch_setup(void) {
   xseg_torch_clear_error();
 }
 
-static CUstream stream_new(void) {
-  CUstream s = NULL;
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return NULL;
-  return s;
-}
-
 static xseg_stats torch_stats(void) {
   xseg_stats s;
   memset(&s, 0, sizeof s);
@@ -36,7 +30,7 @@ XSEG_TEST(torch, record_stream_defers_the_free_until_the_stream_is_done) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   torch_setup();
   XSEG_EXPECT_FALSE(xseg_torch_has_allocator(0));
-  CUstream s1 = stream_new(), s2 = stream_new();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
   void *p = xseg_torch_malloc(SIZE, 0, s1);
   XSEG_ASSERT_TRUE(p != NULL);
   XSEG_EXPECT_TRUE(xseg_torch_has_allocator(0));
@@ -159,7 +153,7 @@ XSEG_TEST(torch, failures_are_kept_with_their_cause) {
 XSEG_TEST(torch, graph_pool_keeps_its_blocks_apart) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   torch_setup();
-  CUstream s = stream_new();
+  CUstream s = at_stream_new();
   /* A block freed on s before the capture is not reused inside it. */
   void *before = xseg_torch_malloc(SIZE, 0, s);
   XSEG_ASSERT_TRUE(before != NULL);
