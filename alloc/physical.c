@@ -105,12 +105,9 @@ void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
                     (xs_pool_kind)orphan.tag, (int64_t)orphan.size);
       continue;
     }
-    /* Around the message-setting wrappers: the growth's own failure is the
-       message. A failed release is kept for a retry (vmm/unreleased.c). */
-    CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handles[i];
-    if (XS_DRV(a->vmm.drv, cuMemRelease, h) != CUDA_SUCCESS &&
-        !xs_vmm_unreleased_keep(&a->vmm, handles[i]))
-      XS_DRV(a->vmm.drv, cuMemRelease, h);
+    /* The growth's own failure is the message; a failed release is kept
+       for a retry (vmm/unreleased.c). */
+    xs_vmm_handle_release_quietly(&a->vmm, handles[i]);
     a->stats.counter[XS_COUNTER_num_device_free]++;
   }
 }

@@ -24,6 +24,14 @@ bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t h) {
   return true;
 }
 
+bool xs_vmm_handle_release_quietly(xs_vmm *v, uint64_t handle) {
+  CUmemGenericAllocationHandle h = (CUmemGenericAllocationHandle)handle;
+  if (XS_DRV(v->drv, cuMemRelease, h) == CUDA_SUCCESS ||
+      xs_vmm_unreleased_keep(v, handle))
+    return true;
+  return XS_DRV(v->drv, cuMemRelease, h) == CUDA_SUCCESS;
+}
+
 xseg_status xs_vmm_handle_release_or_keep(xs_vmm *v, uint64_t handle) {
   xseg_status st = xs_vmm_handle_release(v, handle);
   if (st == XSEG_OK) return st;

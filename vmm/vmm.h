@@ -73,6 +73,10 @@ xseg_status xs_vmm_handle_release(xs_vmm *v, uint64_t handle);
    fails, the handle is kept for xs_vmm_unreleased_retry instead of being
    lost, and the failure is returned with a message that says so. */
 xseg_status xs_vmm_handle_release_or_keep(xs_vmm *v, uint64_t handle);
+/* The same, leaving the message alone (for a caller whose own failure is
+   the message: a growth undoing itself); with no host memory to keep the
+   handle, one more release is tried. False when the handle is lost. */
+bool xs_vmm_handle_release_quietly(xs_vmm *v, uint64_t handle);
 /* Keeps a handle whose release failed, leaving the message alone; false
    when host memory ran out. */
 bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t handle);
