@@ -60,13 +60,8 @@ static void *xs_host_main(void *arg) {
 
 CUresult xs_host_start_locked(void) {
   if (xs_host.started) return CUDA_SUCCESS;
-  pthread_attr_t attr;
-  pthread_t thread;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int err = pthread_create(&thread, &attr, xs_host_main, NULL);
-  pthread_attr_destroy(&attr);
-  if (err) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (xs_thread_start_detached(xs_host_main, NULL) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
   xs_host.started = true;
   return CUDA_SUCCESS;
 }

@@ -482,6 +482,16 @@ uint64_t xsim_clock_now(void) {
 
 void xsim_stream_clock_reset(void) { xs_clock_off(); }
 
+int xs_thread_start_detached(void *(*fn)(void *), void *arg) {
+  pthread_attr_t attr;
+  pthread_t thread;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int err = pthread_create(&thread, &attr, fn, arg);
+  pthread_attr_destroy(&attr);
+  return err;
+}
+
 /* A stream with its worker running; refs: one for the worker, one for the
    creator (the legacy stream's creator is the process). */
 static struct CUstream_st *xs_stream_new(int device, unsigned flags,
@@ -491,13 +501,7 @@ static struct CUstream_st *xs_stream_new(int device, unsigned flags,
   *s = (struct CUstream_st){.magic = XS_STREAM_MAGIC, .device = device,
                             .flags = flags, .priority = priority,
                             .legacy = legacy, .refs = 2};
-  pthread_attr_t attr;
-  pthread_t thread;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  int err = pthread_create(&thread, &attr, xs_worker_main, s);
-  pthread_attr_destroy(&attr);
-  if (err) {
+  if (xs_thread_start_detached(xs_worker_main, s) != 0) {
     free(s);
     return NULL;
   }

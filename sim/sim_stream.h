@@ -153,6 +153,9 @@ void xs_dep_wait_locked(const xs_dep *d);
    realloc: the grown array, *cap updated; NULL, v and *cap untouched, when
    out of memory. Used by dependency lists and graphs alike. */
 void *xs_array_grow(void *v, size_t *cap, size_t first, size_t elem);
+/* Starts fn(arg) on a detached thread (stream workers, the host-function
+   thread); pthread_create's error, 0 on success. */
+int xs_thread_start_detached(void *(*fn)(void *), void *arg);
 
 /* ---- the host-function thread (sim_host.c) ---------------------------- */
 
