@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "alloc/allocator.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 /* A private pool keeps a pair per stream (see xseg.h): a block that one
@@ -52,13 +53,8 @@ xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
 /* A new entry; its private pair is found or created. */
 static xseg_status capture_add(xseg_allocator *a, xs_capture c,
                                xs_stream_pools **out) {
-  if (a->n_captures == a->cap_captures) {
-    size_t cap = a->cap_captures ? 2 * a->cap_captures : 4;
-    xs_capture *arr = realloc(a->captures, cap * sizeof *arr);
-    if (arr == NULL) goto oom;
-    a->captures = arr;
-    a->cap_captures = cap;
-  }
+  if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
+    goto oom;
   xs_stream_pools *sp = capture_pair_find(a, c.pool, c.stream);
   if (sp == NULL && (sp = xs_stream_pools_new_locked(a, c.stream, c.pool)) ==
                         NULL)
@@ -99,8 +95,8 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
                                      struct CUstream_st *stream,
                                      xs_stream_pools **out) {
   *out = NULL;
-  bool active;
-  uint64_t id;
+  bool active = false;       /* set on success; -O3 cannot tell */
+  uint64_t id = 0;
   xseg_status st = capture_query(a, stream, &active, &id);
   if (st != XSEG_OK || !active) return st;
   xs_capture c = {.stream = stream, .pool = XSEG_CAPTURE_POOL(id),
@@ -131,8 +127,8 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
        sp = sp->next) {
     if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
       continue;
-    bool active;
-    uint64_t id;
+    bool active = false;
+    uint64_t id = 0;
     /* A stream the caller has destroyed cannot be capturing: a failed
        query only means this one is not, and must not stop the pass. */
     if (capture_query(a, sp->stream, &active, &id) != XSEG_OK || !active)

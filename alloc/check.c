@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "alloc/flow.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 typedef struct check_ctx {
@@ -31,13 +32,7 @@ typedef struct check_ctx {
   } while (0)
 
 static bool check_push(uint64_t **arr, size_t *n, size_t *cap, uint64_t v) {
-  if (*n == *cap) {
-    size_t nc = *cap ? *cap * 2 : 256;
-    uint64_t *na = realloc(*arr, nc * sizeof *na);
-    if (na == NULL) return false;
-    *arr = na;
-    *cap = nc;
-  }
+  if (!XS_ARRAY_RESERVE(*arr, *cap, *n + 1, 256)) return false;
   (*arr)[(*n)++] = v;
   return true;
 }

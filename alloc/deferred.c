@@ -24,6 +24,7 @@
 #include "alloc/allocator.h"
 #include "alloc/ipc.h"
 #include "streams/stream_set.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
@@ -101,16 +102,10 @@ static xseg_status deferred_record(xseg_allocator *a, xs_block *b) {
 }
 
 static xseg_status deferred_park(xseg_allocator *a, xs_block *b) {
-  if (a->n_deferred == a->cap_deferred) {
-    size_t cap = a->cap_deferred ? 2 * a->cap_deferred : 16;
-    xs_block **d = realloc(a->deferred, cap * sizeof *d);
-    if (d == NULL)
-      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                      "out of host memory deferring the free of %p",
-                      (void *)(uintptr_t)b->addr);
-    a->deferred = d;
-    a->cap_deferred = cap;
-  }
+  if (!XS_ARRAY_RESERVE(a->deferred, a->cap_deferred, a->n_deferred + 1, 16))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory deferring the free of %p",
+                    (void *)(uintptr_t)b->addr);
   a->deferred[a->n_deferred++] = b;
   return XSEG_OK;
 }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "alloc/ipc.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 #include "vmm/ipc.h"
 
@@ -65,15 +66,10 @@ static xseg_status export_record(xs_ipc *ipc, xs_block *b,
     xseg_status st = xs_ipc_table_create(&ipc->table, &ipc->table_fd);
     if (st != XSEG_OK) return st;
   }
-  if (ipc->n_exports == ipc->cap_exports) {
-    size_t cap = ipc->cap_exports ? 2 * ipc->cap_exports : 16;
-    xs_ipc_export *e = realloc(ipc->exports, cap * sizeof *e);
-    if (e == NULL)
-      return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory exporting "
-                      "%p", (void *)(uintptr_t)b->addr);
-    ipc->exports = e;
-    ipc->cap_exports = cap;
-  }
+  if (!XS_ARRAY_RESERVE(ipc->exports, ipc->cap_exports, ipc->n_exports + 1,
+                        16))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory exporting %p",
+                    (void *)(uintptr_t)b->addr);
   size_t slot = 0;
   while (slot < XS_IPC_EXPORTS &&
          atomic_load(&ipc->table->exports[slot].state) != XS_IPC_EMPTY)

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "streams/event_pool.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 void xs_event_pool_init(xs_event_pool *p, xs_vmm *vmm) {
@@ -33,19 +34,10 @@ xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out) {
   return XSEG_OK;
 }
 
-static int event_pool_grow(xs_event_pool *p) {
-  size_t cap = p->cap_idle ? 2 * p->cap_idle : 16;
-  CUevent *idle = realloc(p->idle, cap * sizeof *idle);
-  if (idle == NULL) return -1;
-  p->idle = idle;
-  p->cap_idle = cap;
-  return 0;
-}
-
 void xs_event_pool_give(xs_event_pool *p, CUevent ev) {
   assert(p->in_flight > 0 && "gives match takes");
   p->in_flight--;
-  if (p->n_idle == p->cap_idle && event_pool_grow(p) != 0) {
+  if (!XS_ARRAY_RESERVE(p->idle, p->cap_idle, p->n_idle + 1, 16)) {
     XS_DRV(p->vmm->drv, cuEventDestroy, ev);
     return;
   }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "streams/pending.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 void xs_pending_init(xs_pending *p, xs_event_pool *events) {
@@ -26,13 +27,8 @@ static xs_pending_queue *pending_queue_find(xs_pending *p,
                                             struct CUstream_st *stream) {
   for (size_t i = 0; i < p->n_queues; i++)
     if (p->queues[i].stream == stream) return &p->queues[i];
-  if (p->n_queues == p->cap_queues) {
-    size_t cap = p->cap_queues ? 2 * p->cap_queues : 8;
-    xs_pending_queue *q = realloc(p->queues, cap * sizeof *q);
-    if (q == NULL) return NULL;
-    p->queues = q;
-    p->cap_queues = cap;
-  }
+  if (!XS_ARRAY_RESERVE(p->queues, p->cap_queues, p->n_queues + 1, 8))
+    return NULL;
   xs_pending_queue *q = &p->queues[p->n_queues++];
   *q = (xs_pending_queue){.stream = stream};
   return q;

@@ -16,6 +16,7 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "vmm/array.h"
 #include "vmm/vmm.h"
 
 static bool alias_in(const xs_vmm_alias *e, uint64_t addr, size_t size) {
@@ -23,14 +24,7 @@ static bool alias_in(const xs_vmm_alias *e, uint64_t addr, size_t size) {
 }
 
 bool xs_vmm_alias_reserve(xs_vmm *v, size_t n) {
-  if (v->cap_aliases - v->n_aliases >= n) return true;
-  size_t cap = v->cap_aliases ? 2 * v->cap_aliases : 16;
-  while (cap - v->n_aliases < n) cap *= 2;
-  xs_vmm_alias *arr = realloc(v->aliases, cap * sizeof *arr);
-  if (arr == NULL) return false;
-  v->aliases = arr;
-  v->cap_aliases = cap;
-  return true;
+  return XS_ARRAY_RESERVE(v->aliases, v->cap_aliases, v->n_aliases + n, 16);
 }
 
 void xs_vmm_alias_add(xs_vmm *v, uint64_t addr, uint64_t handle, size_t size,

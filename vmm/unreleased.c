@@ -9,17 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "vmm/array.h"
 #include "vmm/error.h"
 #include "vmm/vmm.h"
 
 bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t h) {
-  if (v->n_unreleased == v->cap_unreleased) {
-    size_t cap = v->cap_unreleased ? 2 * v->cap_unreleased : 8;
-    uint64_t *arr = realloc(v->unreleased, cap * sizeof *arr);
-    if (arr == NULL) return false;
-    v->unreleased = arr;
-    v->cap_unreleased = cap;
-  }
+  if (!XS_ARRAY_RESERVE(v->unreleased, v->cap_unreleased,
+                        v->n_unreleased + 1, 8))
+    return false;
   v->unreleased[v->n_unreleased++] = h;
   return true;
 }
