@@ -3,8 +3,10 @@
  * initialises the driver it links and makes a context current (xt_context)
  * before its own driver calls, as a real driver requires. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "vmm/array.h"
 #include "vmm/vmm.h"
 #include "xseg_test.h"
 
@@ -183,4 +185,35 @@ XSEG_TEST(vmm, peers_join_the_access_list_once) {
   XSEG_EXPECT_EQ(v.n_access, 2);
   XSEG_EXPECT_EQ(v.access[1].location.id, 1);
   xs_vmm_close(&v);
+}
+
+/* vmm/array.h: the one growth rule of the small arrays. */
+XSEG_TEST(vmm, array_grows_by_doubling_and_keeps_its_items) {
+  uint64_t *items = NULL;
+  size_t n = 0, cap = 0;
+  for (uint64_t i = 0; i < 100; i++) {
+    XSEG_ASSERT_TRUE(XS_ARRAY_RESERVE(items, cap, n + 1, 4));
+    items[n++] = i * 7;
+  }
+  XSEG_EXPECT_EQ(cap, (size_t)128);    /* 4, 8, ..., 128 */
+  for (uint64_t i = 0; i < 100; i++) XSEG_EXPECT_EQ(items[i], i * 7);
+  /* Room for many at once: doubled until it fits, in one realloc. */
+  XSEG_ASSERT_TRUE(XS_ARRAY_RESERVE(items, cap, 1000, 4));
+  XSEG_EXPECT_EQ(cap, (size_t)1024);
+  XSEG_EXPECT_EQ(items[99], (uint64_t)693);
+  free(items);
+}
+
+XSEG_TEST(vmm, array_that_cannot_grow_is_left_as_it_was) {
+  uint64_t *items = NULL;
+  size_t cap = 0;
+  XSEG_ASSERT_TRUE(XS_ARRAY_RESERVE(items, cap, 3, 4));
+  items[0] = 42;
+  uint64_t *before = items;
+  /* A size whose bytes overflow size_t is refused before any realloc. */
+  XSEG_EXPECT_FALSE(XS_ARRAY_RESERVE(items, cap, SIZE_MAX / 4, 4));
+  XSEG_EXPECT_TRUE(items == before);
+  XSEG_EXPECT_EQ(cap, (size_t)4);
+  XSEG_EXPECT_EQ(items[0], (uint64_t)42);
+  free(items);
 }
