@@ -23,6 +23,7 @@
 
 #include "alloc/allocator.h"
 #include "alloc/ipc.h"
+#include "streams/stream_query.h"
 #include "streams/stream_set.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
@@ -64,16 +65,16 @@ static void deferred_fired(void *ctx, void *block) {
   if (--b->pending_events == 0) deferred_complete(ctx, b);
 }
 
-/* Drops from b's recorded streams those the caller has destroyed
-   (cuStreamQuery: CUDA_ERROR_INVALID_HANDLE): no event can be recorded on
-   them, and their work is over (xseg.h). True when any went. */
+/* Drops from b's recorded streams those the caller has destroyed: no
+   event can be recorded on them, and their work is over
+   (streams/stream_query.h). True when any went. */
 static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
   xs_stream_set alive = {0};
   bool dropped = false;
   for (uint32_t i = 0; i < b->uses.n; i++) {
     struct CUstream_st *s = xs_stream_set_at(&b->uses, i);
-    if (XS_DRV(a->vmm.drv, cuStreamQuery, (CUstream)s) ==
-        CUDA_ERROR_INVALID_HANDLE)
+    CUresult r;
+    if (xs_stream_query(a->vmm.drv, s, &r) == XS_STREAM_GONE)
       dropped = true;
     else if (xs_stream_set_add(&alive, s) != XSEG_OK) {
       dropped = false;                      /* host OOM: keep them all */

@@ -2,6 +2,7 @@
 #include <assert.h>
 
 #include "streams/guard.h"
+#include "streams/stream_query.h"
 #include "vmm/error.h"
 
 /* Step 1: has the event in flight fired (or, waiting, once it has)? */
@@ -23,18 +24,17 @@ static xseg_status guard_check_event(xs_guard *g, xs_event_pool *events,
 }
 
 /* Steps 2 and 3: an idle stream proves `now`; a busy one gets an event.
-   A stream the caller destroyed (CUDA_ERROR_INVALID_HANDLE) counts as
-   idle: no work can be queued on it any more, and what it had queued
-   before cuStreamDestroy is the caller's to have finished (guard.h). */
+   A stream the caller destroyed counts as idle (stream_query.h). */
 static xseg_status guard_mark(xs_guard *g, xs_event_pool *events,
                               struct CUstream_st *stream, uint64_t now) {
   xs_driver *drv = events->vmm->drv;
-  CUresult r = XS_DRV(drv, cuStreamQuery, (CUstream)stream);
-  if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_HANDLE) {
+  CUresult r;
+  xs_stream_state state = xs_stream_query(drv, stream, &r);
+  if (state == XS_STREAM_IDLE || state == XS_STREAM_GONE) {
     g->safe = now;
     return XSEG_OK;
   }
-  if (r != CUDA_ERROR_NOT_READY)
+  if (state == XS_STREAM_FAILED)
     return xs_driver_error(drv, r, "cuStreamQuery(stream %p)", (void *)stream);
   CUevent ev;
   xseg_status st = xs_event_pool_take(events, &ev);
