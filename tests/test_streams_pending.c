@@ -18,18 +18,34 @@ static void log_fired(void *ctx, void *block) {
   if (log->n < 64) log->blocks[log->n++] = block;
 }
 
+/* The driver, the event pool and queue under test, one non-blocking
+   stream, and a latch that holds it once fixture_hold was called. */
 typedef struct fixture {
   xs_vmm vmm;
   CUcontext saved;
   xs_event_pool events;
   xs_pending pending;
+  CUstream stream;
+  xt_latch *latch;              /* NULL until fixture_hold */
 } fixture;
 
+/* A new non-blocking stream in *s; false (the failure reported) if the
+   driver refused. */
+static bool stream_new(CUstream *s) {
+  return XSEG_EXPECT_CU(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
+}
+
 static bool fixture_open(fixture *f) {
+  *f = (fixture){0};
   if (!XSEG_EXPECT_TRUE(xt_context(0) != NULL) ||
       !XSEG_EXPECT_OK(xs_vmm_open(&f->vmm, xt_driver_name(), 0)))
     return false;
   if (!XSEG_EXPECT_OK(xs_vmm_ctx_enter(&f->vmm, &f->saved))) {
+    xs_vmm_close(&f->vmm);
+    return false;
+  }
+  if (!stream_new(&f->stream)) {
+    xs_vmm_ctx_leave(&f->vmm, f->saved);
     xs_vmm_close(&f->vmm);
     return false;
   }
@@ -38,29 +54,31 @@ static bool fixture_open(fixture *f) {
   return true;
 }
 
-static void fixture_close(fixture *f) {
-  xs_pending_destroy(&f->pending);
-  xs_event_pool_destroy(&f->events);
-  xs_vmm_ctx_leave(&f->vmm, f->saved);
-  xs_vmm_close(&f->vmm);
+/* Holds f's stream: what is queued on it from now on waits for
+   xt_latch_open(f->latch). */
+static bool fixture_hold(fixture *f) {
+  f->latch = xt_latch_new();
+  return XSEG_EXPECT_CU(xt_latch_hold(f->stream, f->latch));
 }
 
-/* A new non-blocking stream in *s; false (the failure reported) if the
-   driver refused. */
-static bool stream_new(CUstream *s) {
-  return XSEG_EXPECT_CU(cuStreamCreate(s, CU_STREAM_NON_BLOCKING));
+/* Lets the stream go (a test that failed half-way may not have), waits
+   for it, and destroys everything. */
+static void fixture_close(fixture *f) {
+  if (f->latch != NULL) xt_latch_open(f->latch);
+  XSEG_EXPECT_CU(cuStreamSynchronize(f->stream));
+  xs_pending_destroy(&f->pending);
+  xs_event_pool_destroy(&f->events);
+  XSEG_EXPECT_CU(cuStreamDestroy(f->stream));
+  if (f->latch != NULL) xt_latch_free(f->latch);
+  xs_vmm_ctx_leave(&f->vmm, f->saved);
+  xs_vmm_close(&f->vmm);
 }
 
 XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s;
-  if (!stream_new(&s)) {
-    fixture_close(&f);
-    return;
-  }
-  xt_latch *latch = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(s, latch));
+  CUstream s = f.stream;
+  if (!fixture_hold(&f)) goto out;
 
   int block = 0;
   XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &block));
@@ -70,15 +88,13 @@ XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
   XSEG_EXPECT_OK(err);
   XSEG_EXPECT_EQ(f.pending.entries, 1);
 
-  xt_latch_open(latch);
+  xt_latch_open(f.latch);
   XSEG_EXPECT_EQ(xs_pending_drain(&f.pending, log_fired, &log, &err), 1);
   XSEG_EXPECT_OK(err);
   XSEG_EXPECT_EQ(log.n, 1);
   XSEG_EXPECT_TRUE(log.blocks[0] == &block);
 
-  XSEG_EXPECT_CU(cuStreamSynchronize(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  xt_latch_free(latch);
+out:
   fixture_close(&f);
 }
 
@@ -86,18 +102,9 @@ XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
 XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream held, idle;
-  if (!stream_new(&held)) {
-    fixture_close(&f);
-    return;
-  }
-  if (!stream_new(&idle)) {
-    XSEG_EXPECT_CU(cuStreamDestroy(held));
-    fixture_close(&f);
-    return;
-  }
-  xt_latch *latch = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(held, latch));
+  CUstream held = f.stream, idle;
+  if (!stream_new(&idle)) goto out;
+  if (!fixture_hold(&f)) goto out_idle;
 
   int a = 0, b = 0;
   XSEG_ASSERT_OK(xs_pending_add(&f.pending, held, &a));
@@ -108,14 +115,13 @@ XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
   XSEG_EXPECT_EQ(xs_pending_poll(&f.pending, log_fired, &log, &err), 1);
   XSEG_EXPECT_TRUE(log.n == 1 && log.blocks[0] == &b);
 
-  xt_latch_open(latch);
+  xt_latch_open(f.latch);
   XSEG_EXPECT_EQ(xs_pending_drain(&f.pending, log_fired, &log, &err), 1);
   XSEG_EXPECT_TRUE(log.n == 2 && log.blocks[1] == &a);
 
-  XSEG_EXPECT_CU(cuStreamSynchronize(held));
-  XSEG_EXPECT_CU(cuStreamDestroy(held));
+out_idle:
   XSEG_EXPECT_CU(cuStreamDestroy(idle));
-  xt_latch_free(latch);
+out:
   fixture_close(&f);
 }
 
@@ -124,15 +130,10 @@ XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
 XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s;
-  if (!stream_new(&s)) {
-    fixture_close(&f);
-    return;
-  }
+  CUstream s = f.stream;
   int first = 0;
   XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &first));
-  xt_latch *latch = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(s, latch));  /* queued after the entry */
+  if (!fixture_hold(&f)) goto out;          /* queued after the entry */
   int second = 0;
   XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &second));
 
@@ -140,16 +141,15 @@ XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
   xseg_status err;
   /* The first entry's event precedes the held host function: once the
      stream's worker is inside the latch, the event has fired. */
-  XSEG_ASSERT_TRUE(xt_latch_wait_for_holders(latch, 1));
+  XSEG_ASSERT_TRUE(xt_latch_wait_for_holders(f.latch, 1));
   XSEG_EXPECT_EQ(xs_pending_poll(&f.pending, log_fired, &log, &err), 1);
   XSEG_EXPECT_TRUE(log.n == 1 && log.blocks[0] == &first);
 
-  xt_latch_open(latch);
+  xt_latch_open(f.latch);
   XSEG_EXPECT_EQ(xs_pending_drain(&f.pending, log_fired, &log, &err), 1);
   XSEG_EXPECT_TRUE(log.n == 2 && log.blocks[1] == &second);
 
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  xt_latch_free(latch);
+out:
   fixture_close(&f);
 }
 
@@ -158,11 +158,7 @@ XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
 XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s;
-  if (!stream_new(&s)) {
-    fixture_close(&f);
-    return;
-  }
+  CUstream s = f.stream;
   int block = 0;
   fired_log log = {0};
   xseg_status err;
@@ -174,7 +170,6 @@ XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
   }
   XSEG_EXPECT_EQ(f.events.created, 2);
   XSEG_EXPECT_EQ(f.events.in_flight, 0);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
   fixture_close(&f);
 }
 
@@ -183,11 +178,7 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s;
-  if (!stream_new(&s)) {
-    fixture_close(&f);
-    return;
-  }
+  CUstream s = f.stream;
   int block = 0;
   xsim_fail_call("cuEventRecord", 1, CUDA_ERROR_LAUNCH_FAILED);
   XSEG_EXPECT_STATUS(xs_pending_add(&f.pending, s, &block), XSEG_ERR_DRIVER);
@@ -196,7 +187,6 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
                    NULL);
   XSEG_EXPECT_EQ(f.pending.entries, 0);
   XSEG_EXPECT_EQ(f.events.in_flight, 0);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
   fixture_close(&f);
 }
 
@@ -206,13 +196,8 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
 XSEG_TEST(streams_pending, events_per_stream_are_bounded) {
   fixture f;
   XSEG_ASSERT_TRUE(fixture_open(&f));
-  CUstream s;
-  if (!stream_new(&s)) {
-    fixture_close(&f);
-    return;
-  }
-  xt_latch *latch = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(s, latch));
+  CUstream s = f.stream;
+  if (!fixture_hold(&f)) goto out;
   static int blocks[100];
   for (int i = 0; i < 100; i++)
     XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &blocks[i]));
@@ -221,12 +206,11 @@ XSEG_TEST(streams_pending, events_per_stream_are_bounded) {
   fired_log log = {0};
   xseg_status err;
   XSEG_EXPECT_EQ(xs_pending_poll(&f.pending, log_fired, &log, &err), 0);
-  xt_latch_open(latch);
+  xt_latch_open(f.latch);
   XSEG_EXPECT_EQ(xs_pending_drain(&f.pending, log_fired, &log, &err), 100);
   XSEG_EXPECT_OK(err);
   for (int i = 0; i < 64; i++) XSEG_EXPECT_TRUE(log.blocks[i] == &blocks[i]);
   XSEG_EXPECT_EQ(f.events.in_flight, 0);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  xt_latch_free(latch);
+out:
   fixture_close(&f);
 }
