@@ -256,20 +256,56 @@ XSEG_TEST(alloc_flow, a_failed_growth_keeps_counting_what_it_had_lent) {
 
 /* ---- across streams: the device waits, not the host ----------------------- */
 
+/* An allocator on a device of `device_mib`, three streams, and a latch for
+   each of the first two to hold them back with. The teardown lets every
+   stream go, checks the allocator, and after xseg_destroy that no handle
+   or mapping is left. */
+typedef struct streams_fixture {
+  xseg_allocator *a;
+  CUstream sa, sb, sc;
+  xt_latch *la, *lb;
+} streams_fixture;
+
+/* The test itself skips first (see lend_setup). */
+static void streams_setup(streams_fixture *f, size_t device_mib) {
+  xsim_set_device_memory(0, device_mib * MiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  f->a = at_create(NULL);
+  f->sa = at_stream_new();
+  f->sb = at_stream_new();
+  f->sc = at_stream_new();
+  f->la = xt_latch_new();
+  f->lb = xt_latch_new();
+}
+
+static void streams_teardown(streams_fixture *f) {
+  xt_latch_open(f->la);
+  xt_latch_open(f->lb);
+  CUstream s[3] = {f->sa, f->sb, f->sc};
+  for (int i = 0; i < 3; i++) XSEG_EXPECT_CU(cuStreamSynchronize(s[i]));
+  XSEG_EXPECT_OK(xseg_check(f->a));
+  xseg_destroy(f->a);
+  xsim_live l = live_now();
+  XSEG_EXPECT_EQ(l.handles, 0);            /* every handle released */
+  XSEG_EXPECT_EQ(l.mappings, 0);
+  xt_latch_free(f->la);
+  xt_latch_free(f->lb);
+  for (int i = 0; i < 3; i++) XSEG_EXPECT_CU(cuStreamDestroy(s[i]));
+}
+
 /* Stream A frees 48 MiB its held work still writes. Stream B asks for 48
    MiB with room to grow (256 MiB device): one budget says take A's free
    memory rather than create more. B's malloc returns at once, and B's
    work does not run before A's (cuStreamWaitEvent on A's guard event). */
 XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
-  xsim_set_device_memory(0, 256 * MiB);
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream sa = at_stream_new(), sb = at_stream_new();
-  xt_latch *la = xt_latch_new();
+  streams_fixture f = {0};
+  streams_setup(&f, 256);
+  xseg_allocator *a = f.a;
+  CUstream sa = f.sa, sb = f.sb;
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
-  XSEG_ASSERT_CU(xt_latch_hold(sa, la));
+  XSEG_ASSERT_CU(xt_latch_hold(sa, f.la));
   XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 48 * MiB, sa));
   XSEG_ASSERT_OK(xseg_free(a, p));
   uint64_t waits = host_waits(), creates = xsim_call_count("cuMemCreate");
@@ -286,18 +322,14 @@ XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
   usleep(20000);
   XSEG_EXPECT_EQ(cuStreamQuery(sb), CUDA_ERROR_NOT_READY);   /* behind A */
   XSEG_EXPECT_OK(xseg_check(a));
-  xt_latch_open(la);
+  xt_latch_open(f.la);
   XSEG_EXPECT_CU(cuStreamSynchronize(sb));
   XSEG_EXPECT_TRUE(dev_bytes_are(at_dptr(q), 48 * MiB, v));     /* no 0x77 */
   XSEG_EXPECT_OK(xseg_free(a, q));
   XSEG_EXPECT_CU(cuStreamSynchronize(sa));
   XSEG_EXPECT_OK(xseg_empty_cache(a));
   XSEG_EXPECT_EQ(live_now().mappings, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  xt_latch_free(la);
-  XSEG_EXPECT_CU(cuStreamDestroy(sa));
-  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+  streams_teardown(&f);
 }
 
 /* A stolen handle stays mapped at the donor's old address until the
@@ -311,11 +343,11 @@ XSEG_TEST(alloc_flow, a_stolen_handles_stream_waits_for_the_old_streams_work) {
    goes. */
 XSEG_TEST(alloc_flow, a_handle_an_alias_still_maps_is_not_released) {
   XT_REQUIRE_SIM();
-  xsim_set_device_memory(0, 256 * MiB);
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream sa = at_stream_new(), sb = at_stream_new();
-  xt_latch *old = xt_latch_new(), *busy = xt_latch_new();
+  streams_fixture f = {0};
+  streams_setup(&f, 256);
+  xseg_allocator *a = f.a;
+  CUstream sa = f.sa, sb = f.sb;
+  xt_latch *old = f.la, *busy = f.lb;
   xsim_live base = live_now();
   void *p, *x, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
@@ -358,12 +390,7 @@ XSEG_TEST(alloc_flow, a_handle_an_alias_still_maps_is_not_released) {
   XSEG_EXPECT_EQ(l.mappings, base.mappings);
   XSEG_EXPECT_EQ(st.reserved_bytes.current, 0);
   XSEG_EXPECT_EQ(st.num_device_alloc, st.num_device_free);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  xt_latch_free(old);
-  xt_latch_free(busy);
-  XSEG_EXPECT_CU(cuStreamDestroy(sa));
-  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+  streams_teardown(&f);
 }
 
 /* Bounded: a stream that has just taken memory with a wait does not give
@@ -372,19 +399,18 @@ XSEG_TEST(alloc_flow, a_handle_an_alias_still_maps_is_not_released) {
    each other in turn. */
 XSEG_TEST(alloc_flow, memory_does_not_ping_pong_between_busy_streams) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
-  xsim_set_device_memory(0, 256 * MiB);
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream sa = at_stream_new(), sb = at_stream_new();
-  xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
+  streams_fixture f = {0};
+  streams_setup(&f, 256);
+  xseg_allocator *a = f.a;
+  CUstream sa = f.sa, sb = f.sb;
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
-  XSEG_ASSERT_CU(xt_latch_hold(sa, la));
+  XSEG_ASSERT_CU(xt_latch_hold(sa, f.la));
   XSEG_ASSERT_OK(xseg_free(a, p));
   uint64_t stream_waits = xsim_call_count("cuStreamWaitEvent");
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));         /* B takes A's */
   XSEG_EXPECT_EQ(xsim_call_count("cuStreamWaitEvent"), stream_waits + 1);
-  XSEG_ASSERT_CU(xt_latch_hold(sb, lb));
+  XSEG_ASSERT_CU(xt_latch_hold(sb, f.lb));
   XSEG_ASSERT_OK(xseg_free(a, q));
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &r));         /* A grows */
   XSEG_EXPECT_EQ(xsim_call_count("cuStreamWaitEvent"), stream_waits + 1);
@@ -392,17 +418,8 @@ XSEG_TEST(alloc_flow, memory_does_not_ping_pong_between_busy_streams) {
   XSEG_ASSERT_OK(xseg_get_stats(a, &st));
   XSEG_EXPECT_EQ(st.reserved_bytes.current, 96 * MiB);
   XSEG_EXPECT_OK(xseg_check(a));
-  xt_latch_open(la);
-  xt_latch_open(lb);
-  XSEG_EXPECT_CU(cuStreamSynchronize(sa));
-  XSEG_EXPECT_CU(cuStreamSynchronize(sb));
   XSEG_EXPECT_OK(xseg_free(a, r));
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  xt_latch_free(la);
-  xt_latch_free(lb);
-  XSEG_EXPECT_CU(cuStreamDestroy(sa));
-  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+  streams_teardown(&f);
 }
 
 /* At the device limit the quiet period gives way: the out-of-memory
@@ -411,11 +428,11 @@ XSEG_TEST(alloc_flow, memory_does_not_ping_pong_between_busy_streams) {
    failure; the taker's work runs after the donor's. */
 XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   XT_REQUIRE_SIM_FOR("sets the device capacity");
-  xsim_set_device_memory(0, 64 * MiB);
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream sa = at_stream_new(), sb = at_stream_new();
-  xt_latch *la = xt_latch_new(), *lb = xt_latch_new();
+  streams_fixture f = {0};
+  streams_setup(&f, 64);
+  xseg_allocator *a = f.a;
+  CUstream sa = f.sa, sb = f.sb;
+  xt_latch *la = f.la, *lb = f.lb;
   void *p, *q, *r;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
   XSEG_ASSERT_CU(xt_latch_hold(sa, la));
@@ -444,13 +461,7 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
   XSEG_EXPECT_CU(cuStreamSynchronize(sb));
   XSEG_EXPECT_TRUE(dev_bytes_are(at_dptr(r), 48 * MiB, v));     /* no 0x77 */
   XSEG_EXPECT_OK(xseg_free(a, r));
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_EQ(live_now().mappings, 0);
-  xt_latch_free(la);
-  xt_latch_free(lb);
-  XSEG_EXPECT_CU(cuStreamDestroy(sa));
-  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+  streams_teardown(&f);
 }
 
 /* While a capture is under way nothing moves: a request on another stream
@@ -458,14 +469,13 @@ XSEG_TEST(alloc_flow, at_the_limit_the_device_waits_instead_of_the_host) {
    memory. */
 XSEG_TEST(alloc_flow, nothing_is_stolen_while_a_stream_captures) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
-  xsim_set_device_memory(0, 256 * MiB);
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream sa = at_stream_new(), sb = at_stream_new(), sc = at_stream_new();
-  xt_latch *la = xt_latch_new();
+  streams_fixture f = {0};
+  streams_setup(&f, 256);
+  xseg_allocator *a = f.a;
+  CUstream sa = f.sa, sb = f.sb, sc = f.sc;
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sa, &p));
-  XSEG_ASSERT_CU(xt_latch_hold(sa, la));
+  XSEG_ASSERT_CU(xt_latch_hold(sa, f.la));
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, sc, &q));          /* sc has pools */
   XSEG_ASSERT_OK(xseg_free(a, q));
@@ -482,14 +492,7 @@ XSEG_TEST(alloc_flow, nothing_is_stolen_while_a_stream_captures) {
   XSEG_EXPECT_CU(cuStreamEndCapture(sc, &g));
   if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
   XSEG_EXPECT_OK(xseg_free(a, q));
-  xt_latch_open(la);
-  XSEG_EXPECT_CU(cuStreamSynchronize(sa));
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  xt_latch_free(la);
-  XSEG_EXPECT_CU(cuStreamDestroy(sa));
-  XSEG_EXPECT_CU(cuStreamDestroy(sb));
-  XSEG_EXPECT_CU(cuStreamDestroy(sc));
+  streams_teardown(&f);
 }
 
 /* ---- stress ------------------------------------------------------------- */
