@@ -233,6 +233,19 @@ static int ipc_finish(ipc_child c) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* Exports p (its handle in *h, the caller's to free) and hands it to a new
+   consumer, which opens it; c.pid <= 0 (the cause reported) on failure. */
+static ipc_child ipc_share(xseg_allocator *a, void *p, xseg_ipc_handle **h) {
+  ipc_child c = {.pid = -1};
+  if (!XT_OK(xseg_ipc_export(a, p, h))) return c;
+  c = ipc_spawn(-1);
+  if (c.pid > 0 && !XSEG_EXPECT_EQ(ipc_give(c, *h), 0)) {
+    ipc_finish(c);
+    c.pid = -1;
+  }
+  return c;
+}
+
 static xseg_ipc_stats ipc_stats(xseg_allocator *a) {
   xseg_ipc_stats s;
   memset(&s, 0, sizeof s);
@@ -260,10 +273,8 @@ XSEG_TEST(ipc, consumer_reads_producer_bytes_and_back) {
   XT_OK(xseg_malloc(a, size, NULL, &p));
   XSEG_EXPECT_TRUE(ipc_fill(p, size, 5));
   xseg_ipc_handle *h = NULL;
-  XT_OK(xseg_ipc_export(a, p, &h));
-  ipc_child c = ipc_spawn(-1);
+  ipc_child c = ipc_share(a, p, &h);
   XSEG_ASSERT_GT(c.pid, 0);
-  XSEG_EXPECT_EQ(ipc_give(c, h), 0);
   XSEG_EXPECT_EQ(ipc_ask(c, 'v', size, 5), 0);
   XSEG_EXPECT_EQ(ipc_ask(c, 'o', 0, 0), 0);            /* same mapping */
   XSEG_EXPECT_EQ(ipc_ask(c, 'w', size, 9), 0);
@@ -296,10 +307,8 @@ XSEG_TEST(ipc, held_block_is_not_reused_until_the_consumer_closes) {
   XT_OK(xseg_malloc(a, size, NULL, &p));
   XSEG_EXPECT_TRUE(ipc_fill(p, size, 1));
   xseg_ipc_handle *h = NULL;
-  XT_OK(xseg_ipc_export(a, p, &h));
-  ipc_child c = ipc_spawn(-1);
+  ipc_child c = ipc_share(a, p, &h);
   XSEG_ASSERT_GT(c.pid, 0);
-  XSEG_EXPECT_EQ(ipc_give(c, h), 0);
   XT_OK(xseg_free(a, p));
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
   XSEG_EXPECT_EQ(ipc_stats(a).pending_on_others, 1);
@@ -333,10 +342,8 @@ XSEG_TEST(ipc, killed_consumer_is_reclaimed_at_the_next_malloc) {
   void *p = NULL, *q = NULL;
   XT_OK(xseg_malloc(a, size, NULL, &p));
   xseg_ipc_handle *h = NULL;
-  XT_OK(xseg_ipc_export(a, p, &h));
-  ipc_child c = ipc_spawn(-1);
+  ipc_child c = ipc_share(a, p, &h);
   XSEG_ASSERT_GT(c.pid, 0);
-  XSEG_EXPECT_EQ(ipc_give(c, h), 0);
   XT_OK(xseg_free(a, p));
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
   XT_OK(xseg_malloc(a, 512, NULL, &q));                /* still held */
