@@ -326,7 +326,7 @@ static xseg_status divisions_pair(const char *key, const xs_token *bound,
                                   const char **p, xs_div_list *l,
                                   xs_config *c) {
   xs_token t;
-  unsigned div;
+  unsigned div = 0;              /* set before every use; -O3 cannot tell */
   lex_next(p, &t);
   if (t.kind != ':') return list_syntax(key, "':' after an interval", &t);
   lex_next(p, &t);
@@ -356,7 +356,7 @@ static xseg_status divisions_list(const char *key, const char **p,
 /* "4" (every interval, PyTorch's backwards-compatible form) or a list. */
 static xseg_status parse_divisions(const xs_option *o, const char *value,
                                    const char **p, xs_config *c) {
-  unsigned div;
+  unsigned div = 0;              /* set before every use; -O3 cannot tell */
   if (strcmp(value, "[") == 0) return divisions_list(o->key, p, c);
   xseg_status s = to_divisions(o->key, value, false, &div);
   if (s != XSEG_OK) return s;

@@ -169,7 +169,7 @@ static bool trace_read(gzFile f, const char *path, xb_trace *t,
   bool too_long = false;
   for (long no = 1; line_read(f, line, sizeof line, &too_long); no++) {
     xb_error why;
-    xb_row row;
+    xb_row row = {0};           /* -O3 cannot see row_parse fill it */
     bool ok;
     if (too_long)
       ok = xb_fail(&why, "line longer than %d bytes", XB_LINE_MAX - 2);
