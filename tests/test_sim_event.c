@@ -248,6 +248,9 @@ XSEG_TEST(SimEvent, invalid_flags_are_refused) {
   XSEG_EXPECT_CU(cuEventSynchronize(e));
   XSEG_EXPECT_CU_ERR(cuStreamWaitEvent(NULL, e, CU_EVENT_WAIT_EXTERNAL),
                      CUDA_ERROR_ILLEGAL_STATE);
+  XSEG_EXPECT_CU_ERR(cuEventRecordWithFlags(e, NULL, 0x80),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU_ERR(cuStreamWaitEvent(NULL, e, 0x80), CUDA_ERROR_INVALID_VALUE);
   XSEG_EXPECT_CU(cuEventDestroy(e));
 }
 

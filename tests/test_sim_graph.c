@@ -154,6 +154,49 @@ XSEG_TEST(SimGraph, external_event_record_replays_on_launch) {
   xt_latch_free(l);
 }
 
+/* cuda.h, CU_EVENT_WAIT_EXTERNAL: "Event is captured in the graph as an
+   external event node when performing stream capture": a wait on an event
+   outside the capture, which without the flag is refused
+   (waiting_across_the_capture_boundary_is_refused). A launch waits for the
+   event's record made before it, here on a held stream. Neither cuda.h's
+   reading nor the emulator's has been run on a GPU yet. */
+XSEG_TEST(SimGraph, external_event_wait_replays_on_launch) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  st_buf b;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&b));
+  CUstream s, outside;
+  CUevent e;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&outside, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  XSEG_EXPECT_CU(cuMemsetD8(b.ptr, 0, 1));
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(s, e, CU_EVENT_WAIT_EXTERNAL));
+  XSEG_EXPECT_CU(cuMemsetD8Async(b.ptr, 0x3C, 1, s));
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_CU(cuGraphInstantiate(&x, g, 0));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(outside, l));
+  XSEG_EXPECT_CU(cuEventRecord(e, outside));
+  XSEG_EXPECT_CU(cuGraphLaunch(x, s));
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_EQ(dev_byte(b.ptr), 0);            /* the launch waits */
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  XSEG_EXPECT_EQ(dev_byte(b.ptr), 0x3C);
+  XSEG_EXPECT_CU(cuStreamSynchronize(outside));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(x));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(outside));
+  xt_latch_free(l);
+  st_buf_free(&b);
+}
+
 /* ---- status and id ----------------------------------------------------- */
 
 /* cuda.h, cuStreamIsCapturing / cuStreamGetCaptureInfo: NONE, ACTIVE, and an
@@ -182,6 +225,35 @@ XSEG_TEST(SimGraph, capture_status_and_unique_id) {
   XSEG_EXPECT_NE(id1, 0);
   XSEG_EXPECT_NE(id1, id2);
   XSEG_EXPECT_CU_ERR(cuStreamIsCapturing(s, NULL), CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* cuda.h, CU_STREAM_CAPTURE_STATUS_INVALIDATED: "Stream is part of a
+   capture sequence that has been invalidated, but not terminated", until
+   cuStreamEndCapture; then NONE. xseg reads an invalidated capture as still
+   under way (alloc/capture.c). Querying the capturing stream invalidates
+   the capture in every mode (on H100, driver 580, too: see
+   waiting_on_the_capturing_stream_is_illegal). cuStreamGetCaptureInfo:
+   "Valid data (other than capture status) is returned only if ... the
+   returned capture status is CU_STREAM_CAPTURE_STATUS_ACTIVE", so that the
+   id stays the same is the emulator's answer only. */
+XSEG_TEST(SimGraph, capture_info_shows_an_invalidated_capture_until_it_ends) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0, later = 0;
+  XSEG_EXPECT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(s, &st, &id, NULL, NULL, NULL, NULL));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  XSEG_EXPECT_CU(
+      cuStreamGetCaptureInfo(s, &st, &later, NULL, NULL, NULL, NULL));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  if (xt_have_sim()) XSEG_EXPECT_EQ(later, id);
+  expect_invalidated(s);
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(s, &st, NULL, NULL, NULL, NULL, NULL));
+  XSEG_EXPECT_EQ(st, CU_STREAM_CAPTURE_STATUS_NONE);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
 }
 
