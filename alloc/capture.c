@@ -76,9 +76,12 @@ static void capture_remove(xseg_allocator *a, size_t i) {
 }
 
 /* cuStreamGetCaptureInfo: *active when `stream` is in a capture (an
-   invalidated one still is, until it ends), with its id. */
+   invalidated one still is, until it ends), with its id; *id_known is
+   false for an invalidated capture, whose id cuda.h leaves unspecified
+   ("valid only if the status is ACTIVE"; docs/conformance.md, row G3). */
 static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
-                                 bool *active, uint64_t *id) {
+                                 bool *active, bool *id_known,
+                                 uint64_t *id) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t cid = 0;
   CUresult r = XS_DRV(a->vmm.drv, cuStreamGetCaptureInfo, (CUstream)s,
@@ -87,6 +90,7 @@ static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
     return xs_driver_error(a->vmm.drv, r, "cuStreamGetCaptureInfo(stream %p)",
                            (void *)s);
   *active = status != CU_STREAM_CAPTURE_STATUS_NONE;
+  *id_known = status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   *id = cid;
   return XSEG_OK;
 }
@@ -97,7 +101,8 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
   *out = NULL;
   bool active = false;       /* set on success; -O3 cannot tell */
   uint64_t id = 0;
-  xseg_status st = capture_query(a, stream, &active, &id);
+  bool id_known;
+  xseg_status st = capture_query(a, stream, &active, &id_known, &id);
   if (st != XSEG_OK || !active) return st;
   xs_capture c = {.stream = stream, .pool = XSEG_CAPTURE_POOL(id),
                   .capture_id = id, .implicit = true};
@@ -108,12 +113,14 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
   size_t i = 0;
   while (i < a->n_captures) {
     xs_capture *c = &a->captures[i];
-    bool active = false;
+    bool active = false, id_known = false;
     uint64_t id = 0;
     if (!c->implicit) { i++; continue; }
-    xseg_status st = capture_query(a, c->stream, &active, &id);
+    xseg_status st = capture_query(a, c->stream, &active, &id_known, &id);
     if (st != XSEG_OK) return st;
-    if (active && id == c->capture_id)
+    /* An invalidated capture has not ended, and its id cannot tell it
+       from a new one: it keeps its entry until the stream is out of it. */
+    if (active && (!id_known || id == c->capture_id))
       i++;
     else
       capture_remove(a, i);     /* ended: its pool stays private */
@@ -127,11 +134,12 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
        sp = sp->next) {
     if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
       continue;
-    bool active = false;
+    bool active = false, id_known = false;
     uint64_t id = 0;
     /* A stream the caller has destroyed cannot be capturing: a failed
        query only means this one is not, and must not stop the pass. */
-    if (capture_query(a, sp->stream, &active, &id) != XSEG_OK || !active)
+    if (capture_query(a, sp->stream, &active, &id_known, &id) != XSEG_OK ||
+        !active)
       continue;
     xs_capture c = {.stream = sp->stream, .pool = XSEG_CAPTURE_POOL(id),
                     .capture_id = id, .implicit = true};
