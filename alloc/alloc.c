@@ -237,10 +237,10 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
 
 /* A block just taken from pool p becomes the caller's (room in the pair's
    pointer table was reserved). */
-static inline void alloc_hand_out(xseg_allocator *a, xs_pool *p, xs_block *b,
-                                  size_t size, struct CUstream_st *stream,
-                                  bool slow) {
-  xs_stream_pools *sp = xs_pools_of(p);
+static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
+                                  xs_pool *p, xs_block *b, size_t size,
+                                  struct CUstream_st *stream, bool slow) {
+  assert(xs_pools_of(p) == sp);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
@@ -269,7 +269,7 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, p, b, size, stream, true);
+  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true);
   *out = b;
   return XSEG_OK;
 }
@@ -295,17 +295,17 @@ static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
   if (!xs_pool_retake(p, sp->park_stats != p)) return false;
   sp->park_stats = NULL;
   sp->n_parked--;
-  alloc_hand_out(a, p, b, size, stream, false);
+  alloc_hand_out(a, sp, p, b, size, stream, false);
   *out = b;
   return true;
 }
 
 /* The cached malloc, pair lock held: false (the slow path's turn) on a
    miss. Parked blocks of the pair are taken back or settled first. */
-static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, size_t size,
-                         size_t rounded, struct CUstream_st *stream,
-                         xs_block **out) {
-  sp->used_at = xs_pairs_use();
+static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, uint64_t use,
+                         size_t size, size_t rounded,
+                         struct CUstream_st *stream, xs_block **out) {
+  sp->used_at = use;
   if (sp->n_parked != 0) {
     if (alloc_retake(a, sp, size, rounded, stream, out)) return true;
     xs_pair_settle(sp);
@@ -315,7 +315,7 @@ static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, size_t size,
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return false;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, p, b, size, stream, false);
+  alloc_hand_out(a, sp, p, b, size, stream, false);
   *out = b;
   return true;
 }
@@ -342,11 +342,12 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
                     "to blocks and granules", size);
   xs_block *b = NULL;
-  xs_stream_pools *sp = xs_pairs_of_stream(a, stream);
+  uint64_t use;
+  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
   if (__builtin_expect(sp != NULL, 1)) {
     xs_pair_take(sp);
     bool done = !a->slow && !sp->dead &&
-                alloc_cached(a, sp, size, rounded, stream, &b);
+                alloc_cached(a, sp, use, size, rounded, stream, &b);
     xs_pair_drop(sp);
     if (done) {
       xs_alloc_debug_after_cached(a);
@@ -372,7 +373,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
    sees the sums without it (shards.h). */
 static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
                               xs_pool *p, xs_block *b) {
-  xs_alloc_stamp_locked(a, b);
+  xs_alloc_stamp_pair(a, sp, b);
   xs_pool_park(p, b);
   sp->n_parked++;
   if (a->n_pairs > 1)
@@ -383,14 +384,16 @@ static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
 
 /* A live block's free that needs nothing outside its pair (no recorded
    streams, not shared): back to its pool, or parked. */
-static inline void alloc_release_plain(xseg_allocator *a, xs_stream_pools *sp,
+static inline __attribute__((always_inline)) void alloc_release_plain(xseg_allocator *a, xs_stream_pools *sp,
                                        xs_block *b) {
   xs_pool *p = b->seg->pool;
   alloc_account_free(&sp->stats, b, p->kind);
-  if (!xs_pool_parkable(b))
-    xs_alloc_give_locked(a, b);
-  else
+  if (!xs_pool_parkable(b)) {
+    xs_alloc_stamp_pair(a, sp, b);
+    xs_pool_give(p, b);
+  } else {
     alloc_park(a, sp, p, b);
+  }
 }
 
 /* The one way a block stops being live. A block used on other streams
@@ -430,7 +433,8 @@ static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
   xs_ptrtable_remove_at(&sp->live, slot);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
-  xs_alloc_settle_pool_locked(b->seg->pool);
+  if (__builtin_expect(b->seg->pool->parked != NULL, 0))
+    xs_alloc_settle_pool_locked(b->seg->pool);
   alloc_release_plain(a, sp, b);
   return true;
 }

@@ -233,11 +233,24 @@ static inline void xs_pair_settle(xs_stream_pools *sp) {
 /* Merges every parked block (pairs.c). */
 void xs_alloc_settle_locked(xseg_allocator *a);
 
-/* The pair lock alone, for the cached malloc and free (pairs.c): debug
-   builds assert the lock order (the calling thread holds no lock of this
-   allocator's). */
-void xs_pair_take(xs_stream_pools *sp);
-void xs_pair_drop(xs_stream_pools *sp);
+/* The pair lock alone, for the cached malloc and free: debug builds
+   assert the lock order (the calling thread holds no lock of this
+   allocator's; pairs.c keeps what each thread holds). */
+#ifndef NDEBUG
+void xs_pair_held(xs_stream_pools *sp, bool taken);
+#endif
+static inline void xs_pair_take(xs_stream_pools *sp) {
+  xs_lock_take(&sp->lock);
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
+#endif
+}
+static inline void xs_pair_drop(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held(sp, false);
+#endif
+  xs_lock_drop(&sp->lock);
+}
 #ifndef NDEBUG
 #define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
   assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \
@@ -294,10 +307,36 @@ static inline xseg_status xs_stream_pools_get_locked(
   }
   return xs_stream_pools_lookup_locked(a, stream, out);
 }
-/* The pair of `stream` for the cached malloc: the thread's last, or from
-   the pair table; NULL when it has none yet (pairs.c). No lock needed. */
-xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
-                                    struct CUstream_st *stream);
+/* What the calling thread keeps (pairs.c): its count of uses (recency)
+   and the pair of its last cached malloc, named by the allocator's id
+   (not its address: a destroyed allocator's successor may get it). */
+typedef struct xs_pairs_thread {
+  uint64_t uses;
+  uint64_t id;
+  struct CUstream_st *stream;
+  xs_stream_pools *pair;
+  /* The range of its last cached free, valid while the range table's
+     sequence count is still range_seq (xs_ranges_find). */
+  uint64_t range_id, range_base, range_size;
+  unsigned range_seq;
+  xs_stream_pools *range_pair;
+} xs_pairs_thread;
+extern __thread xs_pairs_thread xs_pairs_tls;
+/* The pair table's search for xs_pairs_of_stream (pairs.c). */
+xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
+                                      struct CUstream_st *stream);
+/* The pair of `stream` for the cached malloc, stamped as used: the
+   thread's last, or from the pair table; NULL when it has none yet. No
+   lock needed; the stamp is the pair lock holder's to store. */
+static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
+                                                  struct CUstream_st *stream,
+                                                  uint64_t *use) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  *use = ++t->uses;
+  if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
+    return t->pair;
+  return xs_pairs_find_stream(a, stream);
+}
 /* A new pair (private_id 0: a stream's), linked first and published, its
    lock held until xs_alloc_unlock; NULL on host OOM. */
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
@@ -313,9 +352,21 @@ uint64_t xs_alloc_frees_locked(const xseg_allocator *a);
 /* Live blocks of every pair. */
 size_t xs_alloc_live_count_locked(const xseg_allocator *a);
 
+/* The range table's search for xs_ranges_find (ranges.c). */
+xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr);
 /* The pair whose reserved range holds addr, per the range table, or NULL
-   (also while it is being rewritten; ranges.c; no lock needed). */
-xs_stream_pools *xs_ranges_find(const xseg_allocator *a, uint64_t addr);
+   (also while it is being rewritten; see alloc/ranges.c): the range of
+   the thread's last free when the table has not changed since, else a
+   search. No lock needed. */
+static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
+                                              uint64_t addr) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
+  if (__builtin_expect(seq == t->range_seq && t->range_id == a->id &&
+                           addr - t->range_base < t->range_size, 1))
+    return t->range_pair;
+  return xs_ranges_search(a, addr);
+}
 /* Makes a new range table when segments were added since the last
    (ranges.c). A host OOM keeps the old one: the cached free of a block
    it lacks goes the slow way. */
@@ -340,8 +391,15 @@ static inline uint64_t xs_pair_tick(xs_stream_pools *sp) {
   sp->frees++;
   return sp->clock = t;
 }
-/* A block whose last use is over: stamped with its pair's free clock,
-   traced. */
+/* A block of pair sp whose last use is over: stamped with sp's free
+   clock, traced. */
+static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
+                                       xs_block *b) {
+  b->free_epoch = xs_pair_tick(sp);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
+}
+/* The same, the pair found from the block. */
 static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
   b->free_epoch = xs_pair_tick(xs_pools_of(b->seg->pool));
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,

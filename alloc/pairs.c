@@ -23,15 +23,7 @@
 #include "alloc/ipc.h"
 #include "vmm/error.h"
 
-/* What the calling thread keeps: one variable, one thread-local lookup.
-   The pair of its last cached malloc: the allocator's id, not its
-   address, tells a destroyed allocator from a new one at the same place. */
-static __thread struct {
-  uint64_t uses;                /* its count of uses (recency) */
-  uint64_t id;
-  struct CUstream_st *stream;
-  xs_stream_pools *pair;
-} pairs_last;
+__thread xs_pairs_thread xs_pairs_tls;
 static atomic_uint_fast64_t pairs_next_id = 1;
 
 #ifndef NDEBUG
@@ -43,35 +35,30 @@ static __thread struct {
 } pairs_held;
 #endif
 
-uint64_t xs_pairs_use(void) { return ++pairs_last.uses; }
+uint64_t xs_pairs_use(void) { return ++xs_pairs_tls.uses; }
 
 uint64_t xs_pairs_new_id(void) {
   return atomic_fetch_add_explicit(&pairs_next_id, 1, memory_order_relaxed);
 }
 
-void xs_pair_take(xs_stream_pools *sp) {
 #ifndef NDEBUG
-  assert(!pairs_held.all && pairs_held.pairs == 0 &&
-         "lock order: the cached path holds one pair lock and nothing else");
-#endif
-  xs_lock_take(&sp->lock);
-#ifndef NDEBUG
-  pairs_held.pairs = 1;
-  pairs_held.last = sp->order;
-  sp->owner = pthread_self();
-  sp->owned = true;
-#endif
-}
-
-void xs_pair_drop(xs_stream_pools *sp) {
-#ifndef NDEBUG
+void xs_pair_held(xs_stream_pools *sp, bool taken) {
+  if (taken) {
+    assert(!pairs_held.all && pairs_held.pairs == 0 &&
+           "lock order: the cached path holds one pair lock and nothing "
+           "else");
+    pairs_held.pairs = 1;
+    pairs_held.last = sp->order;
+    sp->owner = pthread_self();
+    sp->owned = true;
+    return;
+  }
   assert(sp->owned && pthread_equal(sp->owner, pthread_self()));
   sp->owned = false;
   pairs_held.pairs = 0;
   pairs_held.last = 0;
-#endif
-  xs_lock_drop(&sp->lock);
 }
+#endif
 
 /* segment_unmap entries for the trace. */
 static void pairs_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
@@ -84,10 +71,8 @@ static xs_pair_table *pairs_table(const xseg_allocator *a) {
                               memory_order_acquire);
 }
 
-xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
-                                    struct CUstream_st *stream) {
-  if (pairs_last.id == a->id && pairs_last.stream == stream)
-    return pairs_last.pair;
+xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
+                                      struct CUstream_st *stream) {
   xs_pair_table *t = pairs_table(a);
   if (t == NULL) return NULL;
   /* A pair's stream and id never change once published; a stream's own
@@ -95,9 +80,9 @@ xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
   for (size_t i = 0; i < t->n; i++) {
     xs_stream_pools *sp = t->pair[i];
     if (sp->stream == stream && sp->private_id == 0) {
-      pairs_last.id = a->id;
-      pairs_last.stream = stream;
-      pairs_last.pair = sp;
+      xs_pairs_tls.id = a->id;
+      xs_pairs_tls.stream = stream;
+      xs_pairs_tls.pair = sp;
       return sp;
     }
   }

@@ -95,13 +95,11 @@ void xs_ranges_refresh_locked(xseg_allocator *a) {
   free(e);
 }
 
-xs_stream_pools *xs_ranges_find(const xseg_allocator *a, uint64_t addr) {
-  xseg_allocator *m = (xseg_allocator *)a;
-  unsigned seq = atomic_load_explicit(&m->ranges_seq, memory_order_acquire);
-  if (seq & 1) return NULL;
-  xs_range_array *t = atomic_load_explicit(&m->ranges, memory_order_relaxed);
-  size_t n = atomic_load_explicit(&m->n_ranges, memory_order_relaxed);
-  if (t == NULL) return NULL;
+xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
+  unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
+  xs_range_array *t = atomic_load_explicit(&a->ranges, memory_order_relaxed);
+  size_t n = atomic_load_explicit(&a->n_ranges, memory_order_relaxed);
+  if ((seq & 1) != 0 || t == NULL) return NULL;
   if (n > t->cap) n = t->cap;           /* a new count with an old array */
   /* The last range starting at or below addr. */
   size_t lo = 0, hi = n;
@@ -112,13 +110,22 @@ xs_stream_pools *xs_ranges_find(const xseg_allocator *a, uint64_t addr) {
     else
       hi = mid;
   }
-  xs_stream_pools *sp = NULL;
-  if (lo > 0 &&
-      addr < atomic_load_explicit(&t->range[lo - 1].end, memory_order_relaxed))
-    sp = atomic_load_explicit(&t->range[lo - 1].pair, memory_order_relaxed);
+  if (lo == 0) return NULL;
+  xs_range *r = &t->range[lo - 1];
+  uint64_t base = atomic_load_explicit(&r->base, memory_order_relaxed);
+  uint64_t end = atomic_load_explicit(&r->end, memory_order_relaxed);
+  xs_stream_pools *sp = atomic_load_explicit(&r->pair, memory_order_relaxed);
   atomic_thread_fence(memory_order_acquire);
-  if (atomic_load_explicit(&m->ranges_seq, memory_order_relaxed) != seq)
+  if (atomic_load_explicit(&a->ranges_seq, memory_order_relaxed) != seq ||
+      addr >= end)
     return NULL;
+  /* Remembered for the thread's next free: valid while seq stays. */
+  xs_pairs_thread *c = &xs_pairs_tls;
+  c->range_id = a->id;
+  c->range_seq = seq;
+  c->range_base = base;
+  c->range_size = end - base;
+  c->range_pair = sp;
   return sp;
 }
 
