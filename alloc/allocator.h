@@ -26,7 +26,6 @@
 #include <stddef.h>
 
 #include "alloc/config.h"
-#include "alloc/epoch.h"
 #include "alloc/lock.h"
 #include "alloc/ptrtable.h"
 #include "alloc/shards.h"
@@ -64,9 +63,7 @@ typedef struct xs_stream_pools {
                                          count at its last malloc (pairs.c) */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
   /* Its free clock: the last stamp of a free of its blocks (free_epoch),
-     strictly increasing, from the time stamp counter (alloc/epoch.h), so
-     that stamps of different pairs compare in time while no free writes
-     anything shared. */
+     strictly increasing (xs_pair_tick). */
   uint64_t clock;
   uint64_t frees;                     /* its frees so far (flow.c's quiet
                                          period counts every pair's) */
@@ -312,6 +309,7 @@ static inline xseg_status xs_stream_pools_get_locked(
    (not its address: a destroyed allocator's successor may get it). */
 typedef struct xs_pairs_thread {
   uint64_t uses;
+  uint64_t frees;                     /* its free stamps (xs_pair_tick) */
   uint64_t id;
   struct CUstream_st *stream;
   xs_stream_pools *pair;
@@ -384,10 +382,17 @@ static inline int64_t xs_alloc_current(const xseg_allocator *a, xs_gauge g) {
    until its memory may really be reused (active, active_bytes). */
 void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
-/* The next stamp of sp's free clock. */
+/* The next stamp of sp's free clock. Guards compare a pair's stamps with
+   its own clock alone, so each pair's must only increase; but garbage
+   collection orders the free blocks of every pair by age (reclaim.c), so
+   stamps of different pairs should compare as the frees happened, and a
+   counter per pair cannot give that without a shared write. The calling
+   thread's count of frees can: on one thread it is exactly the old global
+   clock (the pair's own clock never exceeds it); frees of different
+   threads compare by their threads' counts, a guess. */
 static inline uint64_t xs_pair_tick(xs_stream_pools *sp) {
-  uint64_t t = xs_epoch_now();
-  if (t <= sp->clock) t = sp->clock + 1;
+  uint64_t t = ++xs_pairs_tls.frees;
+  if (t <= sp->clock) t = xs_pairs_tls.frees = sp->clock + 1;
   sp->frees++;
   return sp->clock = t;
 }
