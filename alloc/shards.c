@@ -20,7 +20,7 @@ void xs_stats_group_add(xs_stats_group *g, xs_stats *s) {
 }
 
 static void shards_fold_val(xs_gauge_val *into, xs_gauge_val *from) {
-  xs_gv_add(&into->current, xs_gv_get(&from->current));
+  xs_gv_add(&into->current, xs_gv_get(&from->current)); /* 0 for all */
   /* Its threshold goes along: the sum of thresholds stays at most P, and
      the merged shard's current stays at most its threshold. */
   xs_gv_add(&into->peak, xs_gv_get(&from->peak));
@@ -48,7 +48,7 @@ void xs_stats_sum(const xs_stats_group *g, xs_stats *out) {
       for (int sc = 0; sc < XS_STAT_SCOPES; sc++) {
         const xs_gauge_val *v = xs_stats_val((xs_stats *)s, gg, sc);
         xs_gauge_val *o = xs_stats_val(out, gg, sc);
-        xs_gv_add(&o->current, xs_gv_get(&v->current));
+        xs_gv_add(&o->current, xs_gv_get(&v->current));  /* 0 for all */
         o->allocated += v->allocated;
       }
     for (int c = 0; c < XS_COUNTER_COUNT; c++) out->counter[c] += s->counter[c];
@@ -69,7 +69,7 @@ int64_t xs_stats_group_current(const xs_stats_group *g, xs_gauge gauge) {
 static int64_t shards_sum(const xs_stats_group *g, int gauge, int scope) {
   int64_t sum = 0;
   for (xs_stats *s = g->first; s != NULL; s = s->next_shard)
-    sum += xs_gv_get(&xs_stats_val(s, gauge, scope)->current);
+    sum += xs_stats_cur(s, gauge, scope);
   return sum;
 }
 
@@ -81,7 +81,7 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
     return;
   }
   xs_lock_take(&g->lock);
-  int64_t cur = xs_gv_get(&v->current);
+  int64_t cur = xs_stats_cur(s, gauge, scope);
   int64_t sum = shards_sum(g, gauge, scope) - cur + top;
   int64_t *peak = &g->peak[scope][gauge];
   if (sum > *peak) *peak = sum;
@@ -93,15 +93,12 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
   for (xs_stats *t = g->first; t != NULL; t = t->next_shard)
     if (t != s) others += xs_gv_get(&xs_stats_val(t, gauge, scope)->peak);
   if (*peak - others < cur) {
-    int64_t currents = 0;
-    for (xs_stats *t = g->first; t != NULL; t = t->next_shard)
-      currents += xs_gv_get(&xs_stats_val(t, gauge, scope)->current);
+    int64_t currents = shards_sum(g, gauge, scope);
     int64_t share = *peak > currents ? (*peak - currents) / (int64_t)g->n : 0;
     others = 0;
     for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
       if (t == s) continue;
-      _Atomic int64_t *tc = &xs_stats_val(t, gauge, scope)->current;
-      int64_t th = xs_gv_get(tc) + share;
+      int64_t th = xs_stats_cur(t, gauge, scope) + share;
       xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, th);
       others += th;
     }
@@ -122,8 +119,7 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
       int sc = scopes[j];
       if (g == NULL) {
         xs_gauge_val *v = xs_stats_val(s, d, sc);
-        int64_t now = xs_gv_get(&xs_stats_val(s, base, sc)->current) +
-                      xs_gv_get(&v->current);
+        int64_t now = xs_stats_cur(s, base, sc) + xs_stats_cur(s, d, sc);
         if (now > xs_gv_get(&v->peak)) xs_gv_set(&v->peak, now);
       } else {
         int64_t now = shards_sum(g, base, sc) + shards_sum(g, d, sc);
@@ -140,18 +136,14 @@ void xs_stats_reset_peaks(xs_stats *s) {
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++) {
       if (g == NULL) {
         xs_gauge_val *v = xs_stats_val(s, gg, sc);
-        xs_gv_set(&v->peak,
-                  xs_gv_get(&v->current) +
-                      (base >= 0 ? xs_gv_get(&xs_stats_val(s, base, sc)->current)
-                                 : 0));
+        xs_gv_set(&v->peak, xs_stats_cur(s, gg, sc) +
+                                (base >= 0 ? xs_stats_cur(s, base, sc) : 0));
         continue;
       }
       g->peak[sc][gg] = shards_sum(g, gg, sc) +
                         (base >= 0 ? shards_sum(g, base, sc) : 0);
-      for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
-        xs_gauge_val *v = xs_stats_val(t, gg, sc);
-        xs_gv_set(&v->peak, xs_gv_get(&v->current));
-      }
+      for (xs_stats *t = g->first; t != NULL; t = t->next_shard)
+        xs_gv_set(&xs_stats_val(t, gg, sc)->peak, xs_stats_cur(t, gg, sc));
     }
   }
 }

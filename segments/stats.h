@@ -94,15 +94,15 @@ static inline int64_t xs_gv_add(_Atomic int64_t *v, int64_t d) {
 
 struct xs_stats_group;
 
-/* Kept per pool kind; the "all" scope keeps only its own current and peak
-   (its peak is not the sum of the kinds' peaks), and its allocated and
-   freed are summed when read (xs_stats_get). Every malloc and free moves
-   three gauges (active and active_bytes are derived, below), so an
-   increase costs two adds and two compares, a decrease two
-   subtractions. */
+/* Kept per pool kind; the "all" scope keeps only its own peak (not the
+   sum of the kinds' peaks): its current, allocated and freed are the
+   kinds' summed when read (xs_stats_cur, xs_stats_get), so a decrease
+   writes one word. Every malloc and free moves three gauges (active and
+   active_bytes are derived, below), so an increase costs one add, two
+   loads and two compares, a decrease one subtraction. */
 typedef struct xs_stats {
   xs_gauge_val pool[2][XS_GAUGE_COUNT];
-  xs_gauge_val all[XS_GAUGE_COUNT];      /* .allocated unused */
+  xs_gauge_val all[XS_GAUGE_COUNT];      /* .peak alone used */
   int64_t counter[XS_COUNTER_COUNT];
   struct xs_stats_group *group;          /* NULL: a lone shard */
   struct xs_stats *next_shard;           /* in the group's list */
@@ -120,6 +120,13 @@ static inline xs_gauge_val *xs_stats_val(xs_stats *s, xs_gauge g,
   return scope == XS_STAT_ALL ? &s->all[g] : &s->pool[scope - 1][g];
 }
 
+/* The current value of gauge g in `scope`. */
+static inline int64_t xs_stats_cur(const xs_stats *s, int g, int scope) {
+  if (scope != XS_STAT_ALL) return xs_gv_get(&s->pool[scope - 1][g].current);
+  return xs_gv_get(&s->pool[0][g].current) +
+         xs_gv_get(&s->pool[1][g].current);
+}
+
 /* Raises gauge g of pool `kind` (and of all pools) by delta >= 0. */
 static inline void xs_stats_inc(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                 int64_t delta) {
@@ -128,7 +135,7 @@ static inline void xs_stats_inc(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   p->allocated += delta;
   if (__builtin_expect(pc > xs_gv_get(&p->peak), 0))
     xs_stats_crossed(s, g, kind + 1, pc);
-  int64_t ac = xs_gv_add(&a->current, delta);
+  int64_t ac = pc + xs_gv_get(&s->pool[!kind][g].current);
   if (__builtin_expect(ac > xs_gv_get(&a->peak), 0))
     xs_stats_crossed(s, g, XS_STAT_ALL, ac);
 }
@@ -137,7 +144,6 @@ static inline void xs_stats_inc(xs_stats *s, xs_gauge g, xs_pool_kind kind,
 static inline void xs_stats_dec(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                 int64_t delta) {
   xs_gv_add(&s->pool[kind][g].current, -delta);
-  xs_gv_add(&s->all[g].current, -delta);
 }
 
 /* The same as xs_stats_dec(out) then xs_stats_inc(in), in one pass: one
@@ -149,8 +155,8 @@ static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
   int64_t pc = xs_gv_add(&p->current, in - out);
   p->allocated += in;
-  int64_t ac = xs_gv_add(&a->current, in - out);
   if (in > out) {
+    int64_t ac = pc + xs_gv_get(&s->pool[!kind][g].current);
     if (pc > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pc);
     if (ac > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, ac);
   }
@@ -164,7 +170,8 @@ static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                    int64_t up, int64_t added) {
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
   p->allocated += added;
-  int64_t pt = xs_gv_get(&p->current) + up, at = xs_gv_get(&a->current) + up;
+  int64_t pt = xs_gv_get(&p->current) + up;
+  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current);
   if (pt > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pt);
   if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
 }
@@ -210,14 +217,13 @@ static inline void xs_stats_held_move(xs_stats *s, xs_gauge g,
   assert(xs_stats_base(g) >= 0 && active <= 0);
   xs_gauge_val *p = &s->pool[kind][g];
   xs_gv_add(&p->current, active - live);
-  xs_gv_add(&s->all[g].current, active - live);
   if (live > 0) p->allocated -= live;
 }
 
 static inline int64_t xs_stats_current(const xs_stats *s, xs_gauge g) {
   int base = xs_stats_base(g);
-  return xs_gv_get(&s->all[g].current) +
-         (base >= 0 ? xs_gv_get(&s->all[base].current) : 0);
+  return xs_stats_cur(s, g, XS_STAT_ALL) +
+         (base >= 0 ? xs_stats_cur(s, base, XS_STAT_ALL) : 0);
 }
 
 /* Gauge g in PyTorch's form for scope XS_STAT_ALL or kind + 1, derived
@@ -229,7 +235,7 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
   int64_t allocated = scope == XS_STAT_ALL
                           ? s->pool[0][g].allocated + s->pool[1][g].allocated
                           : v->allocated;
-  xseg_stat out = {.current = xs_gv_get(&v->current),
+  xseg_stat out = {.current = xs_stats_cur(s, g, scope),
                    .peak = xs_gv_get(&v->peak), .allocated = allocated};
   int base = xs_stats_base(g);
   if (base >= 0) {
