@@ -96,6 +96,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
   atomic_init(&a->lock.state, 0);
   a->id = xs_pairs_new_id();
   xs_stats_group_init(&a->stats);
+  a->shared_stats.rare = true;
   xs_stats_group_add(&a->stats, &a->shared_stats);
   *out = a;
   return XSEG_OK;

@@ -85,20 +85,26 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
   int64_t sum = shards_sum(g, gauge, scope) - cur + top;
   int64_t *peak = &g->peak[scope][gauge];
   if (sum > *peak) *peak = sum;
-  /* s gets what the others' thresholds leave under P; when that is below
-     its current, every shard gets its current and an even share of the
-     slack, so that a shard crossing after another does not take all of it
-     back at once (two threads would otherwise cross in turn forever). */
+  /* s gets what the others' thresholds leave under P. When that is below
+     its current, every shard gets its current, and the shards that move
+     on the cached path an even share of the slack (rare ones none: they
+     would hold it for nothing), so that a shard crossing after another
+     does not take all of it back at once (two threads would otherwise
+     cross in turn). */
   int64_t others = 0;
   for (xs_stats *t = g->first; t != NULL; t = t->next_shard)
     if (t != s) others += xs_gv_get(&xs_stats_val(t, gauge, scope)->peak);
   if (*peak - others < cur) {
     int64_t currents = shards_sum(g, gauge, scope);
-    int64_t share = *peak > currents ? (*peak - currents) / (int64_t)g->n : 0;
+    int64_t busy = 0;
+    for (xs_stats *t = g->first; t != NULL; t = t->next_shard) busy += !t->rare;
+    int64_t share = *peak > currents && busy > 0
+                        ? (*peak - currents) / busy
+                        : 0;
     others = 0;
     for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
       if (t == s) continue;
-      int64_t th = xs_stats_cur(t, gauge, scope) + share;
+      int64_t th = xs_stats_cur(t, gauge, scope) + (t->rare ? 0 : share);
       xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, th);
       others += th;
     }

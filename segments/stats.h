@@ -27,6 +27,7 @@
 
 #include <assert.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "xseg.h"
@@ -106,6 +107,8 @@ typedef struct xs_stats {
   int64_t counter[XS_COUNTER_COUNT];
   struct xs_stats_group *group;          /* NULL: a lone shard */
   struct xs_stats *next_shard;           /* in the group's list */
+  bool rare;                             /* moves only on slow paths: no
+                                            slack for it (alloc/shards.c) */
 } xs_stats;
 
 /* Gauge g of scope `scope` (XS_STAT_ALL or kind + 1) of shard s went over
