@@ -11,11 +11,19 @@
  *     passes it sums every current at that moment and raises P.
  *   - Operations running at once on several threads: a crossing reads the
  *     other shards' currents while their owners may be moving them, and a
- *     threshold it lowers may be read late by its owner. The recorded peak
- *     is then at least the true one less what the other threads moved up
- *     during that crossing (at most one operation each, since each
- *     compares its shard with its threshold once per operation), and it
- *     never exceeds a sum that was really reached by each shard.
+ *     threshold it lowers may be seen late by its owner. The recorded peak
+ *     is then at least the true one less what the other threads added
+ *     while the crossing ran (each compares its shard with its threshold
+ *     at every increase, so it can only build an unseen excess during
+ *     that window), and it is never more than a sum of values that each
+ *     shard really had.
+ *
+ * Slack (P less the sum of currents) goes to the crossing shard; when the
+ * others' thresholds leave it too little, each shard that moves on the
+ * cached path gets its current plus an even share, and the allocator's
+ * own shard (`rare`: moved only with every lock held) its current alone.
+ * With one pair its thresholds are the peaks themselves, as before
+ * sharding; two threads on two streams settle after a few crossings.
  */
 #ifndef XS_ALLOC_SHARDS_H
 #define XS_ALLOC_SHARDS_H

@@ -6,8 +6,9 @@
  *            the small and the large pool apart (PyTorch's StatType).
  *   counters only ever increase.
  * They are updated where the state changes (blocks and segments here, the
- * allocation counts in alloc/), under the allocator's mutex, and xseg_check
- * compares every current value with a walk of the blocks.
+ * allocation counts in alloc/), each pool in its own shard under its own
+ * lock (alloc/shards.h sums them), and xseg_check compares every current
+ * value with a walk of the blocks.
  *
  * Meanings, as PyTorch's memory_stats():
  *   allocation / allocated_bytes   blocks handed out and not freed (rounded)
