@@ -15,8 +15,11 @@
  *     is then at least the true one less what the other threads added
  *     while the crossing ran (each compares its shard with its threshold
  *     at every increase, so it can only build an unseen excess during
- *     that window), and it is never more than a sum of values that each
- *     shard really had.
+ *     that window; a crossing thread preempted there makes the window
+ *     long, so the excess is bounded by the other shards' thresholds, not
+ *     by one operation each). It is always at least what any one shard
+ *     reached (each threshold is at most P), and never more than a sum of
+ *     values that each shard really had.
  *
  * Slack (P less the sum of currents) goes to the crossing shard; when the
  * others' thresholds leave it too little, each shard that moves on the

@@ -234,9 +234,12 @@ static void *sh_free_main(void *arg) {
   return NULL;
 }
 
-/* shards.h's bound: the recorded peak is at least the true one less one
-   operation per other thread (each at most 32 KiB here), and never above
-   a sum of values each shard really had. */
+/* shards.h's bound, in what a test can see: the recorded peak is at least
+   what any one shard reached (each threshold is at most the peak), never
+   above the sum of what each reached, and at least what the test itself
+   saw live at once less what the other threads could add unseen while a
+   crossing ran (their whole live sets, if the crossing thread was
+   preempted then). */
 XSEG_TEST(alloc_threads, peaks_of_threads_at_once_stay_within_the_bound) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -248,17 +251,18 @@ XSEG_TEST(alloc_threads, peaks_of_threads_at_once_stay_within_the_bound) {
                          .seen = &seen, .seed = 99 + (uint64_t)i};
     XSEG_ASSERT_EQ(pthread_create(&th[i], NULL, sh_free_main, &w[i]), 0);
   }
-  int64_t own_sum = 0;
+  int64_t own_sum = 0, own_top = 0;
   for (int i = 0; i < SH_THREADS; i++) {
     pthread_join(th[i], NULL);
     XSEG_EXPECT_EQ(w[i].errors, 0);
     own_sum += w[i].own_max;
+    if (w[i].own_max > own_top) own_top = w[i].own_max;
   }
   xseg_stats s = at_stats(a);
-  int64_t rounded_max = 512 * 64;
-  XSEG_EXPECT_GE(s.allocated_bytes.peak + rounded_max * (SH_THREADS - 1),
-                 (int64_t)atomic_load(&seen));
+  XSEG_EXPECT_GE(s.allocated_bytes.peak, own_top);
   XSEG_EXPECT_LE(s.allocated_bytes.peak, own_sum);
+  XSEG_EXPECT_GE(s.allocated_bytes.peak + (own_sum - own_top),
+                 (int64_t)atomic_load(&seen));
   XSEG_EXPECT_EQ(s.allocated_bytes.current, 0);
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
