@@ -95,18 +95,27 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
   for (xs_stats *t = g->first; t != NULL; t = t->next_shard)
     if (t != s) others += xs_gv_get(&xs_stats_val(t, gauge, scope)->peak);
   if (*peak - others < cur) {
-    int64_t currents = shards_sum(g, gauge, scope);
-    int64_t busy = 0;
-    for (xs_stats *t = g->first; t != NULL; t = t->next_shard) busy += !t->rare;
-    int64_t share = *peak > currents && busy > 0
-                        ? (*peak - currents) / busy
-                        : 0;
+    /* One reading of each current, for the thresholds and the slack alike:
+       with other threads moving them, two readings could disagree and
+       leave s a threshold below its current, or below 0. A sum of values
+       read one by one may pass P (values never all there at once): P
+       takes it, as shards.h's bound allows. */
+    int64_t currents = cur, busy = !s->rare;
+    for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
+      if (t == s) continue;
+      int64_t c = xs_stats_cur(t, gauge, scope);
+      xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, c);
+      currents += c;
+      busy += !t->rare;
+    }
+    if (currents > *peak) *peak = currents;
+    int64_t share = busy > 0 ? (*peak - currents) / busy : 0;
     others = 0;
     for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
       if (t == s) continue;
-      int64_t th = xs_stats_cur(t, gauge, scope) + (t->rare ? 0 : share);
-      xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, th);
-      others += th;
+      _Atomic int64_t *th = &xs_stats_val(t, gauge, scope)->peak;
+      if (!t->rare) xs_gv_set(th, xs_gv_get(th) + share);
+      others += xs_gv_get(th);
     }
   }
   xs_gv_set(&v->peak, *peak - others);
