@@ -1,13 +1,17 @@
 /* alloc.c: the public entry points of the device allocator: create and
- * destroy, malloc and free, and the per-stream pools they find.
+ * destroy, malloc and free.
  *
  * The cached path (a free block fits) makes no driver call and no heap
  * allocation once warm: a best-fit lookup, a split from the block cache,
- * one pointer-table insert, all under the allocator's one mutex. A free
- * that would only merge the block back into the rest it was split from
- * parks it instead, and a malloc of the same size on the same pool takes
- * it back when that is what merging and splitting would give (lazy
- * merging, segments/pool.h); every other entry point settles first.
+ * one pointer-table insert, all under the lock of the stream's pair of
+ * pools alone (the pair found from the stream for a malloc, from the
+ * address for a free; allocator.h). Anything else (a miss, pending frees,
+ * captures, tracing, shared blocks) drops that lock and runs with every
+ * lock held. A free that would only merge the block back into the rest it
+ * was split from parks it instead, and a malloc of the same size on the
+ * same pool takes it back when that is what merging and splitting would
+ * give (lazy merging, segments/pool.h); every other entry point settles
+ * first.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -32,63 +36,6 @@ const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
   else
     snprintf(buf, size, "%.2f %s", v, units[u]);
   return buf;
-}
-
-/* segment_unmap entries for the trace. */
-static void alloc_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
-                              size_t size) {
-  xs_trace_record(ctx, XS_TRACE_SEGMENT_UNMAP, addr, size, p->stream);
-}
-
-xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
-                                            struct CUstream_st *stream,
-                                            xseg_pool_id private_id) {
-  xs_stream_pools *sp = calloc(1, sizeof *sp);
-  if (sp == NULL) return NULL;
-  sp->stream = stream;
-  sp->private_id = private_id;
-  for (int k = 0; k < 2; k++) {
-    xs_pool *p = &sp->pool[k];
-    xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &a->blocks, &a->stats);
-    p->safe_epoch = 0;           /* the guard vouches for nothing yet */
-    p->on_unmap = alloc_trace_unmap;
-    p->on_unmap_ctx = &a->trace;
-  }
-  sp->next = a->streams;
-  a->streams = sp;
-  return sp;
-}
-
-void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
-  assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
-  xs_guard_drop(&sp->guard, &a->events);
-  xs_stream_pools **link = &a->streams;
-  while (*link != sp) link = &(*link)->next;
-  *link = sp->next;
-  free(sp);
-}
-
-/* The pools of `stream`, looked up in the list and moved to its front. */
-xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
-                                          struct CUstream_st *stream,
-                                          xs_stream_pools **out) {
-  xs_stream_pools **link = &a->streams;
-  for (; *link != NULL; link = &(*link)->next)
-    if ((*link)->stream == stream && (*link)->private_id == 0) break;
-  xs_stream_pools *sp = *link;
-  if (sp == NULL) {
-    sp = xs_stream_pools_new_locked(a, stream, 0);
-    if (sp == NULL)
-      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                      "out of host memory for the pools of stream %p",
-                      (void *)stream);
-  } else if (sp != a->streams) {
-    *link = sp->next;            /* most recently used goes first */
-    sp->next = a->streams;
-    a->streams = sp;
-  }
-  *out = sp;
-  return XSEG_OK;
 }
 
 /* Rounds a granule setting up to the device's granularity. */
@@ -144,26 +91,27 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
   }
   alloc_sizes(a);
   alloc_debug_checks(a);
-  if (!xs_ptrtable_init(&a->live)) {
-    xs_vmm_close(&a->vmm);
-    free(a);
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
-  }
   xs_event_pool_init(&a->events, &a->vmm);
   xs_pending_init(&a->pending, &a->events);
   atomic_init(&a->lock.state, 0);
+  a->id = xs_pairs_new_id();
+  xs_stats_group_init(&a->stats);
+  a->shared_stats.rare = true;
+  xs_stats_group_add(&a->stats, &a->shared_stats);
   *out = a;
   return XSEG_OK;
 }
 
 /* Reports live blocks on stderr (a leak in the caller) before they go. */
 static void alloc_report_live(xseg_allocator *a) {
-  size_t n = a->live.count;
+  size_t n = xs_alloc_live_count_locked(a);
   if (n == 0) return;
-  const xs_ptrtable_slot *slot = a->live.slot;
+  const xs_stream_pools *sp = a->streams;
+  while (sp->live.count == 0) sp = sp->next;
+  const xs_ptrtable_slot *slot = sp->live.slot;
   while (slot->addr == 0) slot++;
   const xs_block *some = slot->block;
-  int64_t bytes = xs_stats_current(&a->stats, XS_GAUGE_allocated_bytes);
+  int64_t bytes = xs_alloc_current(a, XS_GAUGE_allocated_bytes);
   fprintf(stderr,
           "xseg_destroy: device %d still has %zu live blocks (%lld bytes), "
           "e.g. %p of %zu bytes; releasing them\n",
@@ -195,15 +143,13 @@ void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_lock(a);
   alloc_report_live(a);
-  xs_ptrtable_destroy(&a->live);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   alloc_destroy_pending(a, entered);
   xs_ipc_destroy_locked(a, entered);
-  while (a->streams != NULL) {
-    xs_stream_pools *sp = a->streams;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
-    xs_stream_pools_free_locked(a, sp);
+    xs_guard_drop(&sp->guard, &a->events);
   }
   xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
   xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
@@ -215,35 +161,32 @@ void xseg_destroy(xseg_allocator *a) {
   free(a->deferred);
   free(a->captures);
   xs_trace_resize(&a->trace, 0);
-  xs_blocks_destroy(&a->blocks);
   xs_vmm_close(&a->vmm);
-#ifndef NDEBUG
-  a->debug_check_every = 0;              /* nothing is left to check */
-#endif
-  xs_alloc_unlock(a);
+  xs_alloc_unlock_destroyed(a);
   free(a);
 }
 
 void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign) {
+  (void)a;
   xs_pool_kind k = b->seg->pool->kind;
-  xs_stats_move(&a->stats, XS_GAUGE_allocation, k, sign);
-  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, k,
-                sign * (int64_t)b->size);
-  xs_stats_move(&a->stats, XS_GAUGE_requested_bytes, k,
-                sign * (int64_t)b->requested);
+  xs_stats *s = b->seg->pool->stats;
+  xs_stats_move(s, XS_GAUGE_allocation, k, sign);
+  xs_stats_move(s, XS_GAUGE_allocated_bytes, k, sign * (int64_t)b->size);
+  xs_stats_move(s, XS_GAUGE_requested_bytes, k, sign * (int64_t)b->requested);
   /* active stays: it is derived from allocation (segments/stats.h). */
-  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, sign, 0);
-  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k,
-                     sign * (int64_t)b->size, 0);
+  xs_stats_held_move(s, XS_GAUGE_active, k, sign, 0);
+  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
+                     0);
 }
 
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
                              int sign) {
   assert(sign < 0 && "active rises only with a malloc");
+  (void)a;
   xs_pool_kind k = b->seg->pool->kind;
-  xs_stats_held_move(&a->stats, XS_GAUGE_active, k, 0, sign);
-  xs_stats_held_move(&a->stats, XS_GAUGE_active_bytes, k, 0,
-                     sign * (int64_t)b->size);
+  xs_stats *s = b->seg->pool->stats;
+  xs_stats_held_move(s, XS_GAUGE_active, k, 0, sign);
+  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, 0, sign * (int64_t)b->size);
 }
 
 /* Nothing announces the end of a capture found by the driver: ask, lest
@@ -258,25 +201,25 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
   return st;
 }
 
+
 /* The cached path's accounting: live and active together, the direction
    known at compile time (no sign multiplications, decreases without peak
-   checks). The same as xs_alloc_account_live and _active together. */
-static inline void alloc_account_malloc(xseg_allocator *a, const xs_block *b,
-                                        xs_pool_kind k) {
-  xs_stats_inc(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_inc(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
-  xs_stats_inc(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  /* active follows allocation (derived); its peak needs a look only while
-     freed blocks are still active. */
-  if (__builtin_expect(a->stats.all[XS_GAUGE_active].current != 0, 0))
-    xs_stats_held_peak(&a->stats, k);
+   checks), in the block's pair's shard. The same as xs_alloc_account_live
+   and _active together. active's peak needs a look only while freed blocks
+   are still active, which only the slow path sees (`slow`). */
+static inline void alloc_account_malloc(xs_stats *s, const xs_block *b,
+                                        xs_pool_kind k, bool slow) {
+  xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
+  xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
+  xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+  if (__builtin_expect(slow, 0)) xs_stats_held_peak(s, k);
 }
 
-static inline void alloc_account_free(xseg_allocator *a, const xs_block *b) {
-  xs_pool_kind k = b->seg->pool->kind;
-  xs_stats_dec(&a->stats, XS_GAUGE_allocation, k, 1);
-  xs_stats_dec(&a->stats, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
-  xs_stats_dec(&a->stats, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+static inline void alloc_account_free(xs_stats *s, const xs_block *b,
+                                      xs_pool_kind k) {
+  xs_stats_dec(s, XS_GAUGE_allocation, k, 1);
+  xs_stats_dec(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
+  xs_stats_dec(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -293,14 +236,17 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return xs_stream_pools_get_locked(a, stream, out);
 }
 
-/* A block just taken from pool p becomes the caller's. */
-static inline void alloc_hand_out_locked(xseg_allocator *a, xs_pool *p,
-                                         xs_block *b, size_t size,
-                                         struct CUstream_st *stream) {
+/* A block just taken from pool p becomes the caller's (room in the pair's
+   pointer table was reserved). */
+static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
+                                  xs_pool *p, xs_block *b, size_t size,
+                                  struct CUstream_st *stream, bool slow) {
+  assert(xs_pools_of(p) == sp);
+  XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  xs_ptrtable_add(&a->live, b);
-  alloc_account_malloc(a, b, p->kind);
+  xs_ptrtable_add(&sp->live, b);
+  alloc_account_malloc(&sp->stats, b, p->kind, slow);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
@@ -308,57 +254,69 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
                                       xs_block **out) {
-  if (!xs_ptrtable_reserve(&a->live))
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                    "out of host memory for the pointer table");
   xs_stream_pools *sp;
   xseg_status st = alloc_pools_locked(a, stream, &sp);
   if (st != XSEG_OK) return st;
+  if (!xs_ptrtable_reserve(&sp->live))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for the pointer table");
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
   if (st != XSEG_OK) return st;
+  /* An unannounced capture found while growing moved the request to a
+     private pair: room in its table too. */
+  if (!xs_ptrtable_reserve(&xs_pools_of(p)->live))
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out_locked(a, p, b, size, stream);
+  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true);
   *out = b;
   return XSEG_OK;
-}
-
-void xs_alloc_settle_locked(xseg_allocator *a) {
-  xs_alloc_park_stats_locked(a);
-  for (xs_stream_pools *sp = a->streams; sp != NULL && a->n_parked != 0;
-       sp = sp->next)
-    for (int k = 0; k < 2; k++) xs_alloc_settle_pool_locked(a, &sp->pool[k]);
-  assert(a->n_parked == 0);
 }
 
 /* The cached malloc with blocks parked (allocator.h): the one of the
    request's pool when the request is its size and settling then taking
    the best fit would hand out exactly it (xs_pool_retake). False (nothing
-   changed) otherwise: the caller settles and goes the usual way. Pending
-   frees and captures go the usual way, in the usual order. */
-static bool alloc_retake_locked(xseg_allocator *a, size_t size,
-                                size_t rounded, struct CUstream_st *stream,
-                                xs_block **out) {
-  if (xs_alloc_has_pending(a) || xs_alloc_capturing(a) ||
-      !xs_ptrtable_reserve(&a->live))
-    return false;
-  xs_stream_pools *sp;
-  if (xs_stream_pools_get_locked(a, stream, &sp) != XSEG_OK) return false;
+   changed) otherwise: the caller settles and goes the usual way. */
+static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
+                         size_t rounded, struct CUstream_st *stream,
+                         xs_block **out) {
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded) return false;
+  if (b == NULL || b->size != rounded || !xs_ptrtable_reserve(&sp->live))
+    return false;
   /* The merged block must be one the policy takes and splits. */
   size_t merged = rounded + b->next->size;
   if (!xs_alloc_fit_takes(a, merged, rounded) ||
       !xs_alloc_splits(a, p->kind, merged, rounded))
     return false;
-  /* Another pool's merge goes in the stats before this one's moves. */
-  if (a->park_stats != p) xs_alloc_park_stats_locked(a);
-  if (!xs_pool_retake(p, a->park_stats != p)) return false;
-  a->park_stats = NULL;
-  a->n_parked--;
-  alloc_hand_out_locked(a, p, b, size, stream);
+  /* The other pool's merge goes in the stats before this one's moves. */
+  if (sp->park_stats != p) xs_pair_park_stats(sp);
+  if (!xs_pool_retake(p, sp->park_stats != p)) return false;
+  sp->park_stats = NULL;
+  sp->n_parked--;
+  alloc_hand_out(a, sp, p, b, size, stream, false);
+  *out = b;
+  return true;
+}
+
+/* The cached malloc, pair lock held: false (the slow path's turn) on a
+   miss. Parked blocks of the pair are taken back or settled first. */
+static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, uint64_t use,
+                         size_t size, size_t rounded,
+                         struct CUstream_st *stream, xs_block **out) {
+  sp->used_at = use;
+  if (sp->n_parked != 0) {
+    if (alloc_retake(a, sp, size, rounded, stream, out)) return true;
+    xs_pair_settle(sp);
+  }
+  if (!xs_ptrtable_reserve(&sp->live)) return false;
+  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_block *b = xs_alloc_find_free(a, p, rounded);
+  if (b == NULL) return false;
+  xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
+  alloc_hand_out(a, sp, p, b, size, stream, false);
   *out = b;
   return true;
 }
@@ -384,24 +342,59 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_malloc(%zu bytes): the size overflows when rounded "
                     "to blocks and granules", size);
-  xs_alloc_lock_cached(a);
   xs_block *b = NULL;
-  xseg_status st = XSEG_OK;
-  /* A miss settles every pool: growth and pending frees look at other
-     streams' pools. */
-  if (a->n_parked != 0 && !alloc_retake_locked(a, size, rounded, stream, &b))
-    xs_alloc_settle_locked(a);
-  if (b == NULL) {
-    /* Frees waiting on other streams are settled first, as PyTorch's
-       process_events; a counter check when none waits. A failed query
-       only leaves them waiting: the allocation goes on. */
-    if (__builtin_expect(xs_alloc_has_pending(a), 0))
-      xs_alloc_process_pending_locked(a, false);
-    st = alloc_block_locked(a, size, rounded, stream, &b);
+  uint64_t use;
+  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
+  if (__builtin_expect(sp != NULL, 1)) {
+    xs_pair_take(sp);
+    bool done = !a->slow && !sp->dead &&
+                alloc_cached(a, sp, use, size, rounded, stream, &b);
+    xs_pair_drop(sp);
+    if (done) {
+      xs_alloc_debug_after_cached(a);
+      *ptr = (void *)(uintptr_t)b->addr;
+      return XSEG_OK;
+    }
   }
+  xs_alloc_lock(a);
+  /* Frees waiting on other streams are settled first, as PyTorch's
+     process_events; a counter check when none waits. A failed query only
+     leaves them waiting: the allocation goes on. */
+  if (__builtin_expect(xs_alloc_has_pending(a), 0))
+    xs_alloc_process_pending_locked(a, false);
+  xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
+}
+
+/* Parks b, freed, in its pool (lazy merging): stamped and traced as
+   xs_alloc_give_locked does, merged later. With more than one pair the
+   merge counts in the stats at once, so that no other pair's operation
+   sees the sums without it (shards.h). */
+static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
+                              xs_pool *p, xs_block *b) {
+  xs_alloc_stamp_pair(a, sp, b);
+  xs_pool_park(p, b);
+  sp->n_parked++;
+  if (a->n_pairs > 1)
+    xs_pool_park_stats(p);
+  else
+    sp->park_stats = p;
+}
+
+/* A live block's free that needs nothing outside its pair (no recorded
+   streams, not shared): back to its pool, or parked. */
+static inline __attribute__((always_inline)) void alloc_release_plain(xseg_allocator *a, xs_stream_pools *sp,
+                                       xs_block *b) {
+  xs_pool *p = b->seg->pool;
+  alloc_account_free(&sp->stats, b, p->kind);
+  if (!xs_pool_parkable(b)) {
+    xs_alloc_stamp_pair(a, sp, b);
+    xs_pool_give(p, b);
+  } else {
+    alloc_park(a, sp, p, b);
+  }
 }
 
 /* The one way a block stops being live. A block used on other streams
@@ -415,25 +408,36 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
                   b->stream);
   xs_pool *p = b->seg->pool;
   /* Its pool's parked block merges first, as at its own free. */
-  xs_alloc_settle_pool_locked(a, p);
+  xs_alloc_settle_pool_locked(p);
   if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
     /* Shared or deferred frees may look at other pools: none parked. */
-    if (a->n_parked != 0) xs_alloc_settle_locked(a);
+    xs_alloc_settle_locked(a);
     /* Exported and held by another process: pending until it lets go. */
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  alloc_account_free(a, b);
-  if (!xs_pool_parkable(b)) {
-    xs_alloc_give_locked(a, b);
-    return XSEG_OK;
-  }
-  /* Stamped and traced as xs_alloc_give_locked does, merged later. */
-  xs_alloc_stamp_locked(a, b);
-  xs_pool_park(p, b);
-  a->n_parked++;
-  a->park_stats = p;
+  alloc_release_plain(a, xs_pools_of(p), b);
   return XSEG_OK;
+}
+
+/* The cached free, pair lock held: false (nothing changed) when the
+   address is not a live block of the pair or its free needs more than the
+   pair. */
+static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
+                              uint64_t addr) {
+  size_t slot = xs_ptrtable_find(&sp->live, addr);
+  if (slot == SIZE_MAX) return false;
+  xs_block *b = sp->live.slot[slot].block;
+  if (b->uses.n != 0) return false;
+  /* The last park's merge counts before this free's moves. */
+  xs_pair_park_stats(sp);
+  xs_ptrtable_remove_at(&sp->live, slot);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
+                  b->stream);
+  if (__builtin_expect(b->seg->pool->parked != NULL, 0))
+    xs_alloc_settle_pool_locked(b->seg->pool);
+  alloc_release_plain(a, sp, b);
+  return true;
 }
 
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
@@ -442,24 +446,33 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                     "NULL", ptr);
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_alloc_lock_cached(a);
-  /* The last park's merge counts before this free's moves. */
-  xs_alloc_park_stats_locked(a);
-  size_t slot = xs_ptrtable_find(&a->live, addr);
-  if (slot == SIZE_MAX) {
+  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  if (__builtin_expect(sp != NULL, 1)) {
+    xs_pair_take(sp);
+    bool done = !a->slow && !sp->dead && alloc_free_cached(a, sp, addr);
+    xs_pair_drop(sp);
+    if (done) {
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
+    }
+  }
+  xs_alloc_lock(a);
+  size_t slot;
+  xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
+  if (b == NULL) {
     xs_alloc_unlock(a);
     return xs_error(XSEG_ERR_UNKNOWN_POINTER,
                     "xseg_free(%p): not a live block of the allocator of "
                     "device %d (never allocated here, already freed, or not "
                     "the start of a block)", ptr, a->vmm.device);
   }
-  xs_block *b = a->live.slot[slot].block;
-  xs_ptrtable_remove_at(&a->live, slot);
+  xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
+  xs_ptrtable_remove_at(live, slot);
   xseg_status st = alloc_release_block_locked(a, b);
   if (st != XSEG_OK) {
     /* Still live, as the caller sees it: back in the table, where the
        slot just freed leaves room. */
-    xs_ptrtable_add(&a->live, b);
+    xs_ptrtable_add(live, b);
   }
   xs_alloc_unlock(a);
   return st;

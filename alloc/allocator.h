@@ -1,9 +1,21 @@
 /* allocator.h: the device allocator behind xseg_allocator (internal).
  *
- * One per device. Everything below the public entry points runs with `lock`
- * held (functions named *_locked assert it in debug builds) and reaches the
- * driver only through vmm/. Pools come per (stream, size class); the
- * pointer table maps the address of every live block to its block.
+ * One per device. Pools come per (stream, size class), two to a pair
+ * (xs_stream_pools); each pair keeps its own statistics shard, block struct
+ * cache, pointer table (the address of each of its live blocks) and free
+ * clock, under its own lock.
+ *
+ * Locks (alloc/pairs.c). The cached malloc and free take one pair's lock
+ * alone: the pair of the stream (a thread-local cache, or the read-mostly
+ * pair table) or of the address (the read-mostly range table,
+ * alloc/ranges.c). Everything else takes the allocator's `lock`, then every
+ * pair's lock in table order (xs_alloc_lock): it sees a quiescent
+ * allocator, and every function named *_locked runs so (debug builds
+ * assert it). The cached path goes that way whenever `slow` is set
+ * (pending frees, captures, tracing, shared blocks, per-operation checks),
+ * and never waits for the allocator's lock while it holds a pair's. What
+ * the cached path reads of the allocator (slow, cfg, the tables) is only
+ * written with every lock held or published atomically.
  */
 #ifndef XS_ALLOC_ALLOCATOR_H
 #define XS_ALLOC_ALLOCATOR_H
@@ -16,6 +28,7 @@
 #include "alloc/config.h"
 #include "alloc/lock.h"
 #include "alloc/ptrtable.h"
+#include "alloc/shards.h"
 #include "alloc/trace.h"
 #include "segments/block.h"
 #include "segments/freetree.h"
@@ -35,18 +48,70 @@
 
 /* The two pools of one stream, or of one private pool on one stream
    (graph capture: private_id != 0; a private pool that several streams
-   allocate to has a pair per stream, whose guard follows that stream). */
+   allocate to has a pair per stream, whose guard follows that stream).
+   Allocated on a cache line of its own, so that two threads on two pairs
+   share no line; never freed before the allocator (a thread may still
+   find a pair that went away in an old table: `dead` says so). */
 typedef struct xs_stream_pools {
+  xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
+  bool dead;                          /* went away: in no list or table */
+  uint64_t order;                     /* lock order: creation order */
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
+  uint64_t used_at;                   /* recency: the calling thread's use
+                                         count at its last malloc (pairs.c) */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
-  uint64_t grew_at;                   /* free clock at its last growth */
-  uint64_t took_at;                   /* free clock when it last took
+  /* Its free clock: the last stamp of a free of its blocks (free_epoch),
+     strictly increasing (xs_pair_tick). */
+  uint64_t clock;
+  uint64_t frees;                     /* its frees so far (flow.c's quiet
+                                         period counts every pair's) */
+  uint64_t grew_at;                   /* its clock at its last growth */
+  uint64_t took_at;                   /* its clock when it last took
                                          other streams' memory (flow.c) */
+  xs_stats stats;                     /* its shard of the statistics */
+  xs_blocks blocks;                   /* its block struct cache */
+  xs_ptrtable live;                   /* its live blocks */
+  /* Pools whose block the cached free parked unmerged (segments/pool.h,
+     lazy merging): the pair's cached malloc and free deal with them,
+     every other entry point settles them all as it takes the locks. */
+  size_t n_parked;
+  /* The pool of the last park while its merge is not in the stats yet
+     (only while the allocator has one pair: with more, the merge counts
+     at once, so that the sums never lack it). */
+  xs_pool *park_stats;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
-  struct xs_stream_pools *next;
+  struct xs_stream_pools *next;       /* the allocator's list */
+#ifndef NDEBUG
+  pthread_t owner;                    /* holder of lock, for asserts */
+  bool owned;
+#endif
 } xs_stream_pools;
+
+/* The pairs, in lock order, as published for the cached path: never
+   changed once published (a change publishes a new one; the old ones stay
+   until xseg_destroy, as a thread may still read one). */
+typedef struct xs_pair_table {
+  struct xs_pair_table *retired;      /* older tables, kept */
+  size_t n;
+  xs_stream_pools *pair[];
+} xs_pair_table;
+
+/* The reserved ranges of every pair, sorted by address, for the cached
+   free (alloc/ranges.c): rewritten in place under a sequence count, its
+   array replaced when it must grow (old arrays stay until xseg_destroy).
+   A cache: a range may name a pair whose segment went away; the pair's
+   pointer table decides. */
+typedef struct xs_range {
+  _Atomic uint64_t base, end;
+  _Atomic(struct xs_stream_pools *) pair;
+} xs_range;
+typedef struct xs_range_array {
+  struct xs_range_array *retired;     /* older arrays, kept */
+  size_t cap;
+  xs_range range[];
+} xs_range_array;
 
 /* Whose memory a release pass may take: a stream's own pools, and private
    pools once released; never a private pool still in use. */
@@ -73,12 +138,29 @@ typedef struct xs_capture {
 
 struct xseg_allocator {
   xs_lock lock;                       /* see alloc/lock.h for why not pthread */
+  /* Set whenever the cached malloc and free must take the slow path;
+     written with every lock held (xs_alloc_unlock). */
+  bool slow;
+  uint64_t id;                        /* unique per xseg_create (pairs.c) */
+  size_t n_pairs;                     /* live pairs */
+  _Atomic(xs_pair_table *) pairs;     /* the pair table */
+  /* The range table (ranges.c): even sequence count when stable. */
+  _Atomic(xs_range_array *) ranges;
+  atomic_size_t n_ranges;
+  atomic_uint ranges_seq;
+  int64_t ranges_made_at;             /* segments ever added, at its making */
+  xs_pair_table *locked;              /* pairs xs_alloc_lock took */
+  uint64_t next_order;                /* of the next pair */
+  xs_stream_pools *dead;              /* pairs gone (memory kept) */
+  uint64_t frees_gone;                /* frees of pairs gone */
   xs_vmm vmm;
   xs_config cfg;
-  xs_stats stats;
-  xs_blocks blocks;                   /* block struct cache */
-  xs_ptrtable live;                   /* pointer table: every live block */
-  xs_stream_pools *streams;           /* most recently used first */
+  xs_stats_group stats;               /* the shards and their peaks */
+  xs_stats shared_stats;              /* the shard of no pair: counters of
+                                         slow operations, totals of pairs
+                                         gone */
+  xs_stream_pools *streams;           /* most recently used first (as of
+                                         xs_alloc_lock, by used_at) */
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
   size_t cap;                         /* memory_fraction * device memory */
@@ -89,7 +171,6 @@ struct xseg_allocator {
   /* Cross-stream safety (alloc/deferred.c, alloc/reclaim.c). */
   xs_event_pool events;               /* pending frees' and guards' events */
   xs_pending pending;                 /* frees waiting on recorded streams */
-  uint64_t free_clock;                /* stamps every free: free_epoch */
   bool flow_at_limit;                 /* the out-of-memory path's last try
                                          before a host wait: flow.c steals
                                          from any stream */
@@ -102,28 +183,20 @@ struct xseg_allocator {
   xs_capture *captures;
   size_t n_captures, cap_captures, n_implicit;
   xs_trace trace;                     /* device_traces ring (snapshot) */
-  /* Pools whose block the cached free parked unmerged (segments/pool.h,
-     lazy merging). Every entry point but the cached malloc and free
-     settles them all as it takes the lock (xs_alloc_lock), so nothing
-     else ever sees one. */
-  size_t n_parked;
-  /* The pool of the last park while its merge is not in the stats yet:
-     until the next operation, which counts it first or, taking the block
-     back, together with the split (segments/pool.h). */
-  xs_pool *park_stats;
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
   size_t ipc_parked;                  /* pending blocks that other processes
                                          hold (no events, not in deferred) */
 #ifndef NDEBUG
-  pthread_t owner;                    /* holder of lock, for asserts */
+  pthread_t owner;                    /* holder of every lock, for asserts */
   bool owned;
   /* Debug builds validate the whole allocator every debug_check_every
      operations (XSEG_DEBUG_CHECK in the environment; 0 = never), when the
-     operation lets go of the lock: a broken invariant aborts right after
+     operation lets go of its locks: a broken invariant aborts right after
      the operation that broke it, not at the test's end. */
-  uint32_t debug_check_every, debug_ops;
+  uint32_t debug_check_every;
+  atomic_uint debug_ops;
 #endif
 };
 
@@ -133,50 +206,78 @@ struct xseg_allocator {
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
 
-/* Counts the last park's merge in the stats, if it is not yet. */
-static inline void xs_alloc_park_stats_locked(xseg_allocator *a) {
-  if (a->park_stats == NULL) return;
-  xs_pool_park_stats(a->park_stats);
-  a->park_stats = NULL;
+/* Counts sp's last park's merge in the stats, if it is not yet. */
+static inline void xs_pair_park_stats(xs_stream_pools *sp) {
+  if (sp->park_stats == NULL) return;
+  xs_pool_park_stats(sp->park_stats);
+  sp->park_stats = NULL;
 }
 /* Merges p's parked block, if any, as its free would have. */
-static inline void xs_alloc_settle_pool_locked(xseg_allocator *a,
-                                               xs_pool *p) {
+static inline void xs_alloc_settle_pool_locked(xs_pool *p) {
   if (p->parked == NULL) return;
-  xs_alloc_park_stats_locked(a);
+  xs_stream_pools *sp = xs_pools_of(p);
+  xs_pair_park_stats(sp);
   xs_pool_settle(p);
-  a->n_parked--;
+  sp->n_parked--;
 }
-/* Merges every parked block (alloc.c). */
+/* Merges every parked block of sp. */
+static inline void xs_pair_settle(xs_stream_pools *sp) {
+  if (sp->n_parked == 0) return;
+  xs_pair_park_stats(sp);
+  for (int k = 0; k < 2; k++) xs_alloc_settle_pool_locked(&sp->pool[k]);
+  assert(sp->n_parked == 0);
+}
+/* Merges every parked block (pairs.c). */
 void xs_alloc_settle_locked(xseg_allocator *a);
 
-/* The lock for the cached malloc and free alone, which deal with a parked
-   block themselves. */
-static inline void xs_alloc_lock_cached(xseg_allocator *a) {
-  xs_lock_take(&a->lock);
+/* The pair lock alone, for the cached malloc and free: debug builds
+   assert the lock order (the calling thread holds no lock of this
+   allocator's; pairs.c keeps what each thread holds). */
 #ifndef NDEBUG
-  a->owner = pthread_self();
-  a->owned = true;
+void xs_pair_held(xs_stream_pools *sp, bool taken);
+#endif
+static inline void xs_pair_take(xs_stream_pools *sp) {
+  xs_lock_take(&sp->lock);
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
 #endif
 }
-
-/* The lock for everything else: every pool keeps block.h's rules. */
-static inline void xs_alloc_lock(xseg_allocator *a) {
-  xs_alloc_lock_cached(a);
-  if (__builtin_expect(a->n_parked != 0, 0)) xs_alloc_settle_locked(a);
-}
-
-static inline void xs_alloc_unlock(xseg_allocator *a) {
+static inline void xs_pair_drop(xs_stream_pools *sp) {
 #ifndef NDEBUG
-  if (a->debug_check_every != 0 &&
-      ++a->debug_ops % a->debug_check_every == 0) {
-    if (a->n_parked != 0) xs_alloc_settle_locked(a);
-    xs_alloc_debug_check_locked(a);
-  }
-  a->owned = false;
+  xs_pair_held(sp, false);
 #endif
-  xs_lock_drop(&a->lock);
+  xs_lock_drop(&sp->lock);
 }
+#ifndef NDEBUG
+#define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
+  assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \
+          ((sp)->owned && pthread_equal((sp)->owner, pthread_self()))) &&    \
+         "caller must hold the pair's lock")
+#else
+#define XS_ASSERT_PAIR_LOCKED(a, sp) ((void)0)
+#endif
+/* Debug builds: the cached path's share of XSEG_DEBUG_CHECK, after its
+   pair lock is dropped (pairs.c). */
+#ifndef NDEBUG
+void xs_alloc_debug_after_cached(xseg_allocator *a);
+#else
+static inline void xs_alloc_debug_after_cached(xseg_allocator *a) {
+  (void)a;
+}
+#endif
+
+/* Every lock, for everything but the cached path: the allocator's, then
+   every pair's in table order; then every parked block is settled, so
+   every pool keeps block.h's rules, and the pair list is put in recency
+   order (pairs.c). */
+void xs_alloc_lock(xseg_allocator *a);
+/* Publishes what changed (slow flag, range table) and drops every lock. */
+void xs_alloc_unlock(xseg_allocator *a);
+/* xseg_destroy's unlock: frees every pair (their pools destroyed), every
+   table, and drops the allocator's lock. */
+void xs_alloc_unlock_destroyed(xseg_allocator *a);
+/* A new allocator's id (pairs.c). */
+uint64_t xs_pairs_new_id(void);
 #ifndef NDEBUG
 #define XS_ASSERT_LOCKED(a)                                                  \
   assert((a)->owned && pthread_equal((a)->owner, pthread_self()) &&          \
@@ -186,34 +287,126 @@ static inline void xs_alloc_unlock(xseg_allocator *a) {
 #endif
 
 /* The pools of `stream`, created on first use, looked up in the list and
-   moved to its front (alloc.c). */
+   moved to its front (pairs.c). */
 xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
                                           struct CUstream_st *stream,
                                           xs_stream_pools **out);
+/* The calling thread's count of uses, for pairs' recency (pairs.c). */
+uint64_t xs_pairs_use(void);
 /* The same, inline for the common case: the stream of the last call,
    already first. */
 static inline xseg_status xs_stream_pools_get_locked(
     xseg_allocator *a, struct CUstream_st *stream, xs_stream_pools **out) {
   xs_stream_pools *sp = a->streams;
-  if (sp != NULL && sp->stream == stream && sp->private_id == 0)
+  if (sp != NULL && sp->stream == stream && sp->private_id == 0) {
+    sp->used_at = xs_pairs_use();
     return *out = sp, XSEG_OK;
+  }
   return xs_stream_pools_lookup_locked(a, stream, out);
 }
-/* A new pair (private_id 0: a stream's), linked first; NULL on host OOM. */
+/* What the calling thread keeps (pairs.c): its count of uses (recency)
+   and the pair of its last cached malloc, named by the allocator's id
+   (not its address: a destroyed allocator's successor may get it). */
+typedef struct xs_pairs_thread {
+  uint64_t uses;
+  uint64_t frees;                     /* its free stamps (xs_pair_tick) */
+  uint64_t id;
+  struct CUstream_st *stream;
+  xs_stream_pools *pair;
+  /* The range of its last cached free, valid while the range table's
+     sequence count is still range_seq (xs_ranges_find). */
+  uint64_t range_id, range_base, range_size;
+  unsigned range_seq;
+  xs_stream_pools *range_pair;
+} xs_pairs_thread;
+extern __thread xs_pairs_thread xs_pairs_tls;
+/* The pair table's search for xs_pairs_of_stream (pairs.c). */
+xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
+                                      struct CUstream_st *stream);
+/* The pair of `stream` for the cached malloc, stamped as used: the
+   thread's last, or from the pair table; NULL when it has none yet. No
+   lock needed; the stamp is the pair lock holder's to store. */
+static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
+                                                  struct CUstream_st *stream,
+                                                  uint64_t *use) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  *use = ++t->uses;
+  if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
+    return t->pair;
+  return xs_pairs_find_stream(a, stream);
+}
+/* A new pair (private_id 0: a stream's), linked first and published, its
+   lock held until xs_alloc_unlock; NULL on host OOM. */
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,
                                             xseg_pool_id private_id);
-/* Unlinks and frees a pair that holds no segment. */
+/* Takes a pair that holds no segment out of every list and table. */
 void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
+/* The live block at addr and its pair's table slot, or NULL (pairs.c). */
+xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
+                                    size_t *slot);
+/* Frees so far, every pair's (pairs.c). */
+uint64_t xs_alloc_frees_locked(const xseg_allocator *a);
+/* Live blocks of every pair. */
+size_t xs_alloc_live_count_locked(const xseg_allocator *a);
+
+/* The range table's search for xs_ranges_find (ranges.c). */
+xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr);
+/* The pair whose reserved range holds addr, per the range table, or NULL
+   (also while it is being rewritten; see alloc/ranges.c): the range of
+   the thread's last free when the table has not changed since, else a
+   search. No lock needed. */
+static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
+                                              uint64_t addr) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
+  if (__builtin_expect(seq == t->range_seq && t->range_id == a->id &&
+                           addr - t->range_base < t->range_size, 1))
+    return t->range_pair;
+  return xs_ranges_search(a, addr);
+}
+/* Makes a new range table when segments were added since the last
+   (ranges.c). A host OOM keeps the old one: the cached free of a block
+   it lacks goes the slow way. */
+void xs_ranges_refresh_locked(xseg_allocator *a);
+/* Frees every table (xseg_destroy). */
+void xs_ranges_destroy(xseg_allocator *a);
+
+/* A summed value of the statistics (every lock held). */
+static inline int64_t xs_alloc_current(const xseg_allocator *a, xs_gauge g) {
+  return xs_stats_group_current(&a->stats, g);
+}
 
 /* Stats of a block becoming live (+1) or no longer live (-1) for the
    caller (allocation, allocated and requested bytes), and active (+1/-1)
    until its memory may really be reused (active, active_bytes). */
 void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
 void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
-/* A block whose last use is over: stamped with the free clock, traced. */
+/* The next stamp of sp's free clock. Guards compare a pair's stamps with
+   its own clock alone, so each pair's must only increase; but garbage
+   collection orders the free blocks of every pair by age (reclaim.c), so
+   stamps of different pairs should compare as the frees happened, and a
+   counter per pair cannot give that without a shared write. The calling
+   thread's count of frees can: on one thread it is exactly the old global
+   clock (the pair's own clock never exceeds it); frees of different
+   threads compare by their threads' counts, a guess. */
+static inline uint64_t xs_pair_tick(xs_stream_pools *sp) {
+  uint64_t t = ++xs_pairs_tls.frees;
+  if (t <= sp->clock) t = xs_pairs_tls.frees = sp->clock + 1;
+  sp->frees++;
+  return sp->clock = t;
+}
+/* A block of pair sp whose last use is over: stamped with sp's free
+   clock, traced. */
+static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
+                                       xs_block *b) {
+  b->free_epoch = xs_pair_tick(sp);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
+}
+/* The same, the pair found from the block. */
 static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
-  b->free_epoch = ++a->free_clock;
+  b->free_epoch = xs_pair_tick(xs_pools_of(b->seg->pool));
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
 }

@@ -116,28 +116,95 @@ static bool check_disjoint(check_ctx *c) {
   return true;
 }
 
+/* Each pair's pointer table holds exactly its allocated blocks. */
 static bool check_table(check_ctx *c, xseg_allocator *a) {
-  if (!xs_ptrtable_is_valid(&a->live, c->msg, sizeof c->msg)) return false;
-  for (size_t i = 0; i <= a->live.mask; i++) {
-    const xs_block *b = a->live.slot[i].block;
-    if (b != NULL && (!b->allocated || b->pending))
-      CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
-                 b->pending ? "pending" : "free", (unsigned long long)b->addr);
+  size_t count = 0;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (!xs_ptrtable_is_valid(&sp->live, c->msg, sizeof c->msg)) return false;
+    for (size_t i = 0; i <= sp->live.mask; i++) {
+      const xs_block *b = sp->live.slot[i].block;
+      if (b != NULL && (!b->allocated || b->pending))
+        CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
+                   b->pending ? "pending" : "free",
+                   (unsigned long long)b->addr);
+      if (b != NULL && xs_pools_of(b->seg->pool) != sp)
+        CHECK_FAIL(c, "block 0x%llx is in another pair's pointer table",
+                   (unsigned long long)b->addr);
+    }
+    count += sp->live.count;
   }
-  if (a->live.count != c->walk.allocated)
-    CHECK_FAIL(c, "pointer table holds %zu blocks, segments %zu allocated",
-               a->live.count, c->walk.allocated);
+  if (count != c->walk.allocated)
+    CHECK_FAIL(c, "pointer tables hold %zu blocks, segments %zu allocated",
+               count, c->walk.allocated);
+  return true;
+}
+
+/* The pair table lists every pair in the list, in lock order, and no
+   other; the range table is sorted. */
+static bool check_pairs(check_ctx *c, xseg_allocator *a) {
+  const xs_pair_table *t = atomic_load(&a->pairs);
+  size_t n = 0;
+  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (sp->dead) CHECK_FAIL(c, "a dead pair is in the list");
+    bool found = false;
+    for (size_t i = 0; t != NULL && i < t->n; i++) found |= t->pair[i] == sp;
+    if (!found) CHECK_FAIL(c, "pair of stream %p is not in the pair table",
+                           (void *)sp->stream);
+    n++;
+  }
+  size_t alive = 0;
+  for (size_t i = 0; t != NULL && i < t->n; i++) {
+    if (i > 0 && t->pair[i]->order <= t->pair[i - 1]->order)
+      CHECK_FAIL(c, "the pair table is not in lock order");
+    alive += !t->pair[i]->dead;
+  }
+  if (n != a->n_pairs || alive != n)
+    CHECK_FAIL(c, "%zu pairs listed, %zu counted, %zu in the table", n,
+               a->n_pairs, alive);
+  const xs_range_array *r = atomic_load(&a->ranges);
+  size_t nr = atomic_load(&a->n_ranges);
+  for (size_t i = 1; r != NULL && i < nr; i++)
+    if (atomic_load(&r->range[i].base) < atomic_load(&r->range[i - 1].end))
+      CHECK_FAIL(c, "the range table is not sorted");
+  return true;
+}
+
+/* What one pair's walk found, against its own shard: the gauges that only
+   its blocks move. */
+static bool check_shard(check_ctx *c, const xs_stream_pools *sp,
+                        const xs_segment_walk *before) {
+  const xs_segment_walk *w = &c->walk;
+  const xs_stats *s = &sp->stats;
+  struct {
+    xs_gauge g;
+    size_t want;
+  } rules[] = {
+      {XS_GAUGE_allocation, w->allocated - before->allocated},
+      {XS_GAUGE_allocated_bytes, w->allocated_bytes - before->allocated_bytes},
+      {XS_GAUGE_requested_bytes, w->requested_bytes - before->requested_bytes},
+      {XS_GAUGE_active, w->allocated + w->pending - before->allocated -
+                            before->pending},
+      {XS_GAUGE_inactive_split, w->split_free - before->split_free},
+      {XS_GAUGE_inactive_split_bytes,
+       w->split_free_bytes - before->split_free_bytes},
+  };
+  for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+    if (xs_stats_current(s, rules[i].g) != (int64_t)rules[i].want)
+      CHECK_FAIL(c, "pair of stream %p: its shard's gauge %d is %lld, its "
+                 "walk finds %zu", (void *)sp->stream, (int)rules[i].g,
+                 (long long)xs_stats_current(s, rules[i].g), rules[i].want);
   return true;
 }
 
 #define CHECK_STAT(c, a, name, want)                                         \
-  if (xs_stats_current(&(a)->stats, XS_GAUGE_##name) != (int64_t)(want))     \
+  if (xs_stats_current(sum, XS_GAUGE_##name) != (int64_t)(want))             \
   CHECK_FAIL(c, "stat " #name " is %lld, the walk finds %lld",               \
-             (long long)xs_stats_current(&(a)->stats, XS_GAUGE_##name),      \
+             (long long)xs_stats_current(sum, XS_GAUGE_##name),              \
              (long long)(want))
 
-static bool check_stats(check_ctx *c, xseg_allocator *a) {
+static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
   const xs_segment_walk *w = &c->walk;
+  if (!xs_stats_group_valid(&a->stats, c->msg, sizeof c->msg)) return false;
   CHECK_STAT(c, a, allocation, w->allocated);
   CHECK_STAT(c, a, active, w->allocated + w->pending);
   CHECK_STAT(c, a, allocated_bytes, w->allocated_bytes);
@@ -153,15 +220,15 @@ static bool check_stats(check_ctx *c, xseg_allocator *a) {
   /* Orphans: handles owned nowhere that aliases still map (vmm/aliases.c). */
   CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes + a->vmm.orphan_bytes);
   size_t most = xs_flow_mapped_most(a);
-  if ((size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes) > most)
+  if ((size_t)xs_stats_current(sum, XS_GAUGE_reserved_bytes) > most)
     CHECK_FAIL(c, "%lld bytes mapped, more than the memory fraction's cap "
                "of %zu bytes", (long long)xs_stats_current(
-                   &a->stats, XS_GAUGE_reserved_bytes), most);
+                   sum, XS_GAUGE_reserved_bytes), most);
   CHECK_STAT(c, a, segment, c->segments);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
     xseg_stat s[XS_STAT_SCOPES];
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
-      s[sc] = xs_stats_get(&a->stats, (xs_gauge)g, sc);
+      s[sc] = xs_stats_get(sum, (xs_gauge)g, sc);
     bool peaks_ok = true;
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
       peaks_ok = peaks_ok && s[sc].peak >= s[sc].current;
@@ -211,11 +278,19 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
 
 static bool check_all(check_ctx *c, xseg_allocator *a) {
   size_t rcap = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    xs_segment_walk before = c->walk;
     for (int k = 0; k < 2; k++)
       if (!check_pool(c, &sp->pool[k], &rcap)) return false;
-  return check_disjoint(c) && check_table(c, a) && check_stats(c, a) &&
-         check_pending(c, a);
+    if (!check_shard(c, sp, &before)) return false;
+  }
+  xs_stats *sum = malloc(sizeof *sum);
+  if (sum == NULL) CHECK_FAIL(c, "out of host memory");
+  xs_stats_sum(&a->stats, sum);
+  bool ok = check_disjoint(c) && check_table(c, a) && check_pairs(c, a) &&
+            check_stats(c, a, sum) && check_pending(c, a);
+  free(sum);
+  return ok;
 }
 
 #ifndef NDEBUG

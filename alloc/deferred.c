@@ -35,7 +35,8 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_lock(a);
-  xs_block *b = xs_ptrtable_get(&a->live, addr);
+  size_t slot;
+  xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
   xseg_status st = XSEG_OK;
   if (b == NULL)
     st = xs_error(XSEG_ERR_UNKNOWN_POINTER,

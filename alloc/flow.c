@@ -54,7 +54,7 @@
 #include "vmm/error.h"
 
 bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {
-  int64_t reserved = xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+  int64_t reserved = xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   return (size_t)reserved + bytes <= a->cap;
 }
 
@@ -91,7 +91,7 @@ static size_t flow_handle_most(const xseg_allocator *a, size_t g) {
   size_t most = a->cfg.handle_max != 0 ? a->cfg.handle_max / g : SIZE_MAX;
   if (a->cfg.handle_max_part != 0) {
     size_t reserved =
-        (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+        (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
     size_t part = reserved / a->cfg.handle_max_part / g;
     if (part < most) most = part;
   }
@@ -156,7 +156,7 @@ static xs_stream_pools *flow_before(const xseg_allocator *a,
 static bool flow_donor_quiet(const xseg_allocator *a,
                              const xs_stream_pools *donor) {
   return a->flow_at_limit || donor->took_at == 0 ||
-         a->free_clock - donor->took_at >= XS_FLOW_QUIET;
+         xs_alloc_frees_locked(a) - donor->took_at >= XS_FLOW_QUIET;
 }
 
 /* The steal rule (top): the pools of donor thief may steal from, as a
@@ -203,7 +203,7 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
       got += xs_phys_steal(a, own, sp, pools, granule, want - got,
                            max - got, handles + got);
   }
-  if (got > 0) own->took_at = a->free_clock;
+  if (got > 0) own->took_at = xs_alloc_frees_locked(a);
   return got;
 }
 

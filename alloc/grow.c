@@ -57,7 +57,7 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
   uint64_t addr = pl->hole->addr;  /* the hole may merge away in the map */
   if (st == XSEG_OK) st = xs_pool_map(p, &at, handles, out);
   if (st == XSEG_OK) {
-    xs_pools_of(p)->grew_at = a->free_clock;
+    xs_pools_of(p)->grew_at = xs_pools_of(p)->clock;
     xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, addr, have * plan.g,
                     p->stream);
   }
@@ -117,11 +117,11 @@ static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
 static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
                              xs_block **out) {
   size_t before =
-      (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+      (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   xseg_status st = a->cfg.expandable_segments
                        ? grow_expandable(a, p, rounded, out)
                        : grow_classic(a, p, rounded, out);
-  size_t after = (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+  size_t after = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   assert((after <= a->cap || after <= before) && "growth passed the cap");
   (void)before;
   if (after <= a->cap) a->cap_over = 0;
@@ -136,9 +136,9 @@ static xseg_status grow_oom(xseg_allocator *a, size_t requested) {
   snprintf(cause, sizeof cause, "%s", xseg_last_error());
   size_t dev_free = 0, dev_total = a->vmm.total_memory;
   bool known = xs_vmm_mem_info(&a->vmm, &dev_free, &dev_total) == XSEG_OK;
-  int64_t allocated = xs_stats_current(&a->stats, XS_GAUGE_allocated_bytes);
-  int64_t reserved = xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
-  a->stats.counter[XS_COUNTER_num_ooms]++;
+  int64_t allocated = xs_alloc_current(a, XS_GAUGE_allocated_bytes);
+  int64_t reserved = xs_alloc_current(a, XS_GAUGE_reserved_bytes);
+  a->shared_stats.counter[XS_COUNTER_num_ooms]++;
   return xs_error(
       XSEG_ERR_OUT_OF_MEMORY,
       "xseg: out of memory. Tried to allocate %s. Device %d has a total "
@@ -174,7 +174,7 @@ static xseg_status grow_route(xseg_allocator *a, xs_pool **p,
 /* After a failed growth: each step frees more, at a higher price. */
 static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
                               xs_block **out) {
-  a->stats.counter[XS_COUNTER_num_alloc_retries]++;
+  a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
   if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
   xs_alloc_process_pending_locked(a, false);
@@ -192,7 +192,7 @@ static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
   /* Wait for the recorded work that still guards free memory (its events
      only), then let growth take it, and last release everything. */
   xs_alloc_process_pending_locked(a, true);
-  a->stats.counter[XS_COUNTER_num_sync_all_streams]++;
+  a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
   xs_alloc_guards_locked(a, true);
   st = grow_once(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;

@@ -128,7 +128,8 @@ static xseg_status export_fds(xseg_allocator *a, const uint64_t *handles,
 
 static xseg_status export_locked(xseg_allocator *a, void *ptr,
                                  xseg_ipc_handle *h) {
-  xs_block *b = xs_ptrtable_get(&a->live, (uint64_t)(uintptr_t)ptr);
+  size_t slot;
+  xs_block *b = xs_alloc_find_live_locked(a, (uint64_t)(uintptr_t)ptr, &slot);
   if (b == NULL)
     return xs_error(XSEG_ERR_UNKNOWN_POINTER,
                     "xseg_ipc_export(%p): not the start of a live block of "

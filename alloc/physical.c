@@ -20,7 +20,7 @@ xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
   xseg_status st = xs_capture_mode_relax(a, &mode);
   if (st != XSEG_OK) return st;
   st = xs_guard_advance(&sp->guard, &a->events, sp->stream, target,
-                        a->free_clock, wait);
+                        sp->clock, wait);
   xs_capture_mode_restore(a, mode);
   for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
   return st;
@@ -82,14 +82,14 @@ size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
     if ((pools & (1u << k)) == 0) continue;
     xseg_status st;
     got += xs_pool_harvest(&donor->pool[k], granule, want - got, max - got,
-                           NULL, a->free_clock, handles + got, &st);
+                           NULL, donor->clock, handles + got, &st);
   }
   return got;
 }
 
 xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out) {
   xseg_status st = xs_vmm_handle_create(&a->vmm, bytes, false, out);
-  if (st == XSEG_OK) a->stats.counter[XS_COUNTER_num_device_alloc]++;
+  if (st == XSEG_OK) a->shared_stats.counter[XS_COUNTER_num_device_alloc]++;
   return st;
 }
 
@@ -101,13 +101,13 @@ void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
        count until then (segments/release.c releases it there). */
     xs_vmm_alias orphan;
     if (xs_vmm_alias_orphan(&a->vmm, handles[i], &orphan)) {
-      xs_stats_move(&a->stats, XS_GAUGE_reserved_bytes,
+      xs_stats_move(&a->shared_stats, XS_GAUGE_reserved_bytes,
                     (xs_pool_kind)orphan.tag, (int64_t)orphan.size);
       continue;
     }
     /* The growth's own failure is the message; a failed release is kept
        for a retry (vmm/unreleased.c). */
     xs_vmm_handle_release_quietly(&a->vmm, handles[i]);
-    a->stats.counter[XS_COUNTER_num_device_free]++;
+    a->shared_stats.counter[XS_COUNTER_num_device_free]++;
   }
 }

@@ -39,7 +39,7 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
 static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
   *st = xs_capture_sweep_locked(a);
   if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
-  if (wait) a->stats.counter[XS_COUNTER_num_sync_all_streams]++;
+  if (wait) a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
   *st = xs_alloc_process_pending_locked(a, wait);
   xseg_status gs = xs_alloc_guards_locked(a, wait);
   if (*st == XSEG_OK) *st = gs;
@@ -137,7 +137,7 @@ bool xs_alloc_collect_garbage_locked(xseg_allocator *a) {
   if (t <= 0) return false;
   size_t target = (size_t)(t * (double)a->cap);
   size_t reserved =
-      (size_t)xs_stats_current(&a->stats, XS_GAUGE_reserved_bytes);
+      (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   if (reserved <= target) return false;
   xseg_status st;
   if (!reclaim_prepare(a, false, &st)) return false;

@@ -1,6 +1,7 @@
 /* stats.c: xseg_get_stats, xseg_reset_peak_stats and xseg_stats_json, all
  * generated from the X-macro lists of segments/stats.h, so that a stat
- * added there appears everywhere under PyTorch's name.
+ * added there appears everywhere under PyTorch's name. Each reads the sum
+ * of the shards (alloc/shards.h).
  */
 #include <string.h>
 
@@ -13,18 +14,20 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_get_stats: %s is NULL",
                     a == NULL ? "allocator" : "out");
   memset(out, 0, sizeof *out);
+  xs_stats s;
   xs_alloc_lock(a);
-#define XS_STATS_GAUGE_(name)                                                \
-  out->name = xs_stats_get(&a->stats, XS_GAUGE_##name, XS_STAT_ALL);
-  XS_STAT_GAUGES(XS_STATS_GAUGE_)
-#undef XS_STATS_GAUGE_
-#define XS_STATS_COUNTER_(name) out->name = a->stats.counter[XS_COUNTER_##name];
-  XS_STAT_COUNTERS(XS_STATS_COUNTER_)
-#undef XS_STATS_COUNTER_
-  out->mapped_bytes = out->reserved_bytes.current;
+  xs_stats_sum(&a->stats, &s);
   out->pending_free_bytes = a->pending_bytes;
   out->handles_awaiting_release = (int64_t)a->vmm.n_unreleased;
   xs_alloc_unlock(a);
+#define XS_STATS_GAUGE_(name)                                                \
+  out->name = xs_stats_get(&s, XS_GAUGE_##name, XS_STAT_ALL);
+  XS_STAT_GAUGES(XS_STATS_GAUGE_)
+#undef XS_STATS_GAUGE_
+#define XS_STATS_COUNTER_(name) out->name = s.counter[XS_COUNTER_##name];
+  XS_STAT_COUNTERS(XS_STATS_COUNTER_)
+#undef XS_STATS_COUNTER_
+  out->mapped_bytes = out->reserved_bytes.current;
   return XSEG_OK;
 }
 
@@ -33,7 +36,7 @@ xseg_status xseg_reset_peak_stats(xseg_allocator *a) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_reset_peak_stats: allocator is NULL");
   xs_alloc_lock(a);
-  xs_stats_reset_peaks(&a->stats);
+  xs_stats_reset_peaks(&a->shared_stats);   /* resets the whole group */
   xs_alloc_unlock(a);
   return XSEG_OK;
 }
@@ -69,8 +72,9 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
   if (a == NULL || out == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_stats_json: %s is NULL",
                     a == NULL ? "allocator" : "out");
+  xs_stats s;
   xs_alloc_lock(a);
-  xs_stats s = a->stats;
+  xs_stats_sum(&a->stats, &s);
   size_t max_split = a->cfg.max_split_size;
   xseg_ipc_stats ipc;
   xs_ipc_stats_locked(a, &ipc);

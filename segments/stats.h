@@ -6,8 +6,9 @@
  *            the small and the large pool apart (PyTorch's StatType).
  *   counters only ever increase.
  * They are updated where the state changes (blocks and segments here, the
- * allocation counts in alloc/), under the allocator's mutex, and xseg_check
- * compares every current value with a walk of the blocks.
+ * allocation counts in alloc/), each pool in its own shard under its own
+ * lock (alloc/shards.h sums them), and xseg_check compares every current
+ * value with a walk of the blocks.
  *
  * Meanings, as PyTorch's memory_stats():
  *   allocation / allocated_bytes   blocks handed out and not freed (rounded)
@@ -26,6 +27,8 @@
 #define XS_SEGMENTS_STATS_H
 
 #include <assert.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "xseg.h"
@@ -56,41 +59,95 @@ typedef enum xs_counter {
 typedef enum xs_pool_kind { XS_POOL_SMALL = 0, XS_POOL_LARGE = 1 } xs_pool_kind;
 enum { XS_STAT_ALL = 0, XS_STAT_SCOPES = 3 };
 
-/* One gauge of one pool kind. `freed` is not stored: it is always
-   allocated - current (both start at 0), so the hot path writes two words
-   and compares one. */
+/* One gauge of one pool kind in one shard. `freed` is not stored: it is
+   always allocated - current (both start at 0), so the hot path writes two
+   words and compares one.
+
+   Sharding: the allocator keeps one xs_stats per pair of pools (each under
+   that pair's lock) and one of its own; a value read is the sum of the
+   shards (alloc/shards.c). A peak of a sum is not a sum of peaks, so in a
+   shard that belongs to a group `peak` is a threshold t: the group keeps
+   the true peak P of each gauge and scope, with the shards' thresholds
+   summing to at most P. While every shard stays at or under its threshold
+   the sum stays at or under P, so no peak is missed; a shard that passes
+   its threshold calls xs_stats_crossed, which sums the currents, raises P
+   if needed and hands the slack P - sum back as thresholds. A shard of no
+   group (group NULL) keeps its own peak in `peak`, as before sharding.
+   current and peak are read by other shards' crossings while their owner
+   moves them: relaxed atomics, written with a plain load and store by the
+   owner alone (no read-modify-write instruction). */
 typedef struct xs_gauge_val {
-  int64_t current, peak, allocated;
+  _Atomic int64_t current, peak;
+  int64_t allocated;
 } xs_gauge_val;
 
-/* Kept per pool kind; the "all" scope keeps only its own current and peak
-   (its peak is not the sum of the kinds' peaks), and its allocated and
-   freed are summed when read (xs_stats_get). Every malloc and free moves
-   three gauges (active and active_bytes are derived, below), so an
-   increase costs two adds and two compares, a decrease two
-   subtractions. */
+static inline int64_t xs_gv_get(const _Atomic int64_t *v) {
+  return atomic_load_explicit(v, memory_order_relaxed);
+}
+static inline void xs_gv_set(_Atomic int64_t *v, int64_t x) {
+  atomic_store_explicit(v, x, memory_order_relaxed);
+}
+/* The owner's update: one load, one store (no lock prefix). */
+static inline int64_t xs_gv_add(_Atomic int64_t *v, int64_t d) {
+  int64_t x = xs_gv_get(v) + d;
+  xs_gv_set(v, x);
+  return x;
+}
+
+struct xs_stats_group;
+
+/* Kept per pool kind; the "all" scope keeps only its own peak (not the
+   sum of the kinds' peaks): its current, allocated and freed are the
+   kinds' summed when read (xs_stats_cur, xs_stats_get), so a decrease
+   writes one word. Every malloc and free moves three gauges (active and
+   active_bytes are derived, below), so an increase costs one add, two
+   loads and two compares, a decrease one subtraction. */
 typedef struct xs_stats {
   xs_gauge_val pool[2][XS_GAUGE_COUNT];
-  xs_gauge_val all[XS_GAUGE_COUNT];      /* .allocated unused */
+  xs_gauge_val all[XS_GAUGE_COUNT];      /* .peak alone used */
   int64_t counter[XS_COUNTER_COUNT];
+  struct xs_stats_group *group;          /* NULL: a lone shard */
+  struct xs_stats *next_shard;           /* in the group's list */
+  bool rare;                             /* moves only on slow paths: no
+                                            slack for it (alloc/shards.c) */
 } xs_stats;
+
+/* Gauge g of scope `scope` (XS_STAT_ALL or kind + 1) of shard s went over
+   its threshold, `top` being the shard's value at its highest (its current
+   or, for xs_stats_bounce, above it): raises the peak, resets thresholds
+   (alloc/shards.c; the lone shard's peak here). The caller holds s's own
+   lock. */
+void xs_stats_crossed(xs_stats *s, xs_gauge g, int scope, int64_t top);
+
+static inline xs_gauge_val *xs_stats_val(xs_stats *s, xs_gauge g,
+                                         int scope) {
+  return scope == XS_STAT_ALL ? &s->all[g] : &s->pool[scope - 1][g];
+}
+
+/* The current value of gauge g in `scope`. */
+static inline int64_t xs_stats_cur(const xs_stats *s, int g, int scope) {
+  if (scope != XS_STAT_ALL) return xs_gv_get(&s->pool[scope - 1][g].current);
+  return xs_gv_get(&s->pool[0][g].current) +
+         xs_gv_get(&s->pool[1][g].current);
+}
 
 /* Raises gauge g of pool `kind` (and of all pools) by delta >= 0. */
 static inline void xs_stats_inc(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                 int64_t delta) {
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
-  p->current += delta;
+  int64_t pc = xs_gv_add(&p->current, delta);
   p->allocated += delta;
-  if (p->current > p->peak) p->peak = p->current;
-  a->current += delta;
-  if (a->current > a->peak) a->peak = a->current;
+  if (__builtin_expect(pc > xs_gv_get(&p->peak), 0))
+    xs_stats_crossed(s, g, kind + 1, pc);
+  int64_t ac = pc + xs_gv_get(&s->pool[!kind][g].current);
+  if (__builtin_expect(ac > xs_gv_get(&a->peak), 0))
+    xs_stats_crossed(s, g, XS_STAT_ALL, ac);
 }
 
 /* Lowers gauge g of pool `kind` (and of all pools) by delta >= 0. */
 static inline void xs_stats_dec(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                 int64_t delta) {
-  s->pool[kind][g].current -= delta;
-  s->all[g].current -= delta;
+  xs_gv_add(&s->pool[kind][g].current, -delta);
 }
 
 /* The same as xs_stats_dec(out) then xs_stats_inc(in), in one pass: one
@@ -100,12 +157,12 @@ static inline void xs_stats_dec(xs_stats *s, xs_gauge g, xs_pool_kind kind,
 static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t out, int64_t in) {
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
-  p->current += in - out;
+  int64_t pc = xs_gv_add(&p->current, in - out);
   p->allocated += in;
-  a->current += in - out;
   if (in > out) {
-    if (p->current > p->peak) p->peak = p->current;
-    if (a->current > a->peak) a->peak = a->current;
+    int64_t ac = pc + xs_gv_get(&s->pool[!kind][g].current);
+    if (pc > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pc);
+    if (ac > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, ac);
   }
 }
 
@@ -117,8 +174,10 @@ static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                    int64_t up, int64_t added) {
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
   p->allocated += added;
-  if (p->current + up > p->peak) p->peak = p->current + up;
-  if (a->current + up > a->peak) a->peak = a->current + up;
+  int64_t pt = xs_gv_get(&p->current) + up;
+  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current);
+  if (pt > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pt);
+  if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
 }
 
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
@@ -148,19 +207,9 @@ static inline int xs_stats_base(xs_gauge g) {
 }
 
 /* After a malloc of pool `kind` while something is held (the all scope's
-   held count is not 0): active's peaks see the new value. */
-static inline void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
-  static const xs_gauge derived[2] = {XS_GAUGE_active, XS_GAUGE_active_bytes};
-  for (int i = 0; i < 2; i++) {
-    xs_gauge g = derived[i];
-    int base = xs_stats_base(g);
-    xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
-    int64_t pc = s->pool[kind][base].current + p->current;
-    int64_t ac = s->all[base].current + a->current;
-    if (pc > p->peak) p->peak = pc;
-    if (ac > a->peak) a->peak = ac;
-  }
-}
+   held count is not 0): active's peaks see the new value. In a group, the
+   sums of every shard's (alloc/shards.c; every shard's lock held). */
+void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind);
 
 /* Derived gauge g of pool `kind` when its base moves by `live` and active
    by `active` <= 0 (a malloc is active's only rise, and moves both):
@@ -171,18 +220,18 @@ static inline void xs_stats_held_move(xs_stats *s, xs_gauge g,
                                       int64_t active) {
   assert(xs_stats_base(g) >= 0 && active <= 0);
   xs_gauge_val *p = &s->pool[kind][g];
-  p->current += active - live;
-  s->all[g].current += active - live;
+  xs_gv_add(&p->current, active - live);
   if (live > 0) p->allocated -= live;
 }
 
 static inline int64_t xs_stats_current(const xs_stats *s, xs_gauge g) {
   int base = xs_stats_base(g);
-  return s->all[g].current + (base >= 0 ? s->all[base].current : 0);
+  return xs_stats_cur(s, g, XS_STAT_ALL) +
+         (base >= 0 ? xs_stats_cur(s, base, XS_STAT_ALL) : 0);
 }
 
 /* Gauge g in PyTorch's form for scope XS_STAT_ALL or kind + 1, derived
-   gauges included. */
+   gauges included, of a lone shard (a group's sum: xs_stats_sum). */
 static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
                                      int scope) {
   const xs_gauge_val *v = scope == XS_STAT_ALL ? &s->all[g]
@@ -190,8 +239,8 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
   int64_t allocated = scope == XS_STAT_ALL
                           ? s->pool[0][g].allocated + s->pool[1][g].allocated
                           : v->allocated;
-  xseg_stat out = {.current = v->current, .peak = v->peak,
-                   .allocated = allocated};
+  xseg_stat out = {.current = xs_stats_cur(s, g, scope),
+                   .peak = xs_gv_get(&v->peak), .allocated = allocated};
   int base = xs_stats_base(g);
   if (base >= 0) {
     xseg_stat b = xs_stats_get(s, (xs_gauge)base, scope);
@@ -203,16 +252,8 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
   return out;
 }
 
-/* xseg_reset_peak_stats: every peak becomes the current value. */
-static inline void xs_stats_reset_peaks(xs_stats *s) {
-  for (int g = 0; g < XS_GAUGE_COUNT; g++) {
-    int base = xs_stats_base((xs_gauge)g);
-    s->all[g].peak = s->all[g].current +
-                     (base >= 0 ? s->all[base].current : 0);
-    for (int k = 0; k < 2; k++)
-      s->pool[k][g].peak = s->pool[k][g].current +
-                           (base >= 0 ? s->pool[k][base].current : 0);
-  }
-}
+/* xseg_reset_peak_stats: every peak becomes the current value (in a
+   group: of the sums, every shard's lock held; alloc/shards.c). */
+void xs_stats_reset_peaks(xs_stats *s);
 
 #endif /* XS_SEGMENTS_STATS_H */

@@ -14,7 +14,8 @@
 /* In a child: corrupts a stat behind the allocator's back, then makes one
    cached malloc (no driver call), which must abort at its unlock. */
 static void corrupt_then_malloc(xseg_allocator *a) {
-  xs_stats_move(&a->stats, XS_GAUGE_allocated_bytes, XS_POOL_SMALL, 512);
+  xs_stats_move(&a->shared_stats, XS_GAUGE_allocated_bytes, XS_POOL_SMALL,
+                512);
   void *p;
   xseg_malloc(a, 4096, NULL, &p);
   _exit(0);                   /* survived: the check did not run */

@@ -1,0 +1,143 @@
+/* A cross-stream free pending on another thread while other threads grow,
+   release and run the cached path (alloc/pairs.c's slow flag): a stream
+   held by a latch keeps the free pending for as long as the test needs, so
+   the overlap is forced, not hoped for. Meanwhile no thread may be handed
+   the pending block's memory, and the statistics count it as active; once
+   the latch opens, a release on yet another thread frees it. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "alloc_helpers.h"
+
+enum { PD_ROUNDS = 300, PD_SEEN = 4 * PD_ROUNDS };
+
+typedef struct pd_ctx {
+  xseg_allocator *a;
+  CUstream own, held;          /* the block's stream; the one it is used on */
+  uint64_t lo, hi;             /* the pending block's range */
+  atomic_int overlaps, errors;
+} pd_ctx;
+
+static void pd_seen(pd_ctx *c, void *p, size_t size) {
+  uint64_t a = (uint64_t)(uintptr_t)p;
+  if (a < c->hi && a + size > c->lo) atomic_fetch_add(&c->overlaps, 1);
+}
+
+/* The cached path's pairs on the block's own stream: slow while a free is
+   pending (the flag), never handed the pending block. */
+static void *pd_churn(void *arg) {
+  pd_ctx *c = arg;
+  if (xt_context(0) == NULL) return NULL;
+  for (int i = 0; i < PD_ROUNDS; i++) {
+    void *p;
+    size_t size = 512 * (1 + (size_t)i % 2048);
+    if (xseg_malloc(c->a, size, c->own, &p) != XSEG_OK) {
+      atomic_fetch_add(&c->errors, 1);
+      continue;
+    }
+    pd_seen(c, p, size);
+    if (xseg_free(c->a, p) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
+  }
+  return NULL;
+}
+
+/* Growth on the held stream: new memory, never the pending block's. */
+static void *pd_grow(void *arg) {
+  pd_ctx *c = arg;
+  if (xt_context(0) == NULL) return NULL;
+  for (int i = 0; i < PD_ROUNDS / 10; i++) {
+    void *p;
+    size_t size = (size_t)(8 + i % 24) * MiB;
+    if (xseg_malloc(c->a, size, c->held, &p) != XSEG_OK) {
+      atomic_fetch_add(&c->errors, 1);
+      continue;
+    }
+    pd_seen(c, p, size);
+    if (xseg_free(c->a, p) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
+  }
+  return NULL;
+}
+
+/* Release passes from another thread: the pending block stays. */
+static void *pd_release(void *arg) {
+  pd_ctx *c = arg;
+  if (xt_context(0) == NULL) return NULL;
+  for (int i = 0; i < PD_ROUNDS / 10; i++)
+    if (xseg_empty_cache(c->a) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
+  return NULL;
+}
+
+typedef struct pd_free_arg {
+  xseg_allocator *a;
+  void *p;
+  xseg_status st;
+} pd_free_arg;
+
+static void *pd_free(void *arg) {
+  pd_free_arg *f = arg;
+  f->st = xt_context(0) != NULL ? xseg_free(f->a, f->p) : XSEG_ERR_DRIVER;
+  return NULL;
+}
+
+static void *pd_release_blocking(void *arg) {
+  pd_free_arg *f = arg;
+  f->st = xt_context(0) != NULL ? xseg_empty_cache_blocking(f->a)
+                                : XSEG_ERR_DRIVER;
+  return NULL;
+}
+
+XSEG_TEST(alloc_threads, pending_free_holds_while_threads_grow_and_release) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  pd_ctx c = {.a = at_create(NULL), .own = at_stream_new(),
+              .held = at_stream_new()};
+  void *x;
+  XSEG_ASSERT_OK(xseg_malloc(c.a, 3 * MiB, c.own, &x));
+  c.lo = (uint64_t)(uintptr_t)x;
+  c.hi = c.lo + 3 * MiB;
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(c.held, l));
+  XSEG_ASSERT_OK(xseg_record_stream(c.a, x, c.held));
+  /* Freed on another thread: pending behind the latch. */
+  pd_free_arg f = {c.a, x, XSEG_OK};
+  pthread_t th[4];
+  XSEG_ASSERT_EQ(pthread_create(&th[0], NULL, pd_free, &f), 0);
+  pthread_join(th[0], NULL);
+  XSEG_ASSERT_OK(f.st);
+  xseg_stats mid = at_stats(c.a);
+  XSEG_EXPECT_EQ(mid.pending_free_bytes, (int64_t)(3 * MiB));
+  XSEG_EXPECT_EQ(mid.active_bytes.current - mid.allocated_bytes.current,
+                 (int64_t)(3 * MiB));
+
+  XSEG_ASSERT_EQ(pthread_create(&th[0], NULL, pd_churn, &c), 0);
+  XSEG_ASSERT_EQ(pthread_create(&th[1], NULL, pd_churn, &c), 0);
+  XSEG_ASSERT_EQ(pthread_create(&th[2], NULL, pd_grow, &c), 0);
+  XSEG_ASSERT_EQ(pthread_create(&th[3], NULL, pd_release, &c), 0);
+  for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+  XSEG_EXPECT_EQ(atomic_load(&c.errors), 0);
+  XSEG_EXPECT_EQ(atomic_load(&c.overlaps), 0);
+  xseg_stats held = at_stats(c.a);
+  XSEG_EXPECT_EQ(held.pending_free_bytes, (int64_t)(3 * MiB));
+  XSEG_EXPECT_EQ(held.allocated_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(c.a));
+
+  /* The latch opens; a blocking release on another thread frees it. */
+  xt_latch_open(l);
+  XSEG_ASSERT_CU(cuStreamSynchronize(c.held));
+  pd_free_arg r = {c.a, NULL, XSEG_OK};
+  XSEG_ASSERT_EQ(pthread_create(&th[0], NULL, pd_release_blocking, &r), 0);
+  pthread_join(th[0], NULL);
+  XSEG_EXPECT_OK(r.st);
+  xseg_stats end = at_stats(c.a);
+  XSEG_EXPECT_EQ(end.pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(end.active_bytes.current, 0);
+  XSEG_EXPECT_EQ(end.reserved_bytes.current, 0);
+  /* Every malloc counted once, whatever thread made it. */
+  XSEG_EXPECT_EQ(end.allocation.allocated, 1 + 2 * PD_ROUNDS + PD_ROUNDS / 10);
+  XSEG_EXPECT_GE(end.active_bytes.peak, (int64_t)(3 * MiB + 8 * MiB));
+  XSEG_EXPECT_OK(xseg_check(c.a));
+  xseg_destroy(c.a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(c.own));
+  XSEG_EXPECT_CU(cuStreamDestroy(c.held));
+}
