@@ -148,7 +148,7 @@ struct xseg_allocator {
   _Atomic(xs_range_array *) ranges;
   atomic_size_t n_ranges;
   atomic_uint ranges_seq;
-  int64_t ranges_made_at;             /* segments ever added, at its making */
+  uint64_t ranges_made_at;            /* vmm.reserves at its making */
   xs_pair_table *locked;              /* pairs xs_alloc_lock took */
   uint64_t next_order;                /* of the next pair */
   xs_stream_pools *dead;              /* pairs gone (memory kept) */

@@ -19,16 +19,6 @@
 
 #include "alloc/allocator.h"
 
-/* Segments ever added, over every shard (a dropped pair's count stays in
-   the shared shard): changes whenever a range appears. */
-static int64_t ranges_made(const xseg_allocator *a) {
-  int64_t n = 0;
-  for (const xs_stats *s = a->stats.first; s != NULL; s = s->next_shard)
-    n += s->pool[0][XS_GAUGE_segment].allocated +
-         s->pool[1][XS_GAUGE_segment].allocated;
-  return n;
-}
-
 static size_t ranges_count(const xseg_allocator *a) {
   size_t n = 0;
   for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
@@ -65,13 +55,18 @@ static xs_range_array *ranges_room(xseg_allocator *a, size_t n) {
 
 void xs_ranges_refresh_locked(xseg_allocator *a) {
   XS_ASSERT_LOCKED(a);
-  int64_t made = ranges_made(a);
+  /* Every segment is a reservation of its own (segments/pool.c), so a
+     table made at the current count of reservations lacks none. (IPC's
+     mappings reserve too: a refresh they cause costs nothing else.) */
+  uint64_t made = a->vmm.reserves;
   if (made == a->ranges_made_at) return;
   size_t n = ranges_count(a);
   ranges_entry *e = n != 0 ? malloc(n * sizeof *e) : NULL;
+  if (n != 0 && e == NULL) return;  /* kept as it was: frees it lacks go the
+                                       slow way */
   xs_range_array *t = ranges_room(a, n);
-  if ((n != 0 && e == NULL) || t == NULL) {
-    free(e);            /* kept as it was: frees it lacks go the slow way */
+  if (t == NULL) {
+    free(e);
     return;
   }
   size_t i = 0;

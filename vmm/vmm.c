@@ -116,6 +116,7 @@ xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr) {
   XS_CHECK(v, XS_DRV(v->drv, cuMemAddressReserve, &p, size, 0, 0, 0),
            "cuMemAddressReserve(size %zu) on device %d", size, v->device);
   *addr = (uint64_t)p;
+  v->reserves++;
   return XSEG_OK;
 }
 

@@ -40,6 +40,9 @@ typedef struct xs_vmm {
   struct xs_vmm_alias *aliases;
   size_t n_aliases, cap_aliases;
   size_t orphan_bytes;             /* held by orphans only (aliases.c) */
+  uint64_t reserves;               /* successful xs_vmm_reserve calls: a
+                                      range table built at one count is
+                                      still whole while it stays */
 } xs_vmm;
 
 /* Loads the driver (see xs_driver_load for `driver_path`), checks that the
