@@ -26,18 +26,6 @@
 /* Larger requests cannot be rounded to granules without overflow. */
 #define XS_MAX_REQUEST ((size_t)1 << 62)
 
-const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
-  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)bytes;
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, u++;
-  if (u == 0)
-    snprintf(buf, size, "%zu bytes", bytes);
-  else
-    snprintf(buf, size, "%.2f %s", v, units[u]);
-  return buf;
-}
-
 /* Rounds a granule setting up to the device's granularity. */
 static size_t alloc_granule(const xs_vmm *v, size_t want) {
   size_t g = v->granularity;
@@ -130,7 +118,7 @@ static void alloc_destroy_pending(xseg_allocator *a, bool entered) {
   if (entered && xs_alloc_has_pending(a)) {
     a->n_captures = 0;          /* nothing captures into a dying allocator */
     a->n_implicit = 0;
-    xs_alloc_process_pending_locked(a, true);
+    xs_alloc_settle_frees_locked(a, true);
   }
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
@@ -164,29 +152,6 @@ void xseg_destroy(xseg_allocator *a) {
   xs_vmm_close(&a->vmm);
   xs_alloc_unlock_destroyed(a);
   free(a);
-}
-
-void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign) {
-  (void)a;
-  xs_pool_kind k = b->seg->pool->kind;
-  xs_stats *s = b->seg->pool->stats;
-  xs_stats_move(s, XS_GAUGE_allocation, k, sign);
-  xs_stats_move(s, XS_GAUGE_allocated_bytes, k, sign * (int64_t)b->size);
-  xs_stats_move(s, XS_GAUGE_requested_bytes, k, sign * (int64_t)b->requested);
-  /* active stays: it is derived from allocation (segments/stats.h). */
-  xs_stats_held_move(s, XS_GAUGE_active, k, sign, 0);
-  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
-                     0);
-}
-
-void xs_alloc_account_active(xseg_allocator *a, const xs_block *b,
-                             int sign) {
-  assert(sign < 0 && "active rises only with a malloc");
-  (void)a;
-  xs_pool_kind k = b->seg->pool->kind;
-  xs_stats *s = b->seg->pool->stats;
-  xs_stats_held_move(s, XS_GAUGE_active, k, 0, sign);
-  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, 0, sign * (int64_t)b->size);
 }
 
 /* Nothing announces the end of a capture found by the driver: ask, lest
@@ -361,7 +326,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
      process_events; a counter check when none waits. A failed query only
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
-    xs_alloc_process_pending_locked(a, false);
+    xs_alloc_settle_frees_locked(a, false);
   xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
@@ -474,6 +439,19 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
        slot just freed leaves room. */
     xs_ptrtable_add(live, b);
   }
+  xs_alloc_unlock(a);
+  return st;
+}
+
+/* The walk is check.c's; the locks are taken here, with the other entry
+   points, so that check.c stays below pairs.c (whose unlock runs the
+   debug builds' check). */
+xseg_status xseg_check(xseg_allocator *a) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
+                    "NULL");
+  xs_alloc_lock(a);
+  xseg_status st = xs_alloc_check_locked(a);
   xs_alloc_unlock(a);
   return st;
 }

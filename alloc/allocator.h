@@ -205,6 +205,9 @@ struct xseg_allocator {
    aborts (check.c). */
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif
+/* xseg_check's walk, every lock held: XSEG_OK, or the first broken rule
+   as XSEG_ERR_INVALID_ARGUMENT with its message (check.c). */
+xseg_status xs_alloc_check_locked(xseg_allocator *a);
 
 /* Counts sp's last park's merge in the stats, if it is not yet. */
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
@@ -380,8 +383,28 @@ static inline int64_t xs_alloc_current(const xseg_allocator *a, xs_gauge g) {
 /* Stats of a block becoming live (+1) or no longer live (-1) for the
    caller (allocation, allocated and requested bytes), and active (+1/-1)
    until its memory may really be reused (active, active_bytes). */
-void xs_alloc_account_live(xseg_allocator *a, const xs_block *b, int sign);
-void xs_alloc_account_active(xseg_allocator *a, const xs_block *b, int sign);
+static inline void xs_alloc_account_live(xseg_allocator *a, const xs_block *b,
+                                         int sign) {
+  (void)a;
+  xs_pool_kind k = b->seg->pool->kind;
+  xs_stats *s = b->seg->pool->stats;
+  xs_stats_move(s, XS_GAUGE_allocation, k, sign);
+  xs_stats_move(s, XS_GAUGE_allocated_bytes, k, sign * (int64_t)b->size);
+  xs_stats_move(s, XS_GAUGE_requested_bytes, k, sign * (int64_t)b->requested);
+  /* active stays: it is derived from allocation (segments/stats.h). */
+  xs_stats_held_move(s, XS_GAUGE_active, k, sign, 0);
+  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
+                     0);
+}
+static inline void xs_alloc_account_active(xseg_allocator *a,
+                                           const xs_block *b, int sign) {
+  assert(sign < 0 && "active rises only with a malloc");
+  (void)a;
+  xs_pool_kind k = b->seg->pool->kind;
+  xs_stats *s = b->seg->pool->stats;
+  xs_stats_held_move(s, XS_GAUGE_active, k, 0, sign);
+  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, 0, sign * (int64_t)b->size);
+}
 /* The next stamp of sp's free clock. Guards compare a pair's stamps with
    its own clock alone, so each pair's must only increase; but garbage
    collection orders the free blocks of every pair by age (reclaim.c), so
@@ -429,6 +452,9 @@ xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
    (cuEventSynchronize). Records the events of frees made during a capture
    once none is under way; does nothing while one is. Enters the context. */
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
+/* Every free that waits: blocks other processes let go of (IPC) go
+   pending, then xs_alloc_process_pending_locked (frees.c). */
+xseg_status xs_alloc_settle_frees_locked(xseg_allocator *a, bool wait);
 /* Queued or parked, every pending free is counted in pending_blocks: one
    load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
@@ -545,8 +571,5 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
    while a capture is under way. The context must be current. */
 xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
                                     bool wait);
-
-/* Formats bytes as PyTorch does ("20.00 MiB") into buf. */
-const char *xs_format_bytes(size_t bytes, char *buf, size_t size);
 
 #endif /* XS_ALLOC_ALLOCATOR_H */

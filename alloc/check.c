@@ -308,16 +308,11 @@ void xs_alloc_debug_check_locked(xseg_allocator *a) {
 }
 #endif
 
-xseg_status xseg_check(xseg_allocator *a) {
-  if (a == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
-                    "NULL");
+xseg_status xs_alloc_check_locked(xseg_allocator *a) {
   check_ctx *c = calloc(1, sizeof *c);
   if (c == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_check: out of host memory");
-  xs_alloc_lock(a);
   bool ok = check_all(c, a);
-  xs_alloc_unlock(a);
   xseg_status st = ok ? XSEG_OK
                       : xs_error(XSEG_ERR_INVALID_ARGUMENT,
                                  "xseg_check: device %d: %s", a->vmm.device,

@@ -158,8 +158,6 @@ xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b) {
 
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   XS_ASSERT_LOCKED(a);
-  /* Blocks other processes held may be free now (no driver call). */
-  if (a->ipc_parked != 0) xs_ipc_reap_locked(a);
   /* An announced capture lasts until xseg_end_allocate_to_pool; only a
      detected one must be asked whether it is still going on. */
   if (!xs_alloc_has_pending(a) || a->n_captures > a->n_implicit)

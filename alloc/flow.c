@@ -58,10 +58,6 @@ bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {
   return (size_t)reserved + bytes <= a->cap;
 }
 
-size_t xs_flow_mapped_most(const xseg_allocator *a) {
-  return a->cap_over > a->cap ? a->cap_over : a->cap;
-}
-
 xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes) {
   return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                   "mapping %zu more bytes would pass the memory fraction's "
@@ -182,7 +178,7 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
   if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
   xseg_status st = xs_capture_sweep_locked(a);
   if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
-  xs_alloc_process_pending_locked(a, false);
+  xs_alloc_settle_frees_locked(a, false);
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
     if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))

@@ -40,7 +40,9 @@ xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes);
    under what was mapped (xseg_set_memory_fraction) has not been reached
    again. The fraction limits growth only: nothing is unmapped for it, and
    memory that merely moves may stay above it. */
-size_t xs_flow_mapped_most(const xseg_allocator *a);
+static inline size_t xs_flow_mapped_most(const xseg_allocator *a) {
+  return a->cap_over > a->cap ? a->cap_over : a->cap;
+}
 
 /* Gets handles for at least pl->n granules (at most `max`) into
    handles[0..*have), a run of equal values being one handle: the

@@ -40,7 +40,7 @@ static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
   *st = xs_capture_sweep_locked(a);
   if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
   if (wait) a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
-  *st = xs_alloc_process_pending_locked(a, wait);
+  *st = xs_alloc_settle_frees_locked(a, wait);
   xseg_status gs = xs_alloc_guards_locked(a, wait);
   if (*st == XSEG_OK) *st = gs;
   return true;

@@ -35,3 +35,14 @@ xseg_status xs_error(xseg_status s, const char *fmt, ...) {
   return s;
 }
 
+const char *xs_format_bytes(size_t bytes, char *buf, size_t size) {
+  static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, u++;
+  if (u == 0)
+    snprintf(buf, size, "%zu bytes", bytes);
+  else
+    snprintf(buf, size, "%.2f %s", v, units[u]);
+  return buf;
+}
