@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "alloc_helpers.h"
 
@@ -36,6 +37,7 @@ typedef struct thr_ctx {
   CUstream streams[STREAMS];
   thr_box box[THREADS];
   atomic_bool stop;
+  int checks;                   /* rounds the checker made (its own) */
 } thr_ctx;
 
 typedef struct thr_worker {
@@ -117,11 +119,18 @@ static void *thr_main(void *arg) {
   return NULL;
 }
 
-/* Validates and reads the stats while the workers run. */
+/* Validates and reads the stats while the workers run, as a monitor
+   would: with a pause between rounds. Each takes every lock, and the locks
+   are not fair (as std::mutex is not): a thread that takes them again the
+   moment it lets go can starve the workers for as long as it keeps on
+   (seen: a worker waiting minutes under the sanitizers). */
 static void *thr_checker(void *arg) {
   thr_ctx *c = arg;
   int bad = 0;
-  while (!atomic_load(&c->stop) && bad == 0) {
+  const struct timespec pause = {0, 200 * 1000};
+  do {                          /* at least one round, however quick the
+                                   workers were */
+    c->checks++;
     if (xseg_check(c->a) != XSEG_OK) {
       fprintf(stderr, "xseg_check: %s\n", xseg_last_error());
       bad++;
@@ -131,7 +140,7 @@ static void *thr_checker(void *arg) {
         s.active.current < s.allocation.current ||
         s.allocated_bytes.peak < s.allocated_bytes.current)
       bad++;
-  }
+  } while (!atomic_load(&c->stop) && bad == 0 && !nanosleep(&pause, NULL));
   return (void *)(intptr_t)bad;
 }
 
@@ -189,6 +198,7 @@ XSEG_TEST(alloc_threads, threads_on_streams_match_a_one_thread_replay) {
   void *bad;
   pthread_join(checker, &bad);
   XSEG_EXPECT_EQ((intptr_t)bad, 0);
+  XSEG_EXPECT_GE(c->checks, 1);
   /* What is still in the boxes is freed here, on yet another thread. */
   for (int t = 0; t < THREADS; t++) {
     XSEG_EXPECT_EQ(w[t].errors, 0);
