@@ -124,24 +124,45 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
 
 void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
   static const xs_gauge derived[2] = {XS_GAUGE_active, XS_GAUGE_active_bytes};
+  const int scopes[2] = {kind + 1, XS_STAT_ALL};
   xs_stats_group *g = s->group;
-  if (g != NULL && shards_sum(g, XS_GAUGE_active, XS_STAT_ALL) == 0) return;
-  for (int i = 0; i < 2; i++) {
-    xs_gauge d = derived[i];
-    int base = xs_stats_base(d);
-    int scopes[2] = {kind + 1, XS_STAT_ALL};
-    for (int j = 0; j < 2; j++) {
-      int sc = scopes[j];
-      if (g == NULL) {
-        xs_gauge_val *v = xs_stats_val(s, d, sc);
-        int64_t now = xs_stats_cur(s, base, sc) + xs_stats_cur(s, d, sc);
+  if (g == NULL) {
+    for (int i = 0; i < 2; i++) {
+      xs_gauge d = derived[i];
+      int base = xs_stats_base(d);
+      for (int j = 0; j < 2; j++) {
+        xs_gauge_val *v = xs_stats_val(s, d, scopes[j]);
+        int64_t now = xs_stats_cur(s, base, scopes[j]) +
+                      xs_stats_cur(s, d, scopes[j]);
         if (now > xs_gv_get(&v->peak)) xs_gv_set(&v->peak, now);
-      } else {
-        int64_t now = shards_sum(g, base, sc) + shards_sum(g, d, sc);
-        if (now > g->peak[sc][d]) g->peak[sc][d] = now;
       }
     }
+    return;
   }
+  /* Every malloc on the slow path asks while a free is pending: one walk
+     over the shards gathers all eight sums (each derived gauge and its
+     base, in the pool's scope and all), not one walk per sum. */
+  int64_t sum[2][2] = {{0}};    /* [derived][scope]: base + held */
+  int64_t held = 0;             /* active's held part, all scope */
+  for (const xs_stats *t = g->first; t != NULL; t = t->next_shard) {
+    for (int i = 0; i < 2; i++) {
+      xs_gauge d = derived[i];
+      int base = xs_stats_base(d);
+      int64_t h_kind = xs_stats_cur(t, d, kind + 1);
+      int64_t h_other = xs_stats_cur(t, d, 2 - kind);
+      int64_t b_kind = xs_stats_cur(t, base, kind + 1);
+      int64_t b_other = xs_stats_cur(t, base, 2 - kind);
+      sum[i][0] += b_kind + h_kind;
+      sum[i][1] += b_kind + h_kind + b_other + h_other;
+      if (i == 0) held += h_kind + h_other;
+    }
+  }
+  if (held == 0) return;        /* active is allocation: its peak is that */
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      int64_t *peak = &g->peak[scopes[j]][derived[i]];
+      if (sum[i][j] > *peak) *peak = sum[i][j];
+    }
 }
 
 void xs_stats_reset_peaks(xs_stats *s) {
