@@ -20,7 +20,6 @@
 #include <string.h>
 
 #include "alloc/allocator.h"
-#include "alloc/ipc.h"
 #include "vmm/error.h"
 
 __thread xs_pairs_thread xs_pairs_tls;

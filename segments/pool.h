@@ -3,8 +3,9 @@
  * A pool owns its segments and two best-fit trees: free mapped blocks (the
  * cached path: a fit costs no driver call) and unmapped blocks (holes left
  * by page-granular release, and each segment's unmapped tail, where growth
- * maps new granules). All functions expect the allocator's mutex held; those
- * that call the driver expect the device's context current.
+ * maps new granules). All functions expect the pool's pair lock held (the
+ * cached path) or every lock of the allocator (alloc/pairs.c); those that
+ * call the driver expect the device's context current.
  */
 #ifndef XS_SEGMENTS_POOL_H
 #define XS_SEGMENTS_POOL_H

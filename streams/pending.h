@@ -20,7 +20,7 @@
  * So a steady state creates no events beyond that bound per stream,
  * whatever the free rate.
  *
- * Not thread-safe: the allocator's mutex guards it. Needs the device's
+ * Not thread-safe: the allocator's locks guard it (all of them held). Needs the device's
  * context current.
  */
 #ifndef XS_STREAMS_PENDING_H
