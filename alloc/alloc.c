@@ -198,7 +198,7 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
     xs_stream_pools *sp = xs_capture_pools_locked(a, stream);
     if (sp != NULL) return *out = sp, XSEG_OK;
   }
-  return xs_stream_pools_get_locked(a, stream, out);
+  return xs_stream_pools_lookup_locked(a, stream, out);
 }
 
 /* A block just taken from pool p becomes the caller's (room in the pair's
@@ -350,8 +350,8 @@ static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
 
 /* A live block's free that needs nothing outside its pair (no recorded
    streams, not shared): back to its pool, or parked. */
-static inline __attribute__((always_inline)) void alloc_release_plain(xseg_allocator *a, xs_stream_pools *sp,
-                                       xs_block *b) {
+static inline __attribute__((always_inline)) void alloc_release_plain(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b) {
   xs_pool *p = b->seg->pool;
   alloc_account_free(&sp->stats, b, p->kind);
   if (!xs_pool_parkable(b)) {

@@ -284,7 +284,7 @@ uint64_t xs_pairs_new_id(void);
 #ifndef NDEBUG
 #define XS_ASSERT_LOCKED(a)                                                  \
   assert((a)->owned && pthread_equal((a)->owner, pthread_self()) &&          \
-         "caller must hold the allocator's mutex")
+         "caller must hold every lock of the allocator")
 #else
 #define XS_ASSERT_LOCKED(a) ((void)0)
 #endif
@@ -296,17 +296,6 @@ xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
                                           xs_stream_pools **out);
 /* The calling thread's count of uses, for pairs' recency (pairs.c). */
 uint64_t xs_pairs_use(void);
-/* The same, inline for the common case: the stream of the last call,
-   already first. */
-static inline xseg_status xs_stream_pools_get_locked(
-    xseg_allocator *a, struct CUstream_st *stream, xs_stream_pools **out) {
-  xs_stream_pools *sp = a->streams;
-  if (sp != NULL && sp->stream == stream && sp->private_id == 0) {
-    sp->used_at = xs_pairs_use();
-    return *out = sp, XSEG_OK;
-  }
-  return xs_stream_pools_lookup_locked(a, stream, out);
-}
 /* What the calling thread keeps (pairs.c): its count of uses (recency)
    and the pair of its last cached malloc, named by the allocator's id
    (not its address: a destroyed allocator's successor may get it). */
@@ -383,9 +372,7 @@ static inline int64_t xs_alloc_current(const xseg_allocator *a, xs_gauge g) {
 /* Stats of a block becoming live (+1) or no longer live (-1) for the
    caller (allocation, allocated and requested bytes), and active (+1/-1)
    until its memory may really be reused (active, active_bytes). */
-static inline void xs_alloc_account_live(xseg_allocator *a, const xs_block *b,
-                                         int sign) {
-  (void)a;
+static inline void xs_alloc_account_live(const xs_block *b, int sign) {
   xs_pool_kind k = b->seg->pool->kind;
   xs_stats *s = b->seg->pool->stats;
   xs_stats_move(s, XS_GAUGE_allocation, k, sign);
@@ -396,10 +383,7 @@ static inline void xs_alloc_account_live(xseg_allocator *a, const xs_block *b,
   xs_stats_held_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
                      0);
 }
-static inline void xs_alloc_account_active(xseg_allocator *a,
-                                           const xs_block *b, int sign) {
-  assert(sign < 0 && "active rises only with a malloc");
-  (void)a;
+static inline void xs_alloc_account_active(const xs_block *b, int sign) {
   xs_pool_kind k = b->seg->pool->kind;
   xs_stats *s = b->seg->pool->stats;
   xs_stats_held_move(s, XS_GAUGE_active, k, 0, sign);
@@ -429,9 +413,7 @@ static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
 }
 /* The same, the pair found from the block. */
 static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
-  b->free_epoch = xs_pair_tick(xs_pools_of(b->seg->pool));
-  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
-                  b->stream);
+  xs_alloc_stamp_pair(a, xs_pools_of(b->seg->pool), b);
 }
 /* Gives a block whose last use is over back to its pool, stamped. */
 static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {

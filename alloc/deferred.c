@@ -56,7 +56,7 @@ static void deferred_complete(xseg_allocator *a, xs_block *b) {
   xs_stream_set_clear(&b->uses);
   a->pending_blocks--;
   a->pending_bytes -= (int64_t)b->size;
-  xs_alloc_account_active(a, b, -1);
+  xs_alloc_account_active(b, -1);
   xs_alloc_give_locked(a, b);
 }
 
@@ -129,7 +129,7 @@ xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
   b->pending = true;
   a->pending_blocks++;
   a->pending_bytes += (int64_t)b->size;
-  xs_alloc_account_live(a, b, -1);
+  xs_alloc_account_live(b, -1);
   if (b->uses.n == 0) deferred_complete(a, b);  /* its streams are gone */
   return XSEG_OK;
 }

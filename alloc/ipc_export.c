@@ -204,7 +204,7 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
   a->pending_blocks++;
   a->pending_bytes += (int64_t)b->size;
   a->ipc_parked++;
-  xs_alloc_account_live(a, b, -1);
+  xs_alloc_account_live(b, -1);
   return true;
 }
 
@@ -216,7 +216,7 @@ static bool export_release(xseg_allocator *a, xs_block *b) {
   b->pending = false;
   a->pending_blocks--;
   a->pending_bytes -= (int64_t)b->size;
-  xs_alloc_account_active(a, b, -1);
+  xs_alloc_account_active(b, -1);
   xs_alloc_give_locked(a, b);
   return true;
 }
