@@ -24,21 +24,25 @@ static void pd_seen(pd_ctx *c, void *p, size_t size) {
   if (a < c->hi && a + size > c->lo) atomic_fetch_add(&c->overlaps, 1);
 }
 
+/* One block of `size` bytes on `stream`, checked against the pending one
+   (pd_seen), then freed; failures are counted. */
+static void pd_malloc_free(pd_ctx *c, CUstream stream, size_t size) {
+  void *p;
+  if (xseg_malloc(c->a, size, stream, &p) != XSEG_OK) {
+    atomic_fetch_add(&c->errors, 1);
+    return;
+  }
+  pd_seen(c, p, size);
+  if (xseg_free(c->a, p) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
+}
+
 /* The cached path's pairs on the block's own stream: slow while a free is
    pending (the flag), never handed the pending block. */
 static void *pd_churn(void *arg) {
   pd_ctx *c = arg;
   if (xt_context(0) == NULL) return NULL;
-  for (int i = 0; i < PD_ROUNDS; i++) {
-    void *p;
-    size_t size = 512 * (1 + (size_t)i % 2048);
-    if (xseg_malloc(c->a, size, c->own, &p) != XSEG_OK) {
-      atomic_fetch_add(&c->errors, 1);
-      continue;
-    }
-    pd_seen(c, p, size);
-    if (xseg_free(c->a, p) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
-  }
+  for (int i = 0; i < PD_ROUNDS; i++)
+    pd_malloc_free(c, c->own, 512 * (1 + (size_t)i % 2048));
   return NULL;
 }
 
@@ -46,16 +50,8 @@ static void *pd_churn(void *arg) {
 static void *pd_grow(void *arg) {
   pd_ctx *c = arg;
   if (xt_context(0) == NULL) return NULL;
-  for (int i = 0; i < PD_ROUNDS / 10; i++) {
-    void *p;
-    size_t size = (size_t)(8 + i % 24) * MiB;
-    if (xseg_malloc(c->a, size, c->held, &p) != XSEG_OK) {
-      atomic_fetch_add(&c->errors, 1);
-      continue;
-    }
-    pd_seen(c, p, size);
-    if (xseg_free(c->a, p) != XSEG_OK) atomic_fetch_add(&c->errors, 1);
-  }
+  for (int i = 0; i < PD_ROUNDS / 10; i++)
+    pd_malloc_free(c, c->held, (size_t)(8 + i % 24) * MiB);
   return NULL;
 }
 
