@@ -196,7 +196,7 @@ static bool check_shard(check_ctx *c, const xs_stream_pools *sp,
   return true;
 }
 
-#define CHECK_STAT(c, a, name, want)                                         \
+#define CHECK_STAT(c, name, want)                                            \
   if (xs_stats_current(sum, XS_GAUGE_##name) != (int64_t)(want))             \
   CHECK_FAIL(c, "stat " #name " is %lld, the walk finds %lld",               \
              (long long)xs_stats_current(sum, XS_GAUGE_##name),              \
@@ -205,26 +205,26 @@ static bool check_shard(check_ctx *c, const xs_stream_pools *sp,
 static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
   const xs_segment_walk *w = &c->walk;
   if (!xs_stats_group_valid(&a->stats, c->msg, sizeof c->msg)) return false;
-  CHECK_STAT(c, a, allocation, w->allocated);
-  CHECK_STAT(c, a, active, w->allocated + w->pending);
-  CHECK_STAT(c, a, allocated_bytes, w->allocated_bytes);
-  CHECK_STAT(c, a, active_bytes, w->allocated_bytes + w->pending_bytes);
+  CHECK_STAT(c, allocation, w->allocated);
+  CHECK_STAT(c, active, w->allocated + w->pending);
+  CHECK_STAT(c, allocated_bytes, w->allocated_bytes);
+  CHECK_STAT(c, active_bytes, w->allocated_bytes + w->pending_bytes);
   if (a->pending_blocks != w->pending ||
       a->pending_bytes != (int64_t)w->pending_bytes)
     CHECK_FAIL(c, "%zu pending blocks (%lld bytes) counted, the walk finds "
                "%zu (%zu bytes)", a->pending_blocks,
                (long long)a->pending_bytes, w->pending, w->pending_bytes);
-  CHECK_STAT(c, a, requested_bytes, w->requested_bytes);
-  CHECK_STAT(c, a, inactive_split, w->split_free);
-  CHECK_STAT(c, a, inactive_split_bytes, w->split_free_bytes);
+  CHECK_STAT(c, requested_bytes, w->requested_bytes);
+  CHECK_STAT(c, inactive_split, w->split_free);
+  CHECK_STAT(c, inactive_split_bytes, w->split_free_bytes);
   /* Orphans: handles owned nowhere that aliases still map (vmm/aliases.c). */
-  CHECK_STAT(c, a, reserved_bytes, w->mapped_bytes + a->vmm.orphan_bytes);
+  CHECK_STAT(c, reserved_bytes, w->mapped_bytes + a->vmm.orphan_bytes);
   size_t most = xs_flow_mapped_most(a);
   if ((size_t)xs_stats_current(sum, XS_GAUGE_reserved_bytes) > most)
     CHECK_FAIL(c, "%lld bytes mapped, more than the memory fraction's cap "
                "of %zu bytes", (long long)xs_stats_current(
                    sum, XS_GAUGE_reserved_bytes), most);
-  CHECK_STAT(c, a, segment, c->segments);
+  CHECK_STAT(c, segment, c->segments);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) {
     xseg_stat s[XS_STAT_SCOPES];
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
