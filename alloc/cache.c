@@ -51,8 +51,7 @@ xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction) {
   a->cap = (size_t)(fraction * (double)a->vmm.total_memory);
   /* As PyTorch's: the fraction limits growth; what is mapped stays (the
      out-of-memory path releases cached memory when growth needs room). */
-  size_t mapped =
-      (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
+  size_t mapped = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   a->cap_over = mapped > a->cap ? mapped : 0;
   xs_alloc_unlock(a);
   return XSEG_OK;

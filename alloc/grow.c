@@ -116,14 +116,14 @@ static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
    higher than it found them. */
 static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
                              xs_block **out) {
-  size_t before =
-      (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
+#ifndef NDEBUG
+  size_t before = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
+#endif
   xseg_status st = a->cfg.expandable_segments
                        ? grow_expandable(a, p, rounded, out)
                        : grow_classic(a, p, rounded, out);
   size_t after = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   assert((after <= a->cap || after <= before) && "growth passed the cap");
-  (void)before;
   if (after <= a->cap) a->cap_over = 0;
   return st;
 }
