@@ -171,13 +171,14 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
    known at compile time (no sign multiplications, decreases without peak
    checks), in the block's pair's shard. The same as xs_alloc_account_live
    and _active together. active's peak needs a look only while freed blocks
-   are still active, which only the slow path sees (`slow`). */
+   are still active (`held`: pending_blocks, which only the slow path
+   sees). */
 static inline void alloc_account_malloc(xs_stats *s, const xs_block *b,
-                                        xs_pool_kind k, bool slow) {
+                                        xs_pool_kind k, bool held) {
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
   xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  if (__builtin_expect(slow, 0)) xs_stats_held_peak(s, k);
+  if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
 }
 
 static inline void alloc_account_free(xs_stats *s, const xs_block *b,
@@ -205,13 +206,13 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
    pointer table was reserved). */
 static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   xs_pool *p, xs_block *b, size_t size,
-                                  struct CUstream_st *stream, bool slow) {
+                                  struct CUstream_st *stream, bool held) {
   assert(xs_pools_of(p) == sp);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
   xs_ptrtable_add(&sp->live, b);
-  alloc_account_malloc(&sp->stats, b, p->kind, slow);
+  alloc_account_malloc(&sp->stats, b, p->kind, held);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
@@ -235,7 +236,9 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true);
+  /* Active's peak needs a look only while a free is held. */
+  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream,
+                 xs_alloc_has_pending(a));
   *out = b;
   return XSEG_OK;
 }

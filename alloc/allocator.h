@@ -357,10 +357,19 @@ static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
     return t->range_pair;
   return xs_ranges_search(a, addr);
 }
-/* Makes a new range table when segments were added since the last
-   (ranges.c). A host OOM keeps the old one: the cached free of a block
-   it lacks goes the slow way. */
-void xs_ranges_refresh_locked(xseg_allocator *a);
+/* Makes a new range table (ranges.c). A host OOM keeps the old one: the
+   cached free of a block it lacks goes the slow way. */
+void xs_ranges_remake_locked(xseg_allocator *a);
+/* A new range table when segments were added since the last: every
+   segment is a reservation of its own (segments/pool.c), so a table made
+   at the current count of reservations lacks none. (IPC's mappings
+   reserve too: a remake they cause costs nothing else.) Inline: every
+   slow operation asks. */
+static inline void xs_ranges_refresh_locked(xseg_allocator *a) {
+  XS_ASSERT_LOCKED(a);
+  if (__builtin_expect(a->vmm.reserves != a->ranges_made_at, 0))
+    xs_ranges_remake_locked(a);
+}
 /* Frees every table (xseg_destroy). */
 void xs_ranges_destroy(xseg_allocator *a);
 

@@ -28,22 +28,45 @@
 #include "vmm/array.h"
 #include "vmm/error.h"
 
+/* xseg_record_stream under the block's pair lock alone: a live block's
+   recorded streams are read and written only by operations that hold its
+   pair's lock (every slow path holds all of them), and recording one
+   changes nothing outside the block. False when the range table does not
+   lead to the block (a new range, a dead pair): the caller looks for it
+   under every lock. */
+static bool record_in_pair(xseg_allocator *a, uint64_t addr,
+                           struct CUstream_st *stream, xseg_status *st) {
+  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  if (sp == NULL) return false;
+  xs_pair_take(sp);
+  size_t slot = sp->dead ? SIZE_MAX : xs_ptrtable_find(&sp->live, addr);
+  if (slot != SIZE_MAX) {
+    xs_block *b = sp->live.slot[slot].block;
+    /* Its own stream orders itself. */
+    *st = stream == b->stream ? XSEG_OK : xs_stream_set_add(&b->uses, stream);
+  }
+  xs_pair_drop(sp);
+  if (slot != SIZE_MAX) xs_alloc_debug_after_cached(a);
+  return slot != SIZE_MAX;
+}
+
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xseg_status st = XSEG_OK;
+  if (record_in_pair(a, addr, stream, &st)) return st;
   xs_alloc_lock(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
-  xseg_status st = XSEG_OK;
   if (b == NULL)
     st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
                   "xseg_record_stream(%p, stream %p): not the start of a live "
                   "block of the allocator of device %d", ptr, (void *)stream,
                   a->vmm.device);
-  else if (stream != b->stream)      /* its own stream orders itself */
+  else if (stream != b->stream)
     st = xs_stream_set_add(&b->uses, stream);
   xs_alloc_unlock(a);
   return st;

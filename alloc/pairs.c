@@ -209,6 +209,17 @@ xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
 
 xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
                                     size_t *slot) {
+  /* The range table names the pair (it is current: every unlock refreshes
+     it); a range it lacks, a table kept through a host OOM, or a pointer
+     outside every range is looked for in every pair. */
+  xs_stream_pools *owner = xs_ranges_find(a, addr);
+  if (owner != NULL && !owner->dead) {
+    size_t i = xs_ptrtable_find(&owner->live, addr);
+    if (i != SIZE_MAX) {
+      *slot = i;
+      return owner->live.slot[i].block;
+    }
+  }
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     size_t i = xs_ptrtable_find(&sp->live, addr);
     if (i != SIZE_MAX) {
@@ -235,7 +246,7 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
 
 void xs_alloc_settle_locked(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    xs_pair_settle(sp);
+    if (sp->n_parked != 0) xs_pair_settle(sp);
 }
 
 /* The list in recency order (see the top): an insertion sort, the list

@@ -53,13 +53,9 @@ static xs_range_array *ranges_room(xseg_allocator *a, size_t n) {
   return u;
 }
 
-void xs_ranges_refresh_locked(xseg_allocator *a) {
+void xs_ranges_remake_locked(xseg_allocator *a) {
   XS_ASSERT_LOCKED(a);
-  /* Every segment is a reservation of its own (segments/pool.c), so a
-     table made at the current count of reservations lacks none. (IPC's
-     mappings reserve too: a refresh they cause costs nothing else.) */
   uint64_t made = a->vmm.reserves;
-  if (made == a->ranges_made_at) return;
   size_t n = ranges_count(a);
   ranges_entry *e = n != 0 ? malloc(n * sizeof *e) : NULL;
   if (n != 0 && e == NULL) return;  /* kept as it was: frees it lacks go the

@@ -140,24 +140,25 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
     return;
   }
   /* Every malloc on the slow path asks while a free is pending: one walk
-     over the shards gathers all eight sums (each derived gauge and its
-     base, in the pool's scope and all), not one walk per sum. */
-  int64_t sum[2][2] = {{0}};    /* [derived][scope]: base + held */
-  int64_t held = 0;             /* active's held part, all scope */
+     over the shards gathers the four sums (active and active_bytes, each
+     its base plus what is held, in the pool's scope and all), reading the
+     eight currents of each shard straight from its kinds. */
+  int64_t count_kind = 0, count_all = 0, bytes_kind = 0, bytes_all = 0;
   for (const xs_stats *t = g->first; t != NULL; t = t->next_shard) {
-    for (int i = 0; i < 2; i++) {
-      xs_gauge d = derived[i];
-      int base = xs_stats_base(d);
-      int64_t h_kind = xs_stats_cur(t, d, kind + 1);
-      int64_t h_other = xs_stats_cur(t, d, 2 - kind);
-      int64_t b_kind = xs_stats_cur(t, base, kind + 1);
-      int64_t b_other = xs_stats_cur(t, base, 2 - kind);
-      sum[i][0] += b_kind + h_kind;
-      sum[i][1] += b_kind + h_kind + b_other + h_other;
-      if (i == 0) held += h_kind + h_other;
-    }
+    const xs_gauge_val *in = t->pool[kind], *out = t->pool[!kind];
+    int64_t ck = xs_gv_get(&in[XS_GAUGE_allocation].current) +
+                 xs_gv_get(&in[XS_GAUGE_active].current);
+    int64_t bk = xs_gv_get(&in[XS_GAUGE_allocated_bytes].current) +
+                 xs_gv_get(&in[XS_GAUGE_active_bytes].current);
+    count_kind += ck;
+    bytes_kind += bk;
+    count_all += ck + xs_gv_get(&out[XS_GAUGE_allocation].current) +
+                 xs_gv_get(&out[XS_GAUGE_active].current);
+    bytes_all += bk + xs_gv_get(&out[XS_GAUGE_allocated_bytes].current) +
+                 xs_gv_get(&out[XS_GAUGE_active_bytes].current);
   }
-  if (held == 0) return;        /* active is allocation: its peak is that */
+  const int64_t sum[2][2] = {{count_kind, count_all},
+                             {bytes_kind, bytes_all}};
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 2; j++) {
       int64_t *peak = &g->peak[scopes[j]][derived[i]];

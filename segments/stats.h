@@ -206,9 +206,10 @@ static inline int xs_stats_base(xs_gauge g) {
                                       : -1;
 }
 
-/* After a malloc of pool `kind` while something is held (the all scope's
-   held count is not 0): active's peaks see the new value. In a group, the
-   sums of every shard's (alloc/shards.c; every shard's lock held). */
+/* After a malloc of pool `kind` while something is held (the caller knows:
+   alloc/ counts pending blocks): active's peaks see the new value. In a
+   group, the sums of every shard's (alloc/shards.c; every shard's lock
+   held). */
 void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind);
 
 /* Derived gauge g of pool `kind` when its base moves by `live` and active
