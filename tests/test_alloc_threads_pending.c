@@ -1,5 +1,6 @@
 /* A cross-stream free pending on another thread while other threads grow,
-   release and run the cached path (alloc/pairs.c's slow flag): a stream
+   release and run the cached path (alloc/pairs.c's slow flag), and
+   xseg_record_stream, which needs its block's pair lock alone. A stream
    held by a latch keeps the free pending for as long as the test needs, so
    the overlap is forced, not hoped for. Meanwhile no thread may be handed
    the pending block's memory, and the statistics count it as active; once
@@ -7,7 +8,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
+#include "alloc/allocator.h"
 #include "alloc_helpers.h"
 
 enum { PD_ROUNDS = 300, PD_SEEN = 4 * PD_ROUNDS };
@@ -136,4 +139,75 @@ XSEG_TEST(alloc_threads, pending_free_holds_while_threads_grow_and_release) {
   xt_latch_free(l);
   XSEG_EXPECT_CU(cuStreamDestroy(c.own));
   XSEG_EXPECT_CU(cuStreamDestroy(c.held));
+}
+
+typedef struct pd_record_arg {
+  xseg_allocator *a;
+  void *p;
+  CUstream stream;
+  xseg_status st;
+  atomic_bool done;
+} pd_record_arg;
+
+static void *pd_record(void *arg) {
+  pd_record_arg *r = arg;
+  r->st = xseg_record_stream(r->a, r->p, r->stream);
+  atomic_store(&r->done, true);
+  return NULL;
+}
+
+/* Whether `flag` is set within `seconds` (polled every millisecond). */
+static bool pd_wait_flag(atomic_bool *flag, int seconds) {
+  for (int i = 0; i < seconds * 1000 && !atomic_load(flag); i++)
+    nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+  return atomic_load(flag);
+}
+
+/* Another stream's pair is locked (as its cached path locks it) while a
+   thread records a stream on a live block of this stream: the record
+   takes the block's pair lock alone, not every lock, so it finishes before
+   the other pair is let go; and it counts: the free that follows waits for
+   the recorded stream. A pointer the pairs do not know still gets its
+   error, under every lock. */
+XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), other = at_stream_new(),
+           side = at_stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, own, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
+  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
+  XSEG_ASSERT_TRUE(busy != NULL);
+
+  xs_pair_take(busy);
+  pd_record_arg r = {.a = a, .p = p, .stream = side, .st = XSEG_ERR_DRIVER};
+  pthread_t th;
+  XSEG_ASSERT_EQ(pthread_create(&th, NULL, pd_record, &r), 0);
+  bool done_while_held = pd_wait_flag(&r.done, 30);
+  xs_pair_drop(busy);
+  pthread_join(th, NULL);
+  XSEG_EXPECT_TRUE(done_while_held);
+  XSEG_EXPECT_OK(r.st);
+  XSEG_EXPECT_OK(xseg_free(a, q));
+
+  /* The record took: with the side stream held, the free is pending. */
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(side, l));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)(3 * MiB));
+  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_EQ(xseg_record_stream(a, (char *)p + 512, side),
+                 XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xt_latch_open(l);
+  XSEG_ASSERT_CU(cuStreamSynchronize(side));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
