@@ -313,9 +313,9 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   xs_block *b = NULL;
   uint64_t use;
   xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
-  if (__builtin_expect(sp != NULL, 1)) {
+  if (__builtin_expect(sp != NULL && !xs_alloc_slow_hint(a), 1)) {
     xs_pair_take(sp);
-    bool done = !a->slow && !sp->dead &&
+    bool done = !xs_alloc_slow_hint(a) && !sp->dead &&
                 alloc_cached(a, sp, use, size, rounded, stream, &b);
     xs_pair_drop(sp);
     if (done) {
@@ -414,10 +414,12 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                     "NULL", ptr);
   if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  xs_stream_pools *sp =
+      xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
   if (__builtin_expect(sp != NULL, 1)) {
     xs_pair_take(sp);
-    bool done = !a->slow && !sp->dead && alloc_free_cached(a, sp, addr);
+    bool done = !xs_alloc_slow_hint(a) && !sp->dead &&
+                alloc_free_cached(a, sp, addr);
     xs_pair_drop(sp);
     if (done) {
       xs_alloc_debug_after_cached(a);

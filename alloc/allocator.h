@@ -139,8 +139,10 @@ typedef struct xs_capture {
 struct xseg_allocator {
   xs_lock lock;                       /* see alloc/lock.h for why not pthread */
   /* Set whenever the cached malloc and free must take the slow path;
-     written with every lock held (xs_alloc_unlock). */
-  bool slow;
+     written with every lock held (xs_alloc_unlock). Read under a pair
+     lock for the answer, and before it as a hint: a malloc or free that
+     sees it set goes the slow way without taking its pair's lock. */
+  _Atomic bool slow;
   uint64_t id;                        /* unique per xseg_create (pairs.c) */
   size_t n_pairs;                     /* live pairs */
   _Atomic(xs_pair_table *) pairs;     /* the pair table */
@@ -315,6 +317,10 @@ extern __thread xs_pairs_thread xs_pairs_tls;
 /* The pair table's search for xs_pairs_of_stream (pairs.c). */
 xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
                                       struct CUstream_st *stream);
+/* Whether the cached path is off for now (a hint; `slow`). */
+static inline bool xs_alloc_slow_hint(const xseg_allocator *a) {
+  return atomic_load_explicit(&a->slow, memory_order_relaxed);
+}
 /* The pair of `stream` for the cached malloc, stamped as used: the
    thread's last, or from the pair table; NULL when it has none yet. No
    lock needed; the stamp is the pair lock holder's to store. */

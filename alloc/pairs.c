@@ -244,10 +244,12 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
   return n;
 }
 
-void xs_alloc_settle_locked(xseg_allocator *a) {
+static inline void pairs_settle(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     if (sp->n_parked != 0) xs_pair_settle(sp);
 }
+
+void xs_alloc_settle_locked(xseg_allocator *a) { pairs_settle(a); }
 
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
@@ -284,7 +286,7 @@ void xs_alloc_lock(xseg_allocator *a) {
   a->owner = pthread_self();
   a->owned = true;
 #endif
-  xs_alloc_settle_locked(a);
+  pairs_settle(a);
   pairs_sort_by_use(a);
 }
 
@@ -295,7 +297,7 @@ static bool pairs_slow(const xseg_allocator *a) {
 }
 
 static void pairs_unlock(xseg_allocator *a) {
-  a->slow = pairs_slow(a);
+  atomic_store_explicit(&a->slow, pairs_slow(a), memory_order_relaxed);
   xs_ranges_refresh_locked(a);
   uint64_t top = pairs_locked_top(a);
   const xs_pair_table *t = a->locked, *now = pairs_table(a);
@@ -309,8 +311,10 @@ static void pairs_unlock(xseg_allocator *a) {
 #endif
   for (size_t i = 0; t != NULL && i < t->n; i++)
     xs_lock_drop(&t->pair[i]->lock);
-  for (size_t i = 0; now != NULL && i < now->n; i++)
-    if (now->pair[i]->order > top) xs_lock_drop(&now->pair[i]->lock);
+  /* Pairs born during the operation are in a newer table alone. */
+  if (now != t)
+    for (size_t i = 0; now != NULL && i < now->n; i++)
+      if (now->pair[i]->order > top) xs_lock_drop(&now->pair[i]->lock);
   xs_lock_drop(&a->lock);
 }
 

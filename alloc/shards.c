@@ -122,6 +122,10 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
   xs_lock_drop(&g->lock);
 }
 
+static inline void shards_raise(int64_t *peak, int64_t value) {
+  if (value > *peak) *peak = value;
+}
+
 void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
   static const xs_gauge derived[2] = {XS_GAUGE_active, XS_GAUGE_active_bytes};
   const int scopes[2] = {kind + 1, XS_STAT_ALL};
@@ -157,13 +161,11 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
     bytes_all += bk + xs_gv_get(&out[XS_GAUGE_allocated_bytes].current) +
                  xs_gv_get(&out[XS_GAUGE_active_bytes].current);
   }
-  const int64_t sum[2][2] = {{count_kind, count_all},
-                             {bytes_kind, bytes_all}};
-  for (int i = 0; i < 2; i++)
-    for (int j = 0; j < 2; j++) {
-      int64_t *peak = &g->peak[scopes[j]][derived[i]];
-      if (sum[i][j] > *peak) *peak = sum[i][j];
-    }
+  int64_t *in_kind = g->peak[kind + 1], *in_all = g->peak[XS_STAT_ALL];
+  shards_raise(&in_kind[XS_GAUGE_active], count_kind);
+  shards_raise(&in_all[XS_GAUGE_active], count_all);
+  shards_raise(&in_kind[XS_GAUGE_active_bytes], bytes_kind);
+  shards_raise(&in_all[XS_GAUGE_active_bytes], bytes_all);
 }
 
 void xs_stats_reset_peaks(xs_stats *s) {
