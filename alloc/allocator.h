@@ -89,14 +89,22 @@ typedef struct xs_stream_pools {
 #endif
 } xs_stream_pools;
 
-/* The pairs, in lock order, as published for the cached path: never
-   changed once published (a change publishes a new one; the old ones stay
-   until xseg_destroy, as a thread may still read one). */
-typedef struct xs_pair_table {
-  struct xs_pair_table *retired;      /* older tables, kept */
-  size_t n;
-  xs_stream_pools *pair[];
-} xs_pair_table;
+/* The pairs of streams by stream, for the cached malloc's lookup without
+   a lock (pairs.c): append-only, as a stream's own pair never goes away
+   before the allocator. An entry is written before the count that shows
+   it is published; a full array is replaced by one twice its size, the
+   old one kept until xseg_destroy (a reader may still be in it), so the
+   arrays kept add up to at most twice the largest. */
+typedef struct xs_stream_entry {
+  struct CUstream_st *stream;
+  struct xs_stream_pools *pair;
+} xs_stream_entry;
+typedef struct xs_stream_index {
+  struct xs_stream_index *retired;    /* older arrays, kept */
+  size_t cap;
+  atomic_size_t n;
+  xs_stream_entry entry[];
+} xs_stream_index;
 
 /* The reserved ranges of every pair, sorted by address, for the cached
    free (alloc/ranges.c): rewritten in place under a sequence count, its
@@ -145,15 +153,25 @@ struct xseg_allocator {
   _Atomic bool slow;
   uint64_t id;                        /* unique per xseg_create (pairs.c) */
   size_t n_pairs;                     /* live pairs */
-  _Atomic(xs_pair_table *) pairs;     /* the pair table */
+  _Atomic(xs_stream_index *) stream_index;
+  /* Every pair in lock order (creation order), read and written with the
+     allocator's lock held: xs_alloc_lock takes each one's lock. A pair
+     that goes away stays in it, dead, until the unlock drops its lock. */
+  xs_stream_pools **order;
+  size_t n_order, order_cap;
   /* The range table (ranges.c): even sequence count when stable. */
   _Atomic(xs_range_array *) ranges;
   atomic_size_t n_ranges;
   atomic_uint ranges_seq;
   uint64_t ranges_made_at;            /* vmm.reserves at its making */
-  xs_pair_table *locked;              /* pairs xs_alloc_lock took */
   uint64_t next_order;                /* of the next pair */
-  xs_stream_pools *dead;              /* pairs gone (memory kept) */
+  /* Pairs gone: their memory is never given back before xseg_destroy, as
+     a thread may still hold one found in the range table, but it is
+     recycled as a new pair (pairs.c), so there are never more than the
+     most pairs alive at once. `dying`: gone during this operation, still
+     in `order`; `spare`: out of it, ready for reuse. */
+  xs_stream_pools *dying, *spare;
+  size_t pair_structs;                /* allocated, alive or not */
   uint64_t frees_gone;                /* frees of pairs gone */
   xs_vmm vmm;
   xs_config cfg;

@@ -139,28 +139,47 @@ static bool check_table(check_ctx *c, xseg_allocator *a) {
   return true;
 }
 
-/* The pair table lists every pair in the list, in lock order, and no
-   other; the range table is sorted. */
+/* The lock order lists every pair in the list, in creation order, and
+   otherwise only pairs gone during this operation; the stream index holds
+   each stream's own pair; the range table is sorted. */
 static bool check_pairs(check_ctx *c, xseg_allocator *a) {
-  const xs_pair_table *t = atomic_load(&a->pairs);
   size_t n = 0;
+  const xs_stream_index *x = atomic_load(&a->stream_index);
+  size_t nx = x != NULL ? atomic_load(&x->n) : 0;
   for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     if (sp->dead) CHECK_FAIL(c, "a dead pair is in the list");
     bool found = false;
-    for (size_t i = 0; t != NULL && i < t->n; i++) found |= t->pair[i] == sp;
-    if (!found) CHECK_FAIL(c, "pair of stream %p is not in the pair table",
+    for (size_t i = 0; i < a->n_order; i++) found |= a->order[i] == sp;
+    if (!found) CHECK_FAIL(c, "pair of stream %p is not in the lock order",
                            (void *)sp->stream);
+    bool indexed = false;
+    for (size_t i = 0; i < nx; i++)
+      indexed |= x->entry[i].pair == sp && x->entry[i].stream == sp->stream;
+    if (indexed != (sp->private_id == 0))
+      CHECK_FAIL(c, "pair of stream %p (pool %llu) is %s the stream index",
+                 (void *)sp->stream, (unsigned long long)sp->private_id,
+                 indexed ? "in" : "not in");
     n++;
   }
   size_t alive = 0;
-  for (size_t i = 0; t != NULL && i < t->n; i++) {
-    if (i > 0 && t->pair[i]->order <= t->pair[i - 1]->order)
-      CHECK_FAIL(c, "the pair table is not in lock order");
-    alive += !t->pair[i]->dead;
+  for (size_t i = 0; i < a->n_order; i++) {
+    if (i > 0 && a->order[i]->order <= a->order[i - 1]->order)
+      CHECK_FAIL(c, "the pairs are not in lock order");
+    alive += !a->order[i]->dead;
   }
-  if (n != a->n_pairs || alive != n)
-    CHECK_FAIL(c, "%zu pairs listed, %zu counted, %zu in the table", n,
-               a->n_pairs, alive);
+  if (n != a->n_pairs || alive != n || nx > n)
+    CHECK_FAIL(c, "%zu pairs listed, %zu counted, %zu in lock order, %zu "
+               "in the stream index", n, a->n_pairs, alive, nx);
+  size_t spares = 0;
+  for (const xs_stream_pools *sp = a->spare; sp != NULL; sp = sp->next) {
+    if (!sp->dead) CHECK_FAIL(c, "a spare pair is not dead");
+    spares++;
+  }
+  for (const xs_stream_pools *sp = a->dying; sp != NULL; sp = sp->next)
+    spares++;
+  if (n + spares != a->pair_structs)
+    CHECK_FAIL(c, "%zu pairs alive and %zu gone, %zu made", n, spares,
+               a->pair_structs);
   const xs_range_array *r = atomic_load(&a->ranges);
   size_t nr = atomic_load(&a->n_ranges);
   for (size_t i = 1; r != NULL && i < nr; i++)

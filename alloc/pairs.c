@@ -1,12 +1,21 @@
 /* pairs.c: the pairs of pools and the locks (see allocator.h).
  *
- * Lock order: the allocator's lock, then pairs in table order (creation
- * order), never the other way. The cached malloc and free hold one pair's
- * lock and nothing else; everything else takes them all. A pair created
- * meanwhile is born locked (its lock is dropped with the others), so a
- * thread that finds it in the newly published table waits for the
- * operation to end. Debug builds keep, per thread, what it holds and
- * assert the order.
+ * Lock order: the allocator's lock, then pairs in creation order (the
+ * `order` array), never the other way. The cached malloc and free hold one
+ * pair's lock and nothing else; everything else takes them all. A pair
+ * created meanwhile is born locked (its lock is dropped with the others),
+ * so a thread that finds it in the stream index or the range table waits
+ * for the operation to end. Debug builds keep, per thread, what it holds
+ * and assert the order.
+ *
+ * Pairs that go away (private pools released) are recycled, never freed
+ * before xseg_destroy: a thread may have read one from the range table and
+ * be about to take its lock. Whoever takes the lock of a pair finds it
+ * either dead (and goes the slow way) or alive as whatever pair it now is,
+ * whose pointer table decides whether an address is its block. The pair
+ * that recycles it takes its lock like such a thread does (after every
+ * other, as the newest pair is last in lock order) and keeps the lock word
+ * through the reset.
  *
  * Recency: flow.c and the release passes walk the pairs most recently used
  * first. The cached malloc cannot relink a shared list, so it stamps its
@@ -16,10 +25,12 @@
  * and the order between their pairs is a guess.
  */
 #include <assert.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "alloc/allocator.h"
+#include "vmm/array.h"
 #include "vmm/error.h"
 
 __thread xs_pairs_thread xs_pairs_tls;
@@ -65,20 +76,15 @@ static void pairs_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
   xs_trace_record(ctx, XS_TRACE_SEGMENT_UNMAP, addr, size, p->stream);
 }
 
-static xs_pair_table *pairs_table(const xseg_allocator *a) {
-  return atomic_load_explicit(&((xseg_allocator *)a)->pairs,
-                              memory_order_acquire);
-}
-
 xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
                                       struct CUstream_st *stream) {
-  xs_pair_table *t = pairs_table(a);
-  if (t == NULL) return NULL;
-  /* A pair's stream and id never change once published; a stream's own
-     pair never goes away before the allocator. */
-  for (size_t i = 0; i < t->n; i++) {
-    xs_stream_pools *sp = t->pair[i];
-    if (sp->stream == stream && sp->private_id == 0) {
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_acquire);
+  if (x == NULL) return NULL;
+  size_t n = atomic_load_explicit(&x->n, memory_order_acquire);
+  for (size_t i = 0; i < n; i++) {
+    if (x->entry[i].stream == stream) {
+      xs_stream_pools *sp = x->entry[i].pair;
       xs_pairs_tls.id = a->id;
       xs_pairs_tls.stream = stream;
       xs_pairs_tls.pair = sp;
@@ -88,46 +94,81 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
   return NULL;
 }
 
-/* The order of the last pair of the table xs_alloc_lock took (0: none):
-   pairs above it were born during this operation. */
-static uint64_t pairs_locked_top(const xseg_allocator *a) {
-  const xs_pair_table *t = a->locked;
-  return t != NULL && t->n != 0 ? t->pair[t->n - 1]->order : 0;
+/* Adds a stream's pair to the stream index; false on host OOM (nothing
+   changed). */
+static bool pairs_index_stream(xseg_allocator *a, xs_stream_pools *sp) {
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_relaxed);
+  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_relaxed)
+                       : 0;
+  if (x == NULL || n == x->cap) {
+    size_t cap = x != NULL ? 2 * x->cap : 8;
+    xs_stream_index *y = malloc(sizeof *y + cap * sizeof *y->entry);
+    if (y == NULL) return false;
+    y->retired = x;
+    y->cap = cap;
+    if (n != 0) memcpy(y->entry, x->entry, n * sizeof *x->entry);
+    atomic_init(&y->n, n);
+    atomic_store_explicit(&a->stream_index, y, memory_order_release);
+    x = y;
+  }
+  x->entry[n] = (xs_stream_entry){sp->stream, sp};
+  atomic_store_explicit(&x->n, n + 1, memory_order_release);
+  return true;
 }
 
-/* Publishes the pair table with sp added (add) or taken out; false on
-   host OOM (nothing changed). The old table stays readable. */
-static bool pairs_publish(xseg_allocator *a, xs_stream_pools *sp, bool add) {
-  xs_pair_table *old = atomic_load_explicit(&a->pairs, memory_order_relaxed);
-  size_t n = old != NULL ? old->n : 0;
-  xs_pair_table *t = malloc(sizeof *t + (n + 1) * sizeof *t->pair);
-  if (t == NULL) return false;
-  t->retired = old;
-  t->n = 0;
-  for (size_t i = 0; i < n; i++)
-    if (old->pair[i] != sp) t->pair[t->n++] = old->pair[i];
-  if (add) t->pair[t->n++] = sp;      /* the newest: last in lock order */
-  atomic_store_explicit(&a->pairs, t, memory_order_release);
-  return true;
+/* A pair's memory: a spare one, its lock taken (a thread that found it
+   gone may still hold it), everything but the lock reset; or a new one,
+   its lock held. NULL on host OOM. */
+static xs_stream_pools *pairs_memory(xseg_allocator *a) {
+  xs_stream_pools *sp = a->spare;
+  if (sp != NULL) {
+    assert(sp->dead);
+    a->spare = sp->next;
+    xs_lock_take(&sp->lock);
+    memset((char *)sp + offsetof(xs_stream_pools, dead), 0,
+           sizeof *sp - offsetof(xs_stream_pools, dead));
+    return sp;
+  }
+  size_t size = (sizeof(xs_stream_pools) + 63) / 64 * 64;
+  sp = aligned_alloc(64, size);
+  if (sp == NULL) return NULL;
+  memset(sp, 0, size);
+  atomic_init(&sp->lock.state, 1);
+  a->pair_structs++;
+  return sp;
+}
+
+/* Gives back what pairs_memory gave when the pair could not be made. */
+static void pairs_memory_back(xseg_allocator *a, xs_stream_pools *sp) {
+  sp->dead = true;
+  sp->next = a->spare;
+  a->spare = sp;
+  xs_lock_drop(&sp->lock);
 }
 
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,
                                             xseg_pool_id private_id) {
   XS_ASSERT_LOCKED(a);
-  size_t size = (sizeof(xs_stream_pools) + 63) / 64 * 64;
-  xs_stream_pools *sp = aligned_alloc(64, size);
-  if (sp == NULL) return NULL;
-  memset(sp, 0, size);
-  if (!xs_ptrtable_init(&sp->live)) {
-    free(sp);
+  if (!XS_ARRAY_RESERVE(a->order, a->order_cap, a->n_order + 1, 8))
     return NULL;
-  }
+  xs_stream_pools *sp = pairs_memory(a);
+  if (sp == NULL) return NULL;
   /* Born locked: dropped with the others at xs_alloc_unlock. */
-  atomic_init(&sp->lock.state, 1);
-  sp->order = ++a->next_order;
   sp->stream = stream;
   sp->private_id = private_id;
+  if (!xs_ptrtable_init(&sp->live)) {
+    pairs_memory_back(a, sp);
+    return NULL;
+  }
+  if (private_id == 0 && !pairs_index_stream(a, sp)) {
+    xs_ptrtable_destroy(&sp->live);
+    pairs_memory_back(a, sp);
+    return NULL;
+  }
+  sp->order = ++a->next_order;
+  a->order[a->n_order++] = sp;        /* the newest: last in lock order */
   for (int k = 0; k < 2; k++) {
     xs_pool *p = &sp->pool[k];
     xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &sp->blocks,
@@ -135,11 +176,6 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
     p->safe_epoch = 0;           /* the guard vouches for nothing yet */
     p->on_unmap = pairs_trace_unmap;
     p->on_unmap_ctx = &a->trace;
-  }
-  if (!pairs_publish(a, sp, true)) {
-    xs_ptrtable_destroy(&sp->live);
-    free(sp);
-    return NULL;
   }
   xs_stats_group_add(&a->stats, &sp->stats);
   sp->used_at = xs_pairs_use();
@@ -155,31 +191,23 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
 
 void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   XS_ASSERT_LOCKED(a);
+  assert(sp->private_id != 0 && "a stream's own pair stays (stream index)");
   assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
   assert(sp->n_parked == 0 && sp->live.count == 0);
   xs_guard_drop(&sp->guard, &a->events);
   xs_stream_pools **link = &a->streams;
   while (*link != sp) link = &(*link)->next;
   *link = sp->next;
-  /* On host OOM it stays in the table, dead: every reader checks. */
-  bool unpublished = pairs_publish(a, sp, false);
   xs_stats_group_remove(&a->stats, &sp->stats, &a->shared_stats);
   a->frees_gone += sp->frees;
   xs_ptrtable_destroy(&sp->live);
   xs_blocks_destroy(&sp->blocks);
   sp->dead = true;
   a->n_pairs--;
-  sp->next = a->dead;
-  a->dead = sp;
-  /* Born during this operation and in no table now: no unlock will see
-     it, and a thread that found it in a table published meanwhile may
-     wait on it. */
-  if (unpublished && sp->order > pairs_locked_top(a)) {
-#ifndef NDEBUG
-    sp->owned = false;
-#endif
-    xs_lock_drop(&sp->lock);
-  }
+  /* Still in `order`, its lock held: the unlock drops it and makes it a
+     spare. */
+  sp->next = a->dying;
+  a->dying = sp;
 }
 
 xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
@@ -272,15 +300,14 @@ void xs_alloc_lock(xseg_allocator *a) {
          "lock order: the allocator's lock is taken holding no other");
 #endif
   xs_lock_take(&a->lock);
-  xs_pair_table *t = atomic_load_explicit(&a->pairs, memory_order_relaxed);
-  for (size_t i = 0; t != NULL && i < t->n; i++) {
+  assert(a->dying == NULL);
+  for (size_t i = 0; i < a->n_order; i++) {
 #ifndef NDEBUG
-    assert(t->pair[i]->order > pairs_held.last && "lock order: table order");
-    pairs_held.last = t->pair[i]->order;
+    assert(a->order[i]->order > pairs_held.last && "lock order");
+    pairs_held.last = a->order[i]->order;
 #endif
-    xs_lock_take(&t->pair[i]->lock);
+    xs_lock_take(&a->order[i]->lock);
   }
-  a->locked = t;
 #ifndef NDEBUG
   pairs_held.all = true;
   a->owner = pthread_self();
@@ -299,22 +326,29 @@ static bool pairs_slow(const xseg_allocator *a) {
 static void pairs_unlock(xseg_allocator *a) {
   atomic_store_explicit(&a->slow, pairs_slow(a), memory_order_relaxed);
   xs_ranges_refresh_locked(a);
-  uint64_t top = pairs_locked_top(a);
-  const xs_pair_table *t = a->locked, *now = pairs_table(a);
-  a->locked = NULL;
 #ifndef NDEBUG
   a->owned = false;
   pairs_held.all = false;
   pairs_held.last = 0;
-  for (size_t i = 0; now != NULL && i < now->n; i++)
-    now->pair[i]->owned = false;
 #endif
-  for (size_t i = 0; t != NULL && i < t->n; i++)
-    xs_lock_drop(&t->pair[i]->lock);
-  /* Pairs born during the operation are in a newer table alone. */
-  if (now != t)
-    for (size_t i = 0; now != NULL && i < now->n; i++)
-      if (now->pair[i]->order > top) xs_lock_drop(&now->pair[i]->lock);
+  /* Every pair in `order` is locked: those there at xs_alloc_lock, and
+     those born since. Pairs gone meanwhile leave it now. */
+  size_t kept = 0;
+  for (size_t i = 0; i < a->n_order; i++) {
+    xs_stream_pools *sp = a->order[i];
+#ifndef NDEBUG
+    sp->owned = false;
+#endif
+    if (!sp->dead) a->order[kept++] = sp;
+    xs_lock_drop(&sp->lock);
+  }
+  a->n_order = kept;
+  while (a->dying != NULL) {
+    xs_stream_pools *sp = a->dying;
+    a->dying = sp->next;
+    sp->next = a->spare;
+    a->spare = sp;
+  }
   xs_lock_drop(&a->lock);
 }
 
@@ -347,6 +381,15 @@ void xs_alloc_unlock(xseg_allocator *a) {
   pairs_unlock(a);
 }
 
+/* Frees a list of pairs gone (their tables and caches went with them). */
+static void pairs_free_gone(xs_stream_pools **list) {
+  while (*list != NULL) {
+    xs_stream_pools *sp = *list;
+    *list = sp->next;
+    free(sp);
+  }
+}
+
 void xs_alloc_unlock_destroyed(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL;) {
     xs_stream_pools *next = sp->next;
@@ -356,18 +399,19 @@ void xs_alloc_unlock_destroyed(xseg_allocator *a) {
     sp = next;
   }
   a->streams = NULL;
-  xs_pair_table *t = atomic_load_explicit(&a->pairs, memory_order_relaxed);
-  while (t != NULL) {
-    xs_pair_table *older = t->retired;
-    free(t);
-    t = older;
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_relaxed);
+  while (x != NULL) {
+    xs_stream_index *older = x->retired;
+    free(x);
+    x = older;
   }
-  atomic_store_explicit(&a->pairs, NULL, memory_order_relaxed);
-  while (a->dead != NULL) {
-    xs_stream_pools *sp = a->dead;
-    a->dead = sp->next;
-    free(sp);
-  }
+  atomic_store_explicit(&a->stream_index, NULL, memory_order_relaxed);
+  free(a->order);
+  a->order = NULL;
+  a->n_order = a->order_cap = 0;
+  pairs_free_gone(&a->dying);
+  pairs_free_gone(&a->spare);
   xs_ranges_destroy(a);
 #ifndef NDEBUG
   a->owned = false;
