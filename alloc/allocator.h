@@ -6,10 +6,10 @@
  * clock, under its own lock.
  *
  * Locks (alloc/pairs.c). The cached malloc and free take one pair's lock
- * alone: the pair of the stream (a thread-local cache, or the read-mostly
- * pair table) or of the address (the read-mostly range table,
+ * alone: the pair of the stream (a thread-local cache, or the append-only
+ * stream index) or of the address (the read-mostly range table,
  * alloc/ranges.c). Everything else takes the allocator's `lock`, then every
- * pair's lock in table order (xs_alloc_lock): it sees a quiescent
+ * pair's lock in creation order (xs_alloc_lock): it sees a quiescent
  * allocator, and every function named *_locked runs so (debug builds
  * assert it). The cached path goes that way whenever `slow` is set
  * (pending frees, captures, tracing, shared blocks, per-operation checks),
@@ -332,7 +332,7 @@ typedef struct xs_pairs_thread {
   xs_stream_pools *range_pair;
 } xs_pairs_thread;
 extern __thread xs_pairs_thread xs_pairs_tls;
-/* The pair table's search for xs_pairs_of_stream (pairs.c). */
+/* The stream index's search for xs_pairs_of_stream (pairs.c). */
 xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
                                       struct CUstream_st *stream);
 /* Whether the cached path is off for now (a hint; `slow`). */
@@ -340,7 +340,7 @@ static inline bool xs_alloc_slow_hint(const xseg_allocator *a) {
   return atomic_load_explicit(&a->slow, memory_order_relaxed);
 }
 /* The pair of `stream` for the cached malloc, stamped as used: the
-   thread's last, or from the pair table; NULL when it has none yet. No
+   thread's last, or from the stream index; NULL when it has none yet. No
    lock needed; the stamp is the pair lock holder's to store. */
 static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
                                                   struct CUstream_st *stream,
