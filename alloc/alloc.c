@@ -189,9 +189,11 @@ static inline void alloc_account_free(xs_stats *s, const xs_block *b,
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
-   stream captures into one (one counter load when nothing captures). */
+   stream captures into one (one counter load when nothing captures), else
+   the stream's own, `own` when the cached path found it already. */
 static xseg_status alloc_pools_locked(xseg_allocator *a,
                                       struct CUstream_st *stream,
+                                      xs_stream_pools *own,
                                       xs_stream_pools **out) {
   if (__builtin_expect(xs_alloc_capturing(a), 0)) {
     xseg_status st = alloc_capture_refresh_locked(a);
@@ -199,7 +201,11 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
     xs_stream_pools *sp = xs_capture_pools_locked(a, stream);
     if (sp != NULL) return *out = sp, XSEG_OK;
   }
-  return xs_stream_pools_lookup_locked(a, stream, out);
+  if (own == NULL) return xs_stream_pools_lookup_locked(a, stream, out);
+  assert(own->stream == stream && own->private_id == 0 && !own->dead);
+  xs_stream_pools_touch_locked(a, own);
+  *out = own;
+  return XSEG_OK;
 }
 
 /* A block just taken from pool p becomes the caller's (room in the pair's
@@ -219,9 +225,9 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
-                                      xs_block **out) {
+                                      xs_stream_pools *own, xs_block **out) {
   xs_stream_pools *sp;
-  xseg_status st = alloc_pools_locked(a, stream, &sp);
+  xseg_status st = alloc_pools_locked(a, stream, own, &sp);
   if (st != XSEG_OK) return st;
   if (!xs_ptrtable_reserve(&sp->live))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
@@ -330,7 +336,8 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
     xs_alloc_settle_frees_locked(a, false);
-  xseg_status st = alloc_block_locked(a, size, rounded, stream, &b);
+  /* sp: the stream's own pair (it never goes away), or NULL. */
+  xseg_status st = alloc_block_locked(a, size, rounded, stream, sp, &b);
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;

@@ -356,6 +356,8 @@ static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,
                                             xseg_pool_id private_id);
+/* Stamps sp as used now and puts it first in the list. */
+void xs_stream_pools_touch_locked(xseg_allocator *a, xs_stream_pools *sp);
 /* Takes a pair that holds no segment out of every list and table. */
 void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
 /* The live block at addr and its pair's table slot, or NULL (pairs.c). */

@@ -210,13 +210,23 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   a->dying = sp;
 }
 
+void xs_stream_pools_touch_locked(xseg_allocator *a, xs_stream_pools *sp) {
+  XS_ASSERT_LOCKED(a);
+  sp->used_at = xs_pairs_use();
+  if (sp == a->streams) return;          /* most recently used goes first */
+  xs_stream_pools **link = &a->streams;
+  while (*link != sp) link = &(*link)->next;
+  *link = sp->next;
+  sp->next = a->streams;
+  a->streams = sp;
+}
+
 xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
                                           struct CUstream_st *stream,
                                           xs_stream_pools **out) {
-  xs_stream_pools **link = &a->streams;
-  for (; *link != NULL; link = &(*link)->next)
-    if ((*link)->stream == stream && (*link)->private_id == 0) break;
-  xs_stream_pools *sp = *link;
+  xs_stream_pools *sp = a->streams;
+  while (sp != NULL && (sp->stream != stream || sp->private_id != 0))
+    sp = sp->next;
   if (sp == NULL) {
     sp = xs_stream_pools_new_locked(a, stream, 0);
     if (sp == NULL)
@@ -224,12 +234,7 @@ xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
                       "out of host memory for the pools of stream %p",
                       (void *)stream);
   } else {
-    sp->used_at = xs_pairs_use();
-    if (sp != a->streams) {
-      *link = sp->next;          /* most recently used goes first */
-      sp->next = a->streams;
-      a->streams = sp;
-    }
+    xs_stream_pools_touch_locked(a, sp);
   }
   *out = sp;
   return XSEG_OK;

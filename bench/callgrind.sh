@@ -3,14 +3,22 @@
 # valgrind's callgrind (time on a shared machine is noise; instructions are
 # not).
 #
-#   bench/callgrind.sh [XSEG_BENCH] [repeat | random LIVE] [N1 N2]
+#   bench/callgrind.sh [XSEG_BENCH] [repeat | random LIVE | deferred] [N1 N2]
 #
 # XSEG_BENCH defaults to build/bench/xseg-bench. "repeat" (the default)
 # counts `xseg-bench micro --only cached-repeat` (one size, malloc then
 # free); "random LIVE" counts `--only cached-random` with LIVE blocks live
-# and random sizes. Each runs twice, with N1 and N2 pairs (default 20000 and
-# 60000), one round each. Only instructions executed inside xseg_malloc and
-# xseg_free are collected (--toggle-collect, inclusive of what they call),
+# and random sizes; "deferred" counts `--only deferred`, whose every pair is
+# a plain malloc+free of 4 KiB and a malloc, xseg_record_stream on a second
+# stream and free (the free deferred behind an event), and also prints the
+# count without the driver's own instructions (the inclusive cost of every
+# cu* call, the emulator's here), which is the allocator's share. The
+# emulator's stream thread decides whether a free's event has fired by the
+# next malloc, so the deferred counts move by a few percent between runs.
+# Each runs twice, with N1 and N2 pairs (default 20000 and 60000), one
+# round each. Only instructions executed inside xseg_malloc and xseg_free
+# (and xseg_record_stream) are collected (--toggle-collect, inclusive of
+# what they call),
 # so glibc's baseline loop is not counted; and the totals' difference
 # divided by N2 - N1 removes what both runs share (filling the live set,
 # the first pair that maps a granule), leaving the steady-state cost of one
@@ -26,10 +34,14 @@ set -euo pipefail
 bench=${1:-build/bench/xseg-bench}
 case=${2:-repeat}
 shift $(( $# > 2 ? 2 : $# ))
+toggles=(--toggle-collect=xseg_malloc --toggle-collect=xseg_free)
 if [ "$case" = random ]; then
   live=${1:?"random needs LIVE, e.g. random 10000"}
   shift
   args=(--only cached-random --live-min "$live" --live-max "$live")
+elif [ "$case" = deferred ]; then
+  args=(--only deferred)
+  toggles+=(--toggle-collect=xseg_record_stream)
 else
   args=(--only cached-repeat)
 fi
@@ -47,8 +59,7 @@ trap 'rm -rf "$tmp"' EXIT
 # writes only out.N).
 count() {
   valgrind --tool=callgrind --callgrind-out-file="$tmp/out.$1" \
-    --toggle-collect=xseg_malloc --toggle-collect=xseg_free \
-    --dump-before=churn_drain \
+    "${toggles[@]}" --dump-before=churn_drain \
     "$bench" micro "${args[@]}" --pairs "$1" --rounds 1 \
     --device-memory 4G >/dev/null 2>"$tmp/log.$1" ||
     { cat "$tmp/log.$1" >&2; exit 1; }
@@ -61,9 +72,26 @@ count() {
   awk '/^(summary|totals):/ { print $2; exit }' "$out"
 }
 
+# The inclusive cost of the driver's entry points in run $1's output.
+driver_count() {
+  callgrind_annotate --inclusive=yes --auto=no --threshold=100 "$tmp/out.$1" 2>/dev/null |
+    awk '$0 ~ /:cu[A-Z][A-Za-z0-9_]* \[.*libcuda/ { gsub(",", "", $1); n += $1 }
+         END { print n + 0 }'
+}
+
 i1=$(count "$n1")
 i2=$(count "$n2")
 per_pair=$(awk -v a="$i1" -v b="$i2" -v n1="$n1" -v n2="$n2" \
   'BEGIN { printf "%.1f", (b - a) / (n2 - n1) }')
+if [ "$case" = deferred ]; then
+  d1=$(driver_count "$n1")
+  d2=$(driver_count "$n2")
+  own=$(awk -v a="$i1" -v b="$i2" -v c="$d1" -v d="$d2" -v n1="$n1" \
+    -v n2="$n2" 'BEGIN { printf "%.1f", ((b - d) - (a - c)) / (n2 - n1) }')
+  echo "deferred: $per_pair instructions per plain pair + deferred" \
+       "malloc/record_stream/free, $own without the driver's" \
+       "($i1 instructions for $n1, $i2 for $n2; driver $d1, $d2)"
+  exit 0
+fi
 echo "$case${live:+ (live $live)}: $per_pair instructions per malloc+free pair" \
      "($i1 instructions for $n1 pairs, $i2 for $n2)"
