@@ -120,6 +120,10 @@ static bool pairs_index_stream(xseg_allocator *a, xs_stream_pools *sp) {
 /* A pair's memory: a spare one, its lock taken (a thread that found it
    gone may still hold it), everything but the lock reset; or a new one,
    its lock held. NULL on host OOM. */
+_Static_assert(offsetof(xs_stream_pools, lock) == 0 &&
+                   offsetof(xs_stream_pools, dead) >= sizeof(xs_lock),
+               "a spare pair's reset keeps its lock: the lock comes first");
+
 static xs_stream_pools *pairs_memory(xseg_allocator *a) {
   xs_stream_pools *sp = a->spare;
   if (sp != NULL) {
