@@ -251,10 +251,12 @@ static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded || !xs_ptrtable_reserve(&sp->live))
     return false;
-  /* The merged block must be one the policy takes and splits. */
+  /* The merged block must be one the policy takes and splits (known
+     when the pool knows the retake: the sizes are the same as then). */
   size_t merged = rounded + b->next->size;
-  if (!xs_alloc_fit_takes(a, merged, rounded) ||
-      !xs_alloc_splits(a, p->kind, merged, rounded))
+  if (!xs_pool_retake_known(p) &&
+      (!xs_alloc_fit_takes(a, merged, rounded) ||
+       !xs_alloc_splits(a, p->kind, merged, rounded)))
     return false;
   /* The other pool's merge goes in the stats before this one's moves. */
   if (sp->park_stats != p) xs_pair_park_stats(sp);

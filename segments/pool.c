@@ -51,12 +51,19 @@ static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
                 (int64_t)out, (int64_t)in);
 }
 
+/* Any change of a tree may change which block is the best fit. */
+static inline void pool_trees_changed(xs_pool *p) {
+  p->retake_known = NULL;
+}
+
 void xs_pool_index(xs_pool *p, xs_block *b) {
+  pool_trees_changed(p);
   xs_freetree_insert(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, +1);
 }
 
 void xs_pool_unindex(xs_pool *p, xs_block *b) {
+  pool_trees_changed(p);
   xs_freetree_remove(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, -1);
 }
@@ -79,6 +86,7 @@ static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
     return;
   }
   size_t out = pool_split_bytes(b);
+  pool_trees_changed(p);
   xs_segment_split(b->seg, b, size, spare);
   xs_freetree_replace(t, b, old, spare);
   pool_split_swap(p, out, pool_split_bytes(spare));
@@ -153,6 +161,7 @@ xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
+  pool_trees_changed(p);
   /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
   xs_freetree_remove(&p->free, rest);
   xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
@@ -167,10 +176,16 @@ bool xs_pool_retake(xs_pool *p, bool merge_counted) {
      b->addr) against the best fit among the other free blocks, which is
      the real best fit unless that is `rest`, and then the one after it. */
   size_t merged = b->size + rest->size;
-  xs_block *other = xs_freetree_best_fit(&p->free, b->size);
-  if (other == rest) other = xs_freetree_larger(&p->free, rest);
-  if (other != NULL && !xs_freetree_before(merged, b->addr, other))
-    return false;
+  if (!xs_pool_retake_known(p)) {
+    xs_block *other = xs_freetree_best_fit(&p->free, b->size);
+    if (other == rest) other = xs_freetree_larger(&p->free, rest);
+    if (other != NULL && !xs_freetree_before(merged, b->addr, other))
+      return false;
+    /* Neither the trees nor b's and rest's sizes change until a tree
+       does (a block's size changes only out of its tree, or with a
+       neighbour's merge or split, which go through the tree). */
+    p->retake_known = b;
+  }
   bool merged_split = pool_parked_merge_split(b);
   if (merge_counted) {
     /* The split's stats (pool_take_split): the merged block out of

@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <assert.h>
+
 #include "segments/block.h"
 #include "segments/freetree.h"
 #include "segments/segment.h"
@@ -46,6 +48,11 @@ typedef struct xs_pool {
   xs_block *retiring;
   size_t n_retiring;
   xs_block *parked;             /* freed, not merged yet (lazy merging) */
+  /* The parked block last found to be the best fit once merged (and
+     taken by the allocator's policy; xs_pool_retake), while neither tree
+     has changed since: the retake then needs no tree walk. Every change
+     of either tree clears it (pool_trees_changed). */
+  const xs_block *retake_known;
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -98,8 +105,16 @@ xs_block *xs_pool_settle(xs_pool *p);
    its policy would take and split it) and the split gives back the block
    and its neighbour as they are. The stats move as that split's, and as
    the merge's first unless `merge_counted`. False (nothing changed) when
-   another block fits better. */
+   another block fits better. The answer is kept (retake_known) until
+   either tree changes, so a repeated retake of the same block only
+   moves the stats. */
 bool xs_pool_retake(xs_pool *p, bool merge_counted);
+/* Whether xs_pool_retake is already known to succeed for p's parked
+   block (which the caller's policy then also took). */
+static inline bool xs_pool_retake_known(const xs_pool *p) {
+  assert(p->parked != NULL);
+  return p->retake_known == p->parked;
+}
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
