@@ -201,18 +201,29 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return xs_stream_pools_lookup_locked(a, stream, out);
 }
 
-/* A block just taken from pool p becomes the caller's (room in the pair's
-   pointer table was reserved). */
-static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
-                                  xs_pool *p, xs_block *b, size_t size,
-                                  struct CUstream_st *stream, bool slow) {
+/* A block just taken from pool p becomes the caller's, its entry in the
+   pair's pointer table already there (a parked block keeps its own). */
+static inline void alloc_hand_out_listed(xseg_allocator *a,
+                                         xs_stream_pools *sp, xs_pool *p,
+                                         xs_block *b, size_t size,
+                                         struct CUstream_st *stream,
+                                         bool slow) {
   assert(xs_pools_of(p) == sp);
+  assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  xs_ptrtable_add(&sp->live, b);
   alloc_account_malloc(&sp->stats, b, p->kind, slow);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+}
+
+/* The same for a block taken from the free tree: its entry goes in (room
+   in the pair's pointer table was reserved). */
+static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
+                                  xs_pool *p, xs_block *b, size_t size,
+                                  struct CUstream_st *stream, bool slow) {
+  xs_ptrtable_add(&sp->live, b);
+  alloc_hand_out_listed(a, sp, p, b, size, stream, slow);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -249,8 +260,7 @@ static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
                          xs_block **out) {
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded || !xs_ptrtable_reserve(&sp->live))
-    return false;
+  if (b == NULL || b->size != rounded) return false;
   /* The merged block must be one the policy takes and splits (known
      when the pool knows the retake: the sizes are the same as then). */
   size_t merged = rounded + b->next->size;
@@ -263,7 +273,7 @@ static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
   if (!xs_pool_retake(p, sp->park_stats != p)) return false;
   sp->park_stats = NULL;
   sp->n_parked--;
-  alloc_hand_out(a, sp, p, b, size, stream, false);
+  alloc_hand_out_listed(a, sp, p, b, size, stream, false);
   *out = b;
   return true;
 }
@@ -336,7 +346,8 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
 }
 
 /* Parks b, freed, in its pool (lazy merging): stamped and traced as
-   xs_alloc_give_locked does, merged later. With more than one pair the
+   xs_alloc_give_locked does, merged later; its pointer-table entry stays
+   (allocator.h, n_parked). With more than one pair the
    merge counts in the stats at once, so that no other pair's operation
    sees the sums without it (shards.h). */
 static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
@@ -351,29 +362,33 @@ static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
-   streams, not shared): back to its pool, or parked. */
-static inline __attribute__((always_inline)) void alloc_release_plain(
+   streams, not shared): back to its pool, or parked (true: its entry in
+   the pair's pointer table must stay, or be put back). */
+static inline __attribute__((always_inline)) bool alloc_release_plain(
     xseg_allocator *a, xs_stream_pools *sp, xs_block *b) {
   xs_pool *p = b->seg->pool;
   alloc_account_free(&sp->stats, b, p->kind);
   if (!xs_pool_parkable(b)) {
     xs_alloc_stamp_pair(a, sp, b);
     xs_pool_give(p, b);
-  } else {
-    alloc_park(a, sp, p, b);
+    return false;
   }
+  alloc_park(a, sp, p, b);
+  return true;
 }
 
 /* The one way a block stops being live. A block used on other streams
    (xseg_record_stream) waits, pending, until the work they had queued at
    this free is done (deferred.c); any other goes back to its pool at once,
-   where its own stream may reuse it (stream order makes that safe). */
-static xseg_status alloc_release_block_locked(xseg_allocator *a,
-                                              xs_block *b) {
+   where its own stream may reuse it (stream order makes that safe), or is
+   parked there (*parked: its pointer-table entry goes back). */
+static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
+                                              bool *parked) {
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
   xs_pool *p = b->seg->pool;
+  *parked = false;
   /* Its pool's parked block merges first, as at its own free. */
   xs_alloc_settle_pool_locked(p);
   if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
@@ -383,7 +398,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  alloc_release_plain(a, xs_pools_of(p), b);
+  *parked = alloc_release_plain(a, xs_pools_of(p), b);
   return XSEG_OK;
 }
 
@@ -395,15 +410,18 @@ static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
   size_t slot = xs_ptrtable_find(&sp->live, addr);
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
-  if (b->uses.n != 0) return false;
+  /* A parked block (freed twice) is the slow path's to report. */
+  if (!b->allocated || b->uses.n != 0) return false;
   /* The last park's merge counts before this free's moves. */
   xs_pair_park_stats(sp);
-  xs_ptrtable_remove_at(&sp->live, slot);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
-  if (__builtin_expect(b->seg->pool->parked != NULL, 0))
+  if (__builtin_expect(b->seg->pool->parked != NULL, 0)) {
+    /* Its entry leaves the table: b's may move. */
     xs_alloc_settle_pool_locked(b->seg->pool);
-  alloc_release_plain(a, sp, b);
+    slot = xs_ptrtable_find(&sp->live, addr);
+  }
+  if (!alloc_release_plain(a, sp, b)) xs_ptrtable_remove_at(&sp->live, slot);
   return true;
 }
 
@@ -435,10 +453,11 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   }
   xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
   xs_ptrtable_remove_at(live, slot);
-  xseg_status st = alloc_release_block_locked(a, b);
-  if (st != XSEG_OK) {
-    /* Still live, as the caller sees it: back in the table, where the
-       slot just freed leaves room. */
+  bool parked;
+  xseg_status st = alloc_release_block_locked(a, b, &parked);
+  if (st != XSEG_OK || parked) {
+    /* Still live, as the caller sees it, or parked: back in the table,
+       where the slot just freed leaves room. */
     xs_ptrtable_add(live, b);
   }
   xs_alloc_unlock(a);

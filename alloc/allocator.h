@@ -72,10 +72,13 @@ typedef struct xs_stream_pools {
                                          other streams' memory (flow.c) */
   xs_stats stats;                     /* its shard of the statistics */
   xs_blocks blocks;                   /* its block struct cache */
-  xs_ptrtable live;                   /* its live blocks */
+  xs_ptrtable live;                   /* its live and parked blocks */
   /* Pools whose block the cached free parked unmerged (segments/pool.h,
      lazy merging): the pair's cached malloc and free deal with them,
-     every other entry point settles them all as it takes the locks. */
+     every other entry point settles them all as it takes the locks. A
+     parked block keeps its entry in `live` (not allocated: a free of it
+     is the slow path's) until it settles, so that taking it back costs
+     the table nothing. */
   size_t n_parked;
   /* The pool of the last park while its merge is not in the stats yet
      (only while the allocator has one pair: with more, the merge counts
@@ -215,10 +218,14 @@ static inline void xs_pair_park_stats(xs_stream_pools *sp) {
   xs_pool_park_stats(sp->park_stats);
   sp->park_stats = NULL;
 }
-/* Merges p's parked block, if any, as its free would have. */
+/* Merges p's parked block, if any, as its free would have; its entry
+   leaves the pair's pointer table (entries after it may move). */
 static inline void xs_alloc_settle_pool_locked(xs_pool *p) {
   if (p->parked == NULL) return;
   xs_stream_pools *sp = xs_pools_of(p);
+  size_t slot = xs_ptrtable_find(&sp->live, p->parked->addr);
+  assert(slot != SIZE_MAX && "a parked block keeps its entry");
+  xs_ptrtable_remove_at(&sp->live, slot);
   xs_pair_park_stats(sp);
   xs_pool_settle(p);
   sp->n_parked--;

@@ -212,6 +212,8 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     size_t i = xs_ptrtable_find(&sp->live, addr);
     if (i != SIZE_MAX) {
+      assert(sp->live.slot[i].block->allocated &&
+             "every lock taken: nothing is parked");
       *slot = i;
       return sp->live.slot[i].block;
     }
