@@ -201,19 +201,23 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return xs_stream_pools_lookup_locked(a, stream, out);
 }
 
-/* A block just taken from pool p becomes the caller's, its entry in the
-   pair's pointer table already there (a parked block keeps its own). */
+/* A block just taken from pool p (of `kind`, given apart so that a
+   caller that knows it at compile time folds it) becomes the caller's,
+   its entry in the pair's pointer table already there (a parked block
+   keeps its own). */
 static inline void alloc_hand_out_listed(xseg_allocator *a,
                                          xs_stream_pools *sp, xs_pool *p,
-                                         xs_block *b, size_t size,
+                                         xs_pool_kind kind, xs_block *b,
+                                         size_t size,
                                          struct CUstream_st *stream,
                                          bool slow) {
-  assert(xs_pools_of(p) == sp);
+  (void)p;
+  assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  alloc_account_malloc(&sp->stats, b, p->kind, slow);
+  alloc_account_malloc(&sp->stats, b, kind, slow);
   xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
@@ -223,7 +227,7 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, b, size, stream, slow);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -251,51 +255,72 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   return XSEG_OK;
 }
 
-/* The cached malloc with blocks parked (allocator.h): the one of the
-   request's pool when the request is its size and settling then taking
-   the best fit would hand out exactly it (xs_pool_retake). False (nothing
-   changed) otherwise: the caller settles and goes the usual way. */
-static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
-                         size_t rounded, struct CUstream_st *stream,
-                         xs_block **out) {
-  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
-  xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded) return false;
-  /* The merged block must be one the policy takes and splits (known
-     when the pool knows the retake: the sizes are the same as then). */
-  size_t merged = rounded + b->next->size;
-  if (!xs_pool_retake_known(p) &&
-      (!xs_alloc_fit_takes(a, merged, rounded) ||
-       !xs_alloc_splits(a, p->kind, merged, rounded)))
-    return false;
-  /* The other pool's merge goes in the stats before this one's moves. */
-  if (sp->park_stats != p) xs_pair_park_stats(sp);
-  if (!xs_pool_retake(p, sp->park_stats != p)) return false;
-  sp->park_stats = NULL;
-  sp->n_parked--;
-  alloc_hand_out_listed(a, sp, p, b, size, stream, false);
-  *out = b;
-  return true;
+/* Whether p's parked block, of the request's size, is what settling it
+   and taking the best fit would hand out: the merged block must be one
+   the policy takes and splits, and the best fit (xs_pool_retake_fits).
+   Out of line: once known, the pool keeps the answer until a tree
+   changes (the sizes cannot change before). */
+static __attribute__((noinline)) bool alloc_retake_fits(
+    const xseg_allocator *a, xs_pool *p, size_t rounded) {
+  size_t merged = rounded + p->parked->next->size;
+  return xs_alloc_fit_takes(a, merged, rounded) &&
+         xs_alloc_splits(a, p->kind, merged, rounded) &&
+         xs_pool_retake_fits(p);
 }
 
-/* The cached malloc, pair lock held: false (the slow path's turn) on a
-   miss. Parked blocks of the pair are taken back or settled first. */
-static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, uint64_t use,
-                         size_t size, size_t rounded,
-                         struct CUstream_st *stream, xs_block **out) {
-  sp->used_at = use;
-  if (sp->n_parked != 0) {
-    if (alloc_retake(a, sp, size, rounded, stream, out)) return true;
-    xs_pair_settle(sp);
-  }
-  if (!xs_ptrtable_reserve(&sp->live)) return false;
+/* The cached malloc with blocks parked (allocator.h): the one of the
+   request's pool when the request is its size and settling then taking
+   the best fit would hand out exactly it. NULL (nothing changed)
+   otherwise: the caller settles and goes the usual way. */
+static inline __attribute__((always_inline)) xs_block *alloc_retake(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
+  xs_pool *p = &sp->pool[kind];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded) return NULL;
+  if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
+    return NULL;
+  /* The other pool's merge goes in the stats before this one's moves. */
+  if (sp->park_stats != p) xs_pair_park_stats(sp);
+  xs_pool_retake(p, kind, sp->park_stats != p);
+  sp->park_stats = NULL;
+  sp->n_parked--;
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false);
+  return b;
+}
+
+/* The cached malloc's best fit from the free tree (nothing parked): NULL
+   (the slow path's turn) on a miss. */
+static __attribute__((noinline)) xs_block *alloc_cached_fit(
+    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
+    struct CUstream_st *stream) {
+  if (!xs_ptrtable_reserve(&sp->live)) return NULL;
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
-  if (b == NULL) return false;
+  if (b == NULL) return NULL;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
   alloc_hand_out(a, sp, p, b, size, stream, false);
-  *out = b;
-  return true;
+  return b;
+}
+
+/* The cached malloc, pair lock held: the block handed out, or NULL (the
+   slow path's turn) on a miss. Parked blocks of the pair are taken back
+   or settled first. */
+static inline xs_block *alloc_cached(xseg_allocator *a, xs_stream_pools *sp,
+                                     uint64_t use, size_t size,
+                                     size_t rounded,
+                                     struct CUstream_st *stream) {
+  sp->used_at = use;
+  if (sp->n_parked != 0) {
+    /* The kind a constant in each copy: the stats' offsets fold. */
+    xs_block *b =
+        xs_alloc_kind(rounded) == XS_POOL_SMALL
+            ? alloc_retake(a, sp, XS_POOL_SMALL, size, rounded, stream)
+            : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream);
+    if (b != NULL) return b;
+    xs_pair_settle(sp);
+  }
+  return alloc_cached_fit(a, sp, size, rounded, stream);
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
@@ -308,31 +333,24 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
   return xs_config_round_size(c, size);
 }
 
-xseg_status xseg_malloc(xseg_allocator *a, size_t size,
-                        struct CUstream_st *stream, void **ptr) {
-  if (ptr != NULL) *ptr = NULL;           /* NULL on every failure */
+/* xseg_malloc's refusals: *ptr NULL (when there is one). */
+static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
+    xseg_allocator *a, size_t size, void **ptr) {
+  if (ptr != NULL) *ptr = NULL;
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");
-  size_t rounded = alloc_round(&a->cfg, size);
-  if (rounded == 0 || rounded > XS_MAX_REQUEST)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                    "xseg_malloc(%zu bytes): the size overflows when rounded "
-                    "to blocks and granules", size);
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_malloc(%zu bytes): the size overflows when rounded "
+                  "to blocks and granules", size);
+}
+
+/* xseg_malloc with every lock: after a miss of the cached path, or when
+   it may not run. */
+static __attribute__((noinline)) xseg_status alloc_malloc_locked(
+    xseg_allocator *a, size_t size, size_t rounded,
+    struct CUstream_st *stream, void **ptr) {
   xs_block *b = NULL;
-  uint64_t use;
-  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
-  if (__builtin_expect(sp != NULL, 1)) {
-    xs_pair_take(sp);
-    bool done = !a->slow && !sp->dead &&
-                alloc_cached(a, sp, use, size, rounded, stream, &b);
-    xs_pair_drop(sp);
-    if (done) {
-      xs_alloc_debug_after_cached(a);
-      *ptr = (void *)(uintptr_t)b->addr;
-      return XSEG_OK;
-    }
-  }
   xs_alloc_lock(a);
   /* Frees waiting on other streams are settled first, as PyTorch's
      process_events; a counter check when none waits. A failed query only
@@ -343,6 +361,31 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
+}
+
+xseg_status xseg_malloc(xseg_allocator *a, size_t size,
+                        struct CUstream_st *stream, void **ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  size_t rounded = alloc_round(&a->cfg, size);
+  /* 0 (overflow) wraps above the limit too. */
+  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  uint64_t use;
+  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
+  if (__builtin_expect(sp != NULL, 1)) {
+    xs_pair_take(sp);
+    xs_block *b = __builtin_expect(!a->slow && !sp->dead, 1)
+                      ? alloc_cached(a, sp, use, size, rounded, stream)
+                      : NULL;
+    xs_pair_drop(sp);
+    if (__builtin_expect(b != NULL, 1)) {
+      xs_alloc_debug_after_cached(a);
+      *ptr = (void *)(uintptr_t)b->addr;
+      return XSEG_OK;
+    }
+  }
+  return alloc_malloc_locked(a, size, rounded, stream, ptr);
 }
 
 /* Parks b, freed, in its pool (lazy merging): stamped and traced as

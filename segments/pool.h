@@ -49,7 +49,7 @@ typedef struct xs_pool {
   size_t n_retiring;
   xs_block *parked;             /* freed, not merged yet (lazy merging) */
   /* The parked block last found to be the best fit once merged (and
-     taken by the allocator's policy; xs_pool_retake), while neither tree
+     taken by the allocator's policy; xs_pool_retake_fits), while neither tree
      has changed since: the retake then needs no tree walk. Every change
      of either tree clears it (pool_trees_changed). */
   const xs_block *retake_known;
@@ -81,7 +81,7 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    count the merge before anything else moves them (xs_pool_park_stats),
    or the retake must count merge and split together. Until it is
    settled the pool breaks block.h's
-   rules for that block alone, so nothing but xs_pool_retake and
+   rules for that block alone, so nothing but the retake functions and
    xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
    other operation on it, and every pool before anything that looks at
    more than one). */
@@ -99,21 +99,56 @@ void xs_pool_park_stats(xs_pool *p);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
    block, indexed. */
 xs_block *xs_pool_settle(xs_pool *p);
-/* p's parked block handed out again for a request of its size, when that
-   is exactly what settling it and then taking the best fit would do: the
-   merged block is the best fit for that size (the caller has checked that
-   its policy would take and split it) and the split gives back the block
-   and its neighbour as they are. The stats move as that split's, and as
-   the merge's first unless `merge_counted`. False (nothing changed) when
-   another block fits better. The answer is kept (retake_known) until
-   either tree changes, so a repeated retake of the same block only
-   moves the stats. */
-bool xs_pool_retake(xs_pool *p, bool merge_counted);
-/* Whether xs_pool_retake is already known to succeed for p's parked
-   block (which the caller's policy then also took). */
+/* Whether p's parked block, handed out again for a request of its size,
+   is exactly what settling it and then taking the best fit would give:
+   the merged block is the best fit for that size (the caller checks that
+   its policy would take and split it), and the split gives back the
+   block and its neighbour as they are. The answer, when true, is kept
+   (retake_known) until either tree changes, so that a repeated retake of
+   the same block walks no tree. */
+bool xs_pool_retake_fits(xs_pool *p);
+/* Whether xs_pool_retake_fits is known to hold for p's parked block (the
+   caller's policy then took it too: the sizes are the same as then). */
 static inline bool xs_pool_retake_known(const xs_pool *p) {
   assert(p->parked != NULL);
   return p->retake_known == p->parked;
+}
+/* Whether the block the parked one merges into is a piece of a larger
+   range (inactive_split counts it). */
+static inline bool xs_pool_parked_merge_split(const xs_block *b) {
+  return b->prev != NULL || b->next->next != NULL;
+}
+/* The stats of the retake's split alone, its merge already counted
+   (xs_pool_park_stats). */
+void xs_pool_retake_split_stats(xs_pool *p);
+/* Hands p's parked block out again (xs_pool_retake_known). The stats move
+   as the split's, and as the merge's first unless `merge_counted`. `kind`
+   is p's, given apart so that a caller that knows it at compile time
+   folds the stats' offsets. */
+static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
+                                  bool merge_counted) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(xs_pool_retake_known(p) && !b->allocated && !rest->allocated &&
+         rest->mapped && kind == p->kind);
+  if (merge_counted) {
+    xs_pool_retake_split_stats(p);
+  } else if (xs_pool_parked_merge_split(b)) {
+    /* The merge's and the split's together: every count returns to where
+       it is, the bytes having been up by b->size in between. */
+    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
+    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 2;
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind, sz,
+                    sz + 2 * r);
+  } else {
+    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 1;
+    p->stats->pool[kind][XS_GAUGE_inactive_split_bytes].allocated +=
+        (int64_t)rest->size;
+  }
+  /* The split leaves the rest stamped with the merged block's epoch: the
+     newer of the two. */
+  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
+  b->allocated = true;
+  p->parked = NULL;
 }
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
