@@ -218,7 +218,9 @@ static inline void alloc_hand_out_listed(xseg_allocator *a,
   b->requested = size;
   b->stream = stream;
   alloc_account_malloc(&sp->stats, b, kind, slow);
-  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+  /* Tracing sends the cached path the slow way (pairs.c). */
+  assert(slow || a->trace.cap == 0);
+  if (slow) xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
 /* The same for a block taken from the free tree: its entry goes in (room
@@ -388,14 +390,26 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   return alloc_malloc_locked(a, size, rounded, stream, ptr);
 }
 
+/* A block of pair sp whose last use is over: stamped, and traced when
+   `slow` (tracing sends the cached path the slow way, pairs.c). */
+static inline __attribute__((always_inline)) void alloc_stamp(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, bool slow) {
+  assert(slow || a->trace.cap == 0);
+  if (slow)
+    xs_alloc_stamp_pair(a, sp, b);
+  else
+    b->free_epoch = xs_pair_tick(sp);
+}
+
 /* Parks b, freed, in its pool (lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
    (allocator.h, n_parked). With more than one pair the
    merge counts in the stats at once, so that no other pair's operation
    sees the sums without it (shards.h). */
-static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
-                              xs_pool *p, xs_block *b) {
-  xs_alloc_stamp_pair(a, sp, b);
+static inline __attribute__((always_inline)) void alloc_park(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_block *b,
+    bool slow) {
+  alloc_stamp(a, sp, b, slow);
   xs_pool_park(p, b);
   sp->n_parked++;
   if (a->n_pairs > 1)
@@ -405,18 +419,21 @@ static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
-   streams, not shared): back to its pool, or parked (true: its entry in
-   the pair's pointer table must stay, or be put back). */
+   streams, not shared): back to its pool p (of `kind`, given apart so
+   that a caller that knows it at compile time folds it), or parked (true:
+   its entry in the pair's pointer table must stay, or be put back).
+   `slow`: with every lock held, the only way traced. */
 static inline __attribute__((always_inline)) bool alloc_release_plain(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b) {
-  xs_pool *p = b->seg->pool;
-  alloc_account_free(&sp->stats, b, p->kind);
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, bool slow) {
+  assert(b->seg->pool == p && p->kind == kind);
+  alloc_account_free(&sp->stats, b, kind);
   if (!xs_pool_parkable(b)) {
-    xs_alloc_stamp_pair(a, sp, b);
+    alloc_stamp(a, sp, b, slow);
     xs_pool_give(p, b);
     return false;
   }
-  alloc_park(a, sp, p, b);
+  alloc_park(a, sp, p, b, slow);
   return true;
 }
 
@@ -441,15 +458,15 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  *parked = alloc_release_plain(a, xs_pools_of(p), b);
+  *parked = alloc_release_plain(a, xs_pools_of(p), p, p->kind, b, true);
   return XSEG_OK;
 }
 
 /* The cached free, pair lock held: false (nothing changed) when the
    address is not a live block of the pair or its free needs more than the
    pair. */
-static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
-                              uint64_t addr) {
+static inline bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
+                                     uint64_t addr) {
   size_t slot = xs_ptrtable_find(&sp->live, addr);
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
@@ -457,33 +474,28 @@ static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
   if (!b->allocated || b->uses.n != 0) return false;
   /* The last park's merge counts before this free's moves. */
   xs_pair_park_stats(sp);
-  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
-                  b->stream);
-  if (__builtin_expect(b->seg->pool->parked != NULL, 0)) {
+  /* Tracing sends the cached path the slow way (pairs.c). */
+  assert(a->trace.cap == 0);
+  xs_pool *p = b->seg->pool;
+  if (__builtin_expect(p->parked != NULL, 0)) {
     /* Its entry leaves the table: b's may move. */
-    xs_alloc_settle_pool_locked(b->seg->pool);
+    xs_alloc_settle_pool_locked(p);
     slot = xs_ptrtable_find(&sp->live, addr);
   }
-  if (!alloc_release_plain(a, sp, b)) xs_ptrtable_remove_at(&sp->live, slot);
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  bool parked =
+      p->kind == XS_POOL_SMALL
+          ? alloc_release_plain(a, sp, p, XS_POOL_SMALL, b, false)
+          : alloc_release_plain(a, sp, p, XS_POOL_LARGE, b, false);
+  if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
   return true;
 }
 
-xseg_status xseg_free(xseg_allocator *a, void *ptr) {
-  if (a == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator is "
-                    "NULL", ptr);
-  if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
+/* xseg_free with every lock: after the cached path declined, or when it
+   may not run. */
+static __attribute__((noinline)) xseg_status alloc_free_locked(
+    xseg_allocator *a, void *ptr) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_stream_pools *sp = xs_ranges_find(a, addr);
-  if (__builtin_expect(sp != NULL, 1)) {
-    xs_pair_take(sp);
-    bool done = !a->slow && !sp->dead && alloc_free_cached(a, sp, addr);
-    xs_pair_drop(sp);
-    if (done) {
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
-    }
-  }
   xs_alloc_lock(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
@@ -505,6 +517,28 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   }
   xs_alloc_unlock(a);
   return st;
+}
+
+xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
+    if (a == NULL)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
+                      "is NULL", ptr);
+    return XSEG_OK;                         /* as free(NULL) */
+  }
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  if (__builtin_expect(sp != NULL, 1)) {
+    xs_pair_take(sp);
+    bool done = __builtin_expect(!a->slow && !sp->dead, 1) &&
+                alloc_free_cached(a, sp, addr);
+    xs_pair_drop(sp);
+    if (__builtin_expect(done, 1)) {
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
+    }
+  }
+  return alloc_free_locked(a, ptr);
 }
 
 /* The walk is check.c's; the locks are taken here, with the other entry

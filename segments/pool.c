@@ -136,13 +136,6 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
   return xs_pool_coalesce(p, b);
 }
 
-void xs_pool_park(xs_pool *p, xs_block *b) {
-  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
-  b->allocated = false;
-  b->requested = 0;
-  p->parked = b;
-}
-
 void xs_pool_park_stats(xs_pool *p) {
   /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
      before it) unindexed, the merged block indexed. */

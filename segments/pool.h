@@ -93,7 +93,12 @@ static inline bool xs_pool_parkable(const xs_block *b) {
          (prev == NULL || prev->allocated || !prev->mapped);
 }
 /* Frees parkable block b without merging it (p->parked: none yet). */
-void xs_pool_park(xs_pool *p, xs_block *b);
+static inline void xs_pool_park(xs_pool *p, xs_block *b) {
+  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
+  b->allocated = false;
+  b->requested = 0;
+  p->parked = b;
+}
 /* Moves the stats as merging p's parked block would. */
 void xs_pool_park_stats(xs_pool *p);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
