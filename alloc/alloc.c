@@ -180,11 +180,17 @@ static inline void alloc_account_malloc(xs_stats *s, const xs_block *b,
   if (__builtin_expect(slow, 0)) xs_stats_held_peak(s, k);
 }
 
-static inline void alloc_account_free(xs_stats *s, const xs_block *b,
-                                      xs_pool_kind k) {
-  xs_stats_dec(s, XS_GAUGE_allocation, k, 1);
-  xs_stats_dec(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
-  xs_stats_dec(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+/* A free whose count was deferred (allocator.h, park_stats) and the
+   malloc that takes the same block back for the same requested size, in
+   one: each gauge falls and rises back to the value it had, which is
+   under its threshold (one pair: only its own crossings move them, and
+   a crossing leaves each at or above its current), so only the totals
+   of increases move. */
+static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
+                                        xs_pool_kind k) {
+  s->pool[k][XS_GAUGE_allocation].allocated += 1;
+  s->pool[k][XS_GAUGE_allocated_bytes].allocated += (int64_t)b->size;
+  s->pool[k][XS_GAUGE_requested_bytes].allocated += (int64_t)b->requested;
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -204,20 +210,24 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
 /* A block just taken from pool p (of `kind`, given apart so that a
    caller that knows it at compile time folds it) becomes the caller's,
    its entry in the pair's pointer table already there (a parked block
-   keeps its own). */
+   keeps its own). `refill`: its free was never counted (the parked
+   block taken back for the same requested size). */
 static inline void alloc_hand_out_listed(xseg_allocator *a,
                                          xs_stream_pools *sp, xs_pool *p,
                                          xs_pool_kind kind, xs_block *b,
                                          size_t size,
                                          struct CUstream_st *stream,
-                                         bool slow) {
+                                         bool slow, bool refill) {
   (void)p;
   assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  alloc_account_malloc(&sp->stats, b, kind, slow);
+  if (refill)
+    alloc_account_refill(&sp->stats, b, kind);
+  else
+    alloc_account_malloc(&sp->stats, b, kind, slow);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow) xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
@@ -229,7 +239,7 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, false);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -282,12 +292,20 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   if (b == NULL || b->size != rounded) return NULL;
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
-  /* The other pool's merge goes in the stats before this one's moves. */
-  if (sp->park_stats != p) xs_pair_park_stats(sp);
-  xs_pool_retake(p, kind, sp->park_stats != p);
-  sp->park_stats = NULL;
   sp->n_parked--;
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false);
+  if (sp->park_stats == p && sp->park_requested == size) {
+    /* Its free and merge never counted: merge, split, free and malloc
+       in one. */
+    sp->park_stats = NULL;
+    xs_pool_retake(p, kind, false);
+    alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, true);
+    return b;
+  }
+  /* Any park not counted yet (the other pool's, or this one's for
+     another requested size) goes in the stats before this one's moves. */
+  xs_pair_park_stats(sp);
+  xs_pool_retake(p, kind, true);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false);
   return b;
 }
 
@@ -401,21 +419,26 @@ static inline __attribute__((always_inline)) void alloc_stamp(
     b->free_epoch = xs_pair_tick(sp);
 }
 
-/* Parks b, freed, in its pool (lazy merging): stamped and traced as
+/* Parks b, freed, in its pool p (lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
-   (allocator.h, n_parked). With more than one pair the
-   merge counts in the stats at once, so that no other pair's operation
-   sees the sums without it (shards.h). */
+   (allocator.h, n_parked). With one pair, its free and merge count in
+   the stats later (park_stats); with more, at once, so that no other
+   pair's operation sees the sums without them (shards.h). */
 static inline __attribute__((always_inline)) void alloc_park(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_block *b,
-    bool slow) {
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, bool slow) {
   alloc_stamp(a, sp, b, slow);
-  xs_pool_park(p, b);
-  sp->n_parked++;
-  if (a->n_pairs > 1)
+  if (a->n_pairs > 1) {
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+    xs_pool_park(p, b);
     xs_pool_park_stats(p);
-  else
+  } else {
+    assert(sp->park_stats == NULL && "the last park counted first");
     sp->park_stats = p;
+    sp->park_requested = b->requested;
+    xs_pool_park(p, b);
+  }
+  sp->n_parked++;
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
@@ -427,13 +450,13 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
-  alloc_account_free(&sp->stats, b, kind);
   if (!xs_pool_parkable(b)) {
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
     alloc_stamp(a, sp, b, slow);
     xs_pool_give(p, b);
     return false;
   }
-  alloc_park(a, sp, p, b, slow);
+  alloc_park(a, sp, p, kind, b, slow);
   return true;
 }
 

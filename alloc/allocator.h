@@ -80,10 +80,14 @@ typedef struct xs_stream_pools {
      is the slow path's) until it settles, so that taking it back costs
      the table nothing. */
   size_t n_parked;
-  /* The pool of the last park while its merge is not in the stats yet
-     (only while the allocator has one pair: with more, the merge counts
-     at once, so that the sums never lack it). */
+  /* The pool of the last park while neither that free nor its merge is
+     in the stats yet (only while the allocator has one pair: with more,
+     both count at once, so that the sums never lack them), and the
+     parked block's requested size, for its free's count. The free of a
+     block taken back at once then moves no gauge but the totals of
+     increases (alloc.c, alloc_retake). */
   xs_pool *park_stats;
+  size_t park_requested;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;       /* the allocator's list */
 #ifndef NDEBUG
@@ -212,10 +216,22 @@ void xs_alloc_debug_check_locked(xseg_allocator *a);
    as XSEG_ERR_INVALID_ARGUMENT with its message (check.c). */
 xseg_status xs_alloc_check_locked(xseg_allocator *a);
 
-/* Counts sp's last park's merge in the stats, if it is not yet. */
+/* The stats of a block of `size` bytes, `requested` asked for, that stops
+   being live (pool `kind`, shard s): allocation and its bytes fall. */
+static inline void xs_alloc_account_free(xs_stats *s, xs_pool_kind kind,
+                                         size_t size, size_t requested) {
+  xs_stats_dec(s, XS_GAUGE_allocation, kind, 1);
+  xs_stats_dec(s, XS_GAUGE_allocated_bytes, kind, (int64_t)size);
+  xs_stats_dec(s, XS_GAUGE_requested_bytes, kind, (int64_t)requested);
+}
+/* Counts sp's last park (its free, then its merge) in the stats, if it
+   is not yet. */
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
-  if (sp->park_stats == NULL) return;
-  xs_pool_park_stats(sp->park_stats);
+  xs_pool *p = sp->park_stats;
+  if (p == NULL) return;
+  xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
+                        sp->park_requested);
+  xs_pool_park_stats(p);
   sp->park_stats = NULL;
 }
 /* Merges p's parked block, if any, as its free would have; its entry
