@@ -346,11 +346,16 @@ static inline xs_block *alloc_cached(xseg_allocator *a, xs_stream_pools *sp,
 /* xs_config_round_size, with its common case inline: every size up to
    1 MiB falls in the first roundup_power2_divisions interval, and without
    divisions there it is rounded to 512 bytes. */
+static inline bool alloc_rounds_plain(const xs_config *c, size_t size) {
+  return size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1;
+}
+static inline size_t alloc_round_plain(size_t size) {
+  return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
+                              : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
+}
 static inline size_t alloc_round(const xs_config *c, size_t size) {
-  if (size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1)
-    return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
-                                : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
-  return xs_config_round_size(c, size);
+  return alloc_rounds_plain(c, size) ? alloc_round_plain(size)
+                                     : xs_config_round_size(c, size);
 }
 
 /* xseg_malloc's refusals: *ptr NULL (when there is one). */
@@ -383,8 +388,9 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
   return st;
 }
 
-xseg_status xseg_malloc(xseg_allocator *a, size_t size,
-                        struct CUstream_st *stream, void **ptr) {
+/* xseg_malloc's every case: the cached path, then every lock. */
+static __attribute__((noinline)) xseg_status alloc_malloc_any(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0))
     return alloc_malloc_refused(a, size, ptr);
   size_t rounded = alloc_round(&a->cfg, size);
@@ -406,6 +412,72 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     }
   }
   return alloc_malloc_locked(a, size, rounded, stream, ptr);
+}
+
+/* The repeated size's malloc: the parked block of the small pool taken
+   back for the same requested size, its retake known to fit (the pool
+   keeps the answer), its free never counted (one pair) and its merge and
+   split passing no peak, so that only totals of increases move. Pair lock
+   held. Checks everything before it writes anything and calls nothing
+   (no saved register, no frame): NULL (nothing changed) when it does not
+   apply, and alloc_malloc_any's cached path then does what it would. */
+static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
+    xs_stream_pools *sp, size_t size, size_t rounded,
+    struct CUstream_st *stream) {
+  xs_pool *p = &sp->pool[XS_POOL_SMALL];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
+      sp->park_stats != p || sp->park_requested != size ||
+      !xs_pool_retake_under_peaks(p, XS_POOL_SMALL))
+    return NULL;
+  sp->n_parked--;
+  sp->park_stats = NULL;
+  xs_pool_retake_under(p, XS_POOL_SMALL);
+  b->requested = size;
+  b->stream = stream;
+  alloc_account_refill(&sp->stats, b, XS_POOL_SMALL);
+  return b;
+}
+
+/* The pair lock had a waiter when the repeated size's malloc dropped it:
+   woken here, out of the common path. */
+static __attribute__((noinline, cold)) xseg_status alloc_malloc_woken(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
+    xs_stream_pools *sp, bool done) {
+  xs_lock_wake(&sp->lock);
+  if (!done) return alloc_malloc_any(a, size, stream, ptr);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
+/* A small size on the thread's last stream, its pair lock free, nothing
+   calling for the slow path: alloc_retake_again. Anything else, and any
+   miss, is alloc_malloc_any's (nothing changed here). */
+xseg_status xseg_malloc(xseg_allocator *a, size_t size,
+                        struct CUstream_st *stream, void **ptr) {
+  if (__builtin_expect(
+          a != NULL && ptr != NULL && alloc_rounds_plain(&a->cfg, size), 1)) {
+    xs_pairs_thread *t = &xs_pairs_tls;
+    xs_stream_pools *sp = t->pair;
+    if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
+        xs_pair_try(sp)) {
+      xs_block *b =
+          __builtin_expect(!a->slow && !sp->dead, 1)
+              ? alloc_retake_again(sp, size, alloc_round_plain(size), stream)
+              : NULL;
+      if (b != NULL) {
+        sp->used_at = ++t->uses;          /* as xs_pairs_of_stream */
+        *ptr = (void *)(uintptr_t)b->addr;
+      }
+      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+        return alloc_malloc_woken(a, size, stream, ptr, sp, b != NULL);
+      if (__builtin_expect(b != NULL, 1)) {
+        xs_alloc_debug_after_cached(a);
+        return XSEG_OK;
+      }
+    }
+  }
+  return alloc_malloc_any(a, size, stream, ptr);
 }
 
 /* A block of pair sp whose last use is over: stamped, and traced when
@@ -542,7 +614,9 @@ static __attribute__((noinline)) xseg_status alloc_free_locked(
   return st;
 }
 
-xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+/* xseg_free's every case: the cached path, then every lock. */
+static __attribute__((noinline)) xseg_status alloc_free_any(
+    xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
     if (a == NULL)
       return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
@@ -562,6 +636,58 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
     }
   }
   return alloc_free_locked(a, ptr);
+}
+
+/* The repeated size's free: a live block of the pair, parkable in its
+   pool (none parked there), with one pair and no park uncounted, so that
+   it is parked with its free and merge counted later (alloc_park) and no
+   gauge moves. Pair lock held. Checks everything before it writes
+   anything and calls nothing: false (nothing changed) when it does not
+   apply, and alloc_free_any's cached path then does what it would. */
+static inline __attribute__((always_inline)) bool alloc_park_again(
+    const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
+  size_t slot = xs_ptrtable_find(&sp->live, addr);
+  if (slot == SIZE_MAX) return false;
+  xs_block *b = sp->live.slot[slot].block;
+  xs_pool *p = b->seg->pool;
+  if (!b->allocated || b->uses.n != 0 || sp->park_stats != NULL ||
+      a->n_pairs != 1 || p->parked != NULL || !xs_pool_parkable(b))
+    return false;
+  b->free_epoch = xs_pair_tick(sp);
+  sp->park_stats = p;
+  sp->park_requested = b->requested;
+  xs_pool_park(p, b);
+  sp->n_parked++;
+  return true;
+}
+
+/* The pair lock had a waiter when the repeated size's free dropped it. */
+static __attribute__((noinline, cold)) xseg_status alloc_free_woken(
+    xseg_allocator *a, void *ptr, xs_stream_pools *sp, bool done) {
+  xs_lock_wake(&sp->lock);
+  if (!done) return alloc_free_any(a, ptr);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
+/* An address in the range of the thread's last free, its pair lock free,
+   nothing calling for the slow path: alloc_park_again. Anything else is
+   alloc_free_any's (nothing changed here). */
+xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
+    xs_stream_pools *sp = xs_ranges_last(a, (uint64_t)(uintptr_t)ptr);
+    if (__builtin_expect(sp != NULL, 1) && xs_pair_try(sp)) {
+      bool done = __builtin_expect(!a->slow && !sp->dead, 1) &&
+                  alloc_park_again(a, sp, (uint64_t)(uintptr_t)ptr);
+      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+        return alloc_free_woken(a, ptr, sp, done);
+      if (__builtin_expect(done, 1)) {
+        xs_alloc_debug_after_cached(a);
+        return XSEG_OK;
+      }
+    }
+  }
+  return alloc_free_any(a, ptr);
 }
 
 /* The walk is check.c's; the locks are taken here, with the other entry

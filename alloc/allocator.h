@@ -274,6 +274,22 @@ static inline void xs_pair_drop(xs_stream_pools *sp) {
 #endif
   xs_lock_drop(&sp->lock);
 }
+/* The same, for the repeated size's path (alloc.c): takes the pair lock
+   only if it is free, drops it without waking (false: the caller wakes
+   the waiter, xs_lock_wake). */
+static inline bool xs_pair_try(xs_stream_pools *sp) {
+  if (!xs_lock_try(&sp->lock)) return false;
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
+#endif
+  return true;
+}
+static inline bool xs_pair_drop_unwoken(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held(sp, false);
+#endif
+  return xs_lock_drop_unwoken(&sp->lock);
+}
 #ifndef NDEBUG
 #define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
   assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \
@@ -371,14 +387,23 @@ xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr);
    (also while it is being rewritten; see alloc/ranges.c): the range of
    the thread's last free when the table has not changed since, else a
    search. No lock needed. */
+static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
+                                              uint64_t addr);
 static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
+                                              uint64_t addr) {
+  xs_stream_pools *sp = xs_ranges_last(a, addr);
+  return __builtin_expect(sp != NULL, 1) ? sp : xs_ranges_search(a, addr);
+}
+/* The thread's last range's pair if it holds addr and the table has not
+   changed since, else NULL (no search, no call). */
+static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
                                               uint64_t addr) {
   xs_pairs_thread *t = &xs_pairs_tls;
   unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
   if (__builtin_expect(seq == t->range_seq && t->range_id == a->id &&
                            addr - t->range_base < t->range_size, 1))
     return t->range_pair;
-  return xs_ranges_search(a, addr);
+  return NULL;
 }
 /* Makes a new range table when segments were added since the last
    (ranges.c). A host OOM keeps the old one: the cached free of a block

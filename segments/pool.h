@@ -126,6 +126,23 @@ static inline bool xs_pool_parked_merge_split(const xs_block *b) {
 /* The stats of the retake's split alone, its merge already counted
    (xs_pool_park_stats). */
 void xs_pool_retake_split_stats(xs_pool *p);
+/* The newer of the two epochs goes to the rest, as the split of the
+   merged block leaves it; the block is handed out. */
+static inline void xs_pool_retake_finish(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
+  b->allocated = true;
+  p->parked = NULL;
+}
+/* Whether xs_pool_retake(p, kind, false) passes no peak: its merge and
+   split then move nothing but the totals of increases. */
+static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
+                                              xs_pool_kind kind) {
+  const xs_block *b = p->parked;
+  return !xs_pool_parked_merge_split(b) ||
+         xs_stats_bounce_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                               (int64_t)b->size);
+}
 /* Hands p's parked block out again (xs_pool_retake_known). The stats move
    as the split's, and as the merge's first unless `merge_counted`. `kind`
    is p's, given apart so that a caller that knows it at compile time
@@ -149,11 +166,24 @@ static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
     p->stats->pool[kind][XS_GAUGE_inactive_split_bytes].allocated +=
         (int64_t)rest->size;
   }
-  /* The split leaves the rest stamped with the merged block's epoch: the
-     newer of the two. */
-  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
-  b->allocated = true;
-  p->parked = NULL;
+  xs_pool_retake_finish(p);
+}
+/* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
+   totals of increases alone, and no call. */
+static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, kind) &&
+         kind == p->kind);
+  xs_gauge_val *n = &p->stats->pool[kind][XS_GAUGE_inactive_split];
+  xs_gauge_val *bytes = &p->stats->pool[kind][XS_GAUGE_inactive_split_bytes];
+  if (xs_pool_parked_merge_split(b)) {
+    n->allocated += 2;
+    bytes->allocated += (int64_t)(b->size + 2 * rest->size);
+  } else {
+    n->allocated += 1;
+    bytes->allocated += (int64_t)rest->size;
+  }
+  xs_pool_retake_finish(p);
 }
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */

@@ -180,6 +180,16 @@ static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
 }
 
+/* Whether xs_stats_bounce(s, g, kind, up, ...) stays at or under both
+   thresholds (passes no peak). */
+static inline bool xs_stats_bounce_under(const xs_stats *s, xs_gauge g,
+                                         xs_pool_kind kind, int64_t up) {
+  int64_t pt = xs_gv_get(&s->pool[kind][g].current) + up;
+  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current);
+  return pt <= xs_gv_get(&s->pool[kind][g].peak) &&
+         at <= xs_gv_get(&s->all[g].peak);
+}
+
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
