@@ -638,10 +638,11 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
   return alloc_free_locked(a, ptr);
 }
 
-/* The repeated size's free: a live block of the pair, parkable in its
-   pool (none parked there), with one pair and no park uncounted, so that
-   it is parked with its free and merge counted later (alloc_park) and no
-   gauge moves. Pair lock held. Checks everything before it writes
+/* The repeated size's free: a live block of the pair that its pool
+   parked and took back last (parkable again, xs_pool_parks_again), none
+   parked there now, with one pair and no park uncounted, so that it is
+   parked with its free and merge counted later (alloc_park) and no gauge
+   moves. Pair lock held. Checks everything before it writes
    anything and calls nothing: false (nothing changed) when it does not
    apply, and alloc_free_any's cached path then does what it would. */
 static inline __attribute__((always_inline)) bool alloc_park_again(
@@ -650,9 +651,11 @@ static inline __attribute__((always_inline)) bool alloc_park_again(
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   xs_pool *p = b->seg->pool;
-  if (!b->allocated || b->uses.n != 0 || sp->park_stats != NULL ||
-      a->n_pairs != 1 || p->parked != NULL || !xs_pool_parkable(b))
+  /* Not parked (it would be p's): live. */
+  if (p->parked != NULL || !xs_pool_parks_again(p, b) || b->uses.n != 0 ||
+      sp->park_stats != NULL || a->n_pairs != 1)
     return false;
+  assert(b->allocated && !b->pending && xs_pool_parkable(b));
   b->free_epoch = xs_pair_tick(sp);
   sp->park_stats = p;
   sp->park_requested = b->requested;

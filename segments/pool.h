@@ -118,6 +118,14 @@ static inline bool xs_pool_retake_known(const xs_pool *p) {
   assert(p->parked != NULL);
   return p->retake_known == p->parked;
 }
+/* Whether live block b is the block p last knew to retake, neither tree
+   having changed since: its neighbours are then as they were when it was
+   parked (a neighbour freed, taken, merged or mapped goes through a tree),
+   so it is parkable again. */
+static inline bool xs_pool_parks_again(const xs_pool *p, const xs_block *b) {
+  assert(p->retake_known != b || p->parked != NULL || xs_pool_parkable(b));
+  return p->retake_known == b;
+}
 /* Whether the block the parked one merges into is a piece of a larger
    range (inactive_split counts it). */
 static inline bool xs_pool_parked_merge_split(const xs_block *b) {
