@@ -172,8 +172,8 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
    checks), in the block's pair's shard. The same as xs_alloc_account_live
    and _active together. active's peak needs a look only while freed blocks
    are still active, which only the slow path sees (`slow`). */
-static inline void alloc_account_malloc(xs_stats *s, const xs_block *b,
-                                        xs_pool_kind k, bool slow) {
+static inline __attribute__((always_inline)) void alloc_account_malloc(
+    xs_stats *s, const xs_block *b, xs_pool_kind k, bool slow) {
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
   xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
@@ -212,12 +212,10 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
    its entry in the pair's pointer table already there (a parked block
    keeps its own). `refill`: its free was never counted (the parked
    block taken back for the same requested size). */
-static inline void alloc_hand_out_listed(xseg_allocator *a,
-                                         xs_stream_pools *sp, xs_pool *p,
-                                         xs_pool_kind kind, xs_block *b,
-                                         size_t size,
-                                         struct CUstream_st *stream,
-                                         bool slow, bool refill) {
+static inline __attribute__((always_inline)) void alloc_hand_out_listed(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
+    bool refill) {
   (void)p;
   assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
@@ -230,7 +228,8 @@ static inline void alloc_hand_out_listed(xseg_allocator *a,
     alloc_account_malloc(&sp->stats, b, kind, slow);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
-  if (slow) xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+  if (slow)
+    xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
 /* The same for a block taken from the free tree: its entry goes in (room
@@ -311,7 +310,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
 
 /* The cached malloc's best fit from the free tree (nothing parked): NULL
    (the slow path's turn) on a miss. */
-static __attribute__((noinline)) xs_block *alloc_cached_fit(
+static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   if (!xs_ptrtable_reserve(&sp->live)) return NULL;
@@ -326,10 +325,9 @@ static __attribute__((noinline)) xs_block *alloc_cached_fit(
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
    slow path's turn) on a miss. Parked blocks of the pair are taken back
    or settled first. */
-static inline xs_block *alloc_cached(xseg_allocator *a, xs_stream_pools *sp,
-                                     uint64_t use, size_t size,
-                                     size_t rounded,
-                                     struct CUstream_st *stream) {
+static inline __attribute__((always_inline)) xs_block *alloc_cached(
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t use, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
   sp->used_at = use;
   if (sp->n_parked != 0) {
     /* The kind a constant in each copy: the stats' offsets fold. */
@@ -388,42 +386,17 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
   return st;
 }
 
-/* xseg_malloc's every case: the cached path, then every lock. */
-static __attribute__((noinline)) xseg_status alloc_malloc_any(
-    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0))
-    return alloc_malloc_refused(a, size, ptr);
-  size_t rounded = alloc_round(&a->cfg, size);
-  /* 0 (overflow) wraps above the limit too. */
-  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
-    return alloc_malloc_refused(a, size, ptr);
-  uint64_t use;
-  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
-  if (__builtin_expect(sp != NULL, 1)) {
-    xs_pair_take(sp);
-    xs_block *b = __builtin_expect(!a->slow && !sp->dead, 1)
-                      ? alloc_cached(a, sp, use, size, rounded, stream)
-                      : NULL;
-    xs_pair_drop(sp);
-    if (__builtin_expect(b != NULL, 1)) {
-      xs_alloc_debug_after_cached(a);
-      *ptr = (void *)(uintptr_t)b->addr;
-      return XSEG_OK;
-    }
-  }
-  return alloc_malloc_locked(a, size, rounded, stream, ptr);
-}
-
 /* The repeated size's malloc: the parked block of the small pool taken
    back for the same requested size, its retake known to fit (the pool
    keeps the answer), its free never counted (one pair) and its merge and
    split passing no peak, so that only totals of increases move. Pair lock
    held. Checks everything before it writes anything and calls nothing
-   (no saved register, no frame): NULL (nothing changed) when it does not
-   apply, and alloc_malloc_any's cached path then does what it would. */
+   (few registers): NULL (nothing changed) when it does not apply, and
+   alloc_malloc_pair's cached path then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
     xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
+  assert(rounded <= XS_SMALL_SIZE);
   xs_pool *p = &sp->pool[XS_POOL_SMALL];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
@@ -439,20 +412,56 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
   return b;
 }
 
-/* The pair lock had a waiter when the repeated size's malloc dropped it:
-   woken here, out of the common path. */
-static __attribute__((noinline, cold)) xseg_status alloc_malloc_woken(
-    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
-    xs_stream_pools *sp, bool done) {
+/* A cached operation dropped its pair lock with a waiter on it: woken
+   here, out of the common path. */
+static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
+    xseg_allocator *a, xs_stream_pools *sp) {
   xs_lock_wake(&sp->lock);
-  if (!done) return alloc_malloc_any(a, size, stream, ptr);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
 }
 
-/* A small size on the thread's last stream, its pair lock free, nothing
-   calling for the slow path: alloc_retake_again. Anything else, and any
-   miss, is alloc_malloc_any's (nothing changed here). */
+/* A malloc of a valid size with pair sp's lock held (nothing else): the
+   cached path (alloc_cached), else every lock. Counts a use of the
+   thread's (pairs' recency, as xs_pairs_use). */
+static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
+    xseg_allocator *a, xs_stream_pools *sp, size_t size,
+    struct CUstream_st *stream, void **ptr) {
+  uint64_t use = ++xs_pairs_tls.uses;
+  size_t rounded = alloc_round(&a->cfg, size);
+  xs_block *b = NULL;
+  if (__builtin_expect(!a->slow && !sp->dead, 1))
+    b = alloc_cached(a, sp, use, size, rounded, stream);
+  xs_pair_drop(sp);
+  if (__builtin_expect(b != NULL, 1)) {
+    xs_alloc_debug_after_cached(a);
+    *ptr = (void *)(uintptr_t)b->addr;
+    return XSEG_OK;
+  }
+  return alloc_malloc_locked(a, size, rounded, stream, ptr);
+}
+
+/* xseg_malloc's every case but the repeated size's. */
+static __attribute__((noinline)) xseg_status alloc_malloc_any(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  size_t rounded = alloc_round(&a->cfg, size);
+  /* 0 (overflow) wraps above the limit too. */
+  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  xs_stream_pools *sp = xs_pairs_of_stream(a, stream);
+  if (__builtin_expect(sp == NULL, 0)) {
+    xs_pairs_use();                       /* as alloc_malloc_pair */
+    return alloc_malloc_locked(a, size, rounded, stream, ptr);
+  }
+  xs_pair_take(sp);
+  return alloc_malloc_pair(a, sp, size, stream, ptr);
+}
+
+/* A small size on the thread's last stream, its pair lock free: the
+   repeated size's retake (alloc_retake_again), else alloc_malloc_pair with
+   that lock; anything else is alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   if (__builtin_expect(
@@ -461,20 +470,18 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     xs_stream_pools *sp = t->pair;
     if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
         xs_pair_try(sp)) {
-      xs_block *b =
-          __builtin_expect(!a->slow && !sp->dead, 1)
-              ? alloc_retake_again(sp, size, alloc_round_plain(size), stream)
-              : NULL;
-      if (b != NULL) {
-        sp->used_at = ++t->uses;          /* as xs_pairs_of_stream */
-        *ptr = (void *)(uintptr_t)b->addr;
-      }
+      xs_block *b = __builtin_expect(!a->slow && !sp->dead, 1)
+                        ? alloc_retake_again(sp, size,
+                                             alloc_round_plain(size), stream)
+                        : NULL;
+      if (__builtin_expect(b == NULL, 0))
+        return alloc_malloc_pair(a, sp, size, stream, ptr);
+      sp->used_at = ++t->uses;            /* as alloc_malloc_pair */
+      *ptr = (void *)(uintptr_t)b->addr;
       if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-        return alloc_malloc_woken(a, size, stream, ptr, sp, b != NULL);
-      if (__builtin_expect(b != NULL, 1)) {
-        xs_alloc_debug_after_cached(a);
-        return XSEG_OK;
-      }
+        return alloc_pair_woken(a, sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
     }
   }
   return alloc_malloc_any(a, size, stream, ptr);
@@ -557,12 +564,11 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   return XSEG_OK;
 }
 
-/* The cached free, pair lock held: false (nothing changed) when the
-   address is not a live block of the pair or its free needs more than the
-   pair. */
-static inline bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
-                                     uint64_t addr) {
-  size_t slot = xs_ptrtable_find(&sp->live, addr);
+/* The cached free of the block in `slot` of the pair's pointer table
+   (SIZE_MAX: not a block of the pair), pair lock held: false (nothing
+   changed) when there is none or its free needs more than the pair. */
+static inline __attribute__((always_inline)) bool alloc_free_cached(
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
@@ -614,41 +620,26 @@ static __attribute__((noinline)) xseg_status alloc_free_locked(
   return st;
 }
 
-/* xseg_free's every case: the cached path, then every lock. */
-static __attribute__((noinline)) xseg_status alloc_free_any(
-    xseg_allocator *a, void *ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
-    if (a == NULL)
-      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
-                      "is NULL", ptr);
-    return XSEG_OK;                         /* as free(NULL) */
-  }
-  uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_stream_pools *sp = xs_ranges_find(a, addr);
-  if (__builtin_expect(sp != NULL, 1)) {
-    xs_pair_take(sp);
-    bool done = __builtin_expect(!a->slow && !sp->dead, 1) &&
-                alloc_free_cached(a, sp, addr);
-    xs_pair_drop(sp);
-    if (__builtin_expect(done, 1)) {
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
-    }
-  }
-  return alloc_free_locked(a, ptr);
+/* Where the cached free finds addr in pair sp's pointer table, pair lock
+   held: SIZE_MAX when absent or when the cached path may not run. */
+static inline size_t alloc_free_slot(const xseg_allocator *a,
+                                     const xs_stream_pools *sp,
+                                     uint64_t addr) {
+  return __builtin_expect(!a->slow && !sp->dead, 1)
+             ? xs_ptrtable_find(&sp->live, addr)
+             : SIZE_MAX;
 }
 
-/* The repeated size's free: a live block of the pair that its pool
-   parked and took back last (parkable again, xs_pool_parks_again), none
-   parked there now, with one pair and no park uncounted, so that it is
-   parked with its free and merge counted later (alloc_park) and no gauge
-   moves. Pair lock held. Checks everything before it writes
-   anything and calls nothing: false (nothing changed) when it does not
-   apply, and alloc_free_any's cached path then does what it would. */
+/* The repeated size's free: the block in `slot` of the pair's pointer
+   table, one its pool parked and took back last (parkable again,
+   xs_pool_parks_again), none parked there now, with one pair and no park
+   uncounted, so that it is parked with its free and merge counted later
+   (alloc_park) and no gauge moves. Pair lock held. Checks everything
+   before it writes anything and calls nothing (few registers): false
+   (nothing changed) when it does not apply, and
+   alloc_free_pair then does what it would. */
 static inline __attribute__((always_inline)) bool alloc_park_again(
-    const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
-  size_t slot = xs_ptrtable_find(&sp->live, addr);
-  if (slot == SIZE_MAX) return false;
+    const xseg_allocator *a, xs_stream_pools *sp, size_t slot) {
   xs_block *b = sp->live.slot[slot].block;
   xs_pool *p = b->seg->pool;
   /* Not parked (it would be p's): live. */
@@ -664,30 +655,52 @@ static inline __attribute__((always_inline)) bool alloc_park_again(
   return true;
 }
 
-/* The pair lock had a waiter when the repeated size's free dropped it. */
-static __attribute__((noinline, cold)) xseg_status alloc_free_woken(
-    xseg_allocator *a, void *ptr, xs_stream_pools *sp, bool done) {
-  xs_lock_wake(&sp->lock);
-  if (!done) return alloc_free_any(a, ptr);
-  xs_alloc_debug_after_cached(a);
-  return XSEG_OK;
+/* A free with pair sp's lock held (nothing else), the block in `slot` of
+   its pointer table (alloc_free_slot): the cached path
+   (alloc_free_cached), else every lock. */
+static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
+    xseg_allocator *a, xs_stream_pools *sp, void *ptr, size_t slot) {
+  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot);
+  xs_pair_drop(sp);
+  if (__builtin_expect(done, 1)) {
+    xs_alloc_debug_after_cached(a);
+    return XSEG_OK;
+  }
+  return alloc_free_locked(a, ptr);
 }
 
-/* An address in the range of the thread's last free, its pair lock free,
-   nothing calling for the slow path: alloc_park_again. Anything else is
-   alloc_free_any's (nothing changed here). */
+/* xseg_free's every case but the repeated size's. */
+static __attribute__((noinline)) xseg_status alloc_free_any(
+    xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
+    if (a == NULL)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
+                      "is NULL", ptr);
+    return XSEG_OK;                         /* as free(NULL) */
+  }
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
+  xs_pair_take(sp);
+  return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
+}
+
+/* An address in the range of the thread's last free, its pair lock free:
+   the repeated size's park (alloc_park_again), else alloc_free_pair with
+   that lock; anything else is alloc_free_any's. */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
-    xs_stream_pools *sp = xs_ranges_last(a, (uint64_t)(uintptr_t)ptr);
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    xs_stream_pools *sp = xs_ranges_last(a, addr);
     if (__builtin_expect(sp != NULL, 1) && xs_pair_try(sp)) {
-      bool done = __builtin_expect(!a->slow && !sp->dead, 1) &&
-                  alloc_park_again(a, sp, (uint64_t)(uintptr_t)ptr);
+      size_t slot = alloc_free_slot(a, sp, addr);
+      if (__builtin_expect(slot == SIZE_MAX, 0) ||
+          !alloc_park_again(a, sp, slot))
+        return alloc_free_pair(a, sp, ptr, slot);
       if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-        return alloc_free_woken(a, ptr, sp, done);
-      if (__builtin_expect(done, 1)) {
-        xs_alloc_debug_after_cached(a);
-        return XSEG_OK;
-      }
+        return alloc_pair_woken(a, sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
     }
   }
   return alloc_free_any(a, ptr);

@@ -354,14 +354,11 @@ extern __thread xs_pairs_thread xs_pairs_tls;
 /* The pair table's search for xs_pairs_of_stream (pairs.c). */
 xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
                                       struct CUstream_st *stream);
-/* The pair of `stream` for the cached malloc, stamped as used: the
-   thread's last, or from the pair table; NULL when it has none yet. No
-   lock needed; the stamp is the pair lock holder's to store. */
+/* The pair of `stream` for the cached malloc: the thread's last, or from
+   the pair table; NULL when it has none yet. No lock needed. */
 static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
-                                                  struct CUstream_st *stream,
-                                                  uint64_t *use) {
+                                                  struct CUstream_st *stream) {
   xs_pairs_thread *t = &xs_pairs_tls;
-  *use = ++t->uses;
   if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
     return t->pair;
   return xs_pairs_find_stream(a, stream);
