@@ -356,6 +356,15 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
                                      : xs_config_round_size(c, size);
 }
 
+/* Whether the cached path may run on pair sp (its lock held): nothing
+   calls for the slow path and the pair is alive (allocator.h). */
+static inline bool alloc_cached_on(const xseg_allocator *a,
+                                   const xs_stream_pools *sp) {
+  assert(sp->cached_off == (a->slow || sp->dead));
+  (void)a;
+  return __builtin_expect(!sp->cached_off, 1);
+}
+
 /* xseg_malloc's refusals: *ptr NULL (when there is one). */
 static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
     xseg_allocator *a, size_t size, void **ptr) {
@@ -430,7 +439,7 @@ static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
   uint64_t use = ++xs_pairs_tls.uses;
   size_t rounded = alloc_round(&a->cfg, size);
   xs_block *b = NULL;
-  if (__builtin_expect(!a->slow && !sp->dead, 1))
+  if (alloc_cached_on(a, sp))
     b = alloc_cached(a, sp, use, size, rounded, stream);
   xs_pair_drop(sp);
   if (__builtin_expect(b != NULL, 1)) {
@@ -470,7 +479,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     xs_stream_pools *sp = t->pair;
     if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
         xs_pair_try(sp)) {
-      xs_block *b = __builtin_expect(!a->slow && !sp->dead, 1)
+      xs_block *b = alloc_cached_on(a, sp)
                         ? alloc_retake_again(sp, size,
                                              alloc_round_plain(size), stream)
                         : NULL;
@@ -625,7 +634,7 @@ static __attribute__((noinline)) xseg_status alloc_free_locked(
 static inline size_t alloc_free_slot(const xseg_allocator *a,
                                      const xs_stream_pools *sp,
                                      uint64_t addr) {
-  return __builtin_expect(!a->slow && !sp->dead, 1)
+  return alloc_cached_on(a, sp)
              ? xs_ptrtable_find(&sp->live, addr)
              : SIZE_MAX;
 }

@@ -55,6 +55,9 @@
 typedef struct xs_stream_pools {
   xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
   bool dead;                          /* went away: in no list or table */
+  /* The cached path may not run on it: dead, or the allocator's `slow`
+     (one load for both; written with every lock held, pairs.c). */
+  bool cached_off;
   uint64_t order;                     /* lock order: creation order */
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */

@@ -168,6 +168,7 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   xs_ptrtable_destroy(&sp->live);
   xs_blocks_destroy(&sp->blocks);
   sp->dead = true;
+  sp->cached_off = true;
   a->n_pairs--;
   sp->next = a->dead;
   a->dead = sp;
@@ -290,6 +291,8 @@ static void pairs_unlock(xseg_allocator *a) {
   xs_ranges_refresh_locked(a);
   uint64_t top = pairs_locked_top(a);
   const xs_pair_table *t = a->locked, *now = pairs_table(a);
+  for (size_t i = 0; now != NULL && i < now->n; i++)
+    now->pair[i]->cached_off = a->slow || now->pair[i]->dead;
   a->locked = NULL;
 #ifndef NDEBUG
   a->owned = false;
