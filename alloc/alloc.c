@@ -639,23 +639,22 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
              : SIZE_MAX;
 }
 
-/* The repeated size's free: the block in `slot` of the pair's pointer
-   table, one its pool parked and took back last (parkable again,
-   xs_pool_parks_again), none parked there now, with one pair and no park
+/* The repeated size's free: the block at addr of the pair's small pool
+   that the pool parked and took back last (xs_pool_parkable_again: live,
+   parkable, found without the pointer table), with one pair and no park
    uncounted, so that it is parked with its free and merge counted later
-   (alloc_park) and no gauge moves. Pair lock held. Checks everything
-   before it writes anything and calls nothing (few registers): false
-   (nothing changed) when it does not apply, and
+   (alloc_park), keeping its table entry, and no gauge moves. Pair lock
+   held. Checks everything before it writes anything and calls nothing
+   (few registers): false (nothing changed) when it does not apply, and
    alloc_free_pair then does what it would. */
 static inline __attribute__((always_inline)) bool alloc_park_again(
-    const xseg_allocator *a, xs_stream_pools *sp, size_t slot) {
-  xs_block *b = sp->live.slot[slot].block;
-  xs_pool *p = b->seg->pool;
-  /* Not parked (it would be p's): live. */
-  if (p->parked != NULL || !xs_pool_parks_again(p, b) || b->uses.n != 0 ||
-      sp->park_stats != NULL || a->n_pairs != 1)
+    const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
+  xs_pool *p = &sp->pool[XS_POOL_SMALL];
+  xs_block *b = xs_pool_parkable_again(p, addr);
+  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL ||
+      a->n_pairs != 1)
     return false;
-  assert(b->allocated && !b->pending && xs_pool_parkable(b));
+  assert(xs_ptrtable_get(&sp->live, addr) == b);
   b->free_epoch = xs_pair_tick(sp);
   sp->park_stats = p;
   sp->park_requested = b->requested;
@@ -702,10 +701,8 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
     xs_stream_pools *sp = xs_ranges_last(a, addr);
     if (__builtin_expect(sp != NULL, 1) && xs_pair_try(sp)) {
-      size_t slot = alloc_free_slot(a, sp, addr);
-      if (__builtin_expect(slot == SIZE_MAX, 0) ||
-          !alloc_park_again(a, sp, slot))
-        return alloc_free_pair(a, sp, ptr, slot);
+      if (!alloc_cached_on(a, sp) || !alloc_park_again(a, sp, addr))
+        return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
       if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
         return alloc_pair_woken(a, sp);
       xs_alloc_debug_after_cached(a);

@@ -52,7 +52,7 @@ typedef struct xs_pool {
      taken by the allocator's policy; xs_pool_retake_fits), while neither tree
      has changed since: the retake then needs no tree walk. Every change
      of either tree clears it (pool_trees_changed). */
-  const xs_block *retake_known;
+  xs_block *retake_known;
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -118,13 +118,19 @@ static inline bool xs_pool_retake_known(const xs_pool *p) {
   assert(p->parked != NULL);
   return p->retake_known == p->parked;
 }
-/* Whether live block b is the block p last knew to retake, neither tree
-   having changed since: its neighbours are then as they were when it was
-   parked (a neighbour freed, taken, merged or mapped goes through a tree),
-   so it is parkable again. */
-static inline bool xs_pool_parks_again(const xs_pool *p, const xs_block *b) {
-  assert(p->retake_known != b || p->parked != NULL || xs_pool_parkable(b));
-  return p->retake_known == b;
+/* The block at addr if it is the one p last knew to retake and is live
+   again (not parked, not pending), neither tree having changed since:
+   its neighbours are then as they were when it was parked (a neighbour
+   freed, taken, merged or mapped goes through a tree; a free of the block
+   itself gives it back to a tree, parks it or leaves it pending), so it
+   is parkable again. NULL otherwise. No pointer-table lookup needed. */
+static inline xs_block *xs_pool_parkable_again(const xs_pool *p,
+                                               uint64_t addr) {
+  xs_block *b = p->retake_known;
+  if (b == NULL || b->addr != addr || p->parked != NULL || b->pending)
+    return NULL;
+  assert(b->allocated && xs_pool_parkable(b));
+  return b;
 }
 /* Whether the block the parked one merges into is a piece of a larger
    range (inactive_split counts it). */

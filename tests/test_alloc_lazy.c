@@ -201,3 +201,49 @@ XSEG_TEST(alloc_lazy, matches_merging_at_free_on_one_stream) {
     lazy_compare("expandable_segments:False", seed, false, 1);
   }
 }
+
+/* The repeated size's free finds the block its pool took back last
+   without the pointer table: a second free of it, parked or pending, is
+   still refused, and nothing leaks. */
+XSEG_TEST(alloc_lazy, a_block_taken_back_is_freed_once) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s2 = at_stream_new();
+  xseg_allocator *a = at_create(NULL);
+  void *p, *q, *large;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, NULL, &large));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &p));
+  for (int i = 0; i < 4; i++) {         /* parked, taken back, again */
+    XSEG_ASSERT_OK(xseg_free(a, p));
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+    XSEG_EXPECT_TRUE(q == p);
+  }
+  XSEG_ASSERT_OK(xseg_free(a, p));      /* parked */
+  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+  XSEG_EXPECT_TRUE(q == p);
+  XSEG_ASSERT_OK(xseg_free(a, p));      /* parked, its stats waiting */
+  /* Another pool's free counts them (nothing of its own parked): p is
+     still parked. */
+  XSEG_ASSERT_OK(xseg_free(a, large));
+  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_OK(xseg_check(a));
+  for (int i = 0; i < 2; i++) {
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+    XSEG_EXPECT_TRUE(q == p);
+    XSEG_ASSERT_OK(xseg_free(a, q));
+  }
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, s2));
+  XSEG_ASSERT_OK(xseg_free(a, q));      /* pending on s2 */
+  XSEG_EXPECT_STATUS(xseg_free(a, q), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s2));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.allocation.current, 0);
+  XSEG_EXPECT_EQ(s.active.current, 0);
+  XSEG_EXPECT_EQ(s.requested_bytes.current, 0);
+  XSEG_EXPECT_EQ(s.allocation.allocated, 10);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s2));
+}
