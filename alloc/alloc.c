@@ -693,20 +693,28 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
   return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
 }
 
-/* An address in the range of the thread's last free, its pair lock free:
-   the repeated size's park (alloc_park_again), else alloc_free_pair with
-   that lock; anything else is alloc_free_any's. */
+/* The pair of the thread's last malloc first (the block's, when a stream
+   frees what it allocated), its lock free: the repeated size's park
+   (alloc_park_again), else alloc_free_pair with that lock when the block
+   is one of its pair's. Anything else goes by the range table
+   (alloc_free_any). */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    xs_stream_pools *sp = xs_ranges_last(a, addr);
-    if (__builtin_expect(sp != NULL, 1) && xs_pair_try(sp)) {
-      if (!alloc_cached_on(a, sp) || !alloc_park_again(a, sp, addr))
-        return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
-      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-        return alloc_pair_woken(a, sp);
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
+    xs_pairs_thread *t = &xs_pairs_tls;
+    xs_stream_pools *sp = t->pair;
+    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
+      if (alloc_cached_on(a, sp) && alloc_park_again(a, sp, addr)) {
+        if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+          return alloc_pair_woken(a, sp);
+        xs_alloc_debug_after_cached(a);
+        return XSEG_OK;
+      }
+      size_t slot = alloc_free_slot(a, sp, addr);
+      if (__builtin_expect(slot != SIZE_MAX, 1))
+        return alloc_free_pair(a, sp, ptr, slot);
+      /* Another pair's block, or none: the range table decides. */
+      xs_pair_drop(sp);
     }
   }
   return alloc_free_any(a, ptr);
