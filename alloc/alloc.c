@@ -180,6 +180,27 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
   if (__builtin_expect(slow, 0)) xs_stats_held_peak(s, k);
 }
 
+/* alloc_account_malloc of a block of `size` bytes, `requested` asked
+   for, when it passes no threshold (alloc_account_malloc_under): no
+   call. */
+static inline bool alloc_account_malloc_under(const xs_stats *s,
+                                              xs_pool_kind k, size_t size,
+                                              size_t requested) {
+  return xs_stats_swap_under(s, XS_GAUGE_allocation, k, 0, 1) &&
+         xs_stats_swap_under(s, XS_GAUGE_allocated_bytes, k, 0,
+                             (int64_t)size) &&
+         xs_stats_swap_under(s, XS_GAUGE_requested_bytes, k, 0,
+                             (int64_t)requested);
+}
+static inline void alloc_account_malloc_quiet(xs_stats *s, xs_pool_kind k,
+                                              size_t size,
+                                              size_t requested) {
+  xs_stats_swap_quiet(s, XS_GAUGE_allocation, k, 0, 1);
+  xs_stats_swap_quiet(s, XS_GAUGE_allocated_bytes, k, 0, (int64_t)size);
+  xs_stats_swap_quiet(s, XS_GAUGE_requested_bytes, k, 0,
+                      (int64_t)requested);
+}
+
 /* A free whose count was deferred (allocator.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
@@ -396,28 +417,43 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
 }
 
 /* The repeated size's malloc: the parked block of the small pool taken
-   back for the same requested size, its retake known to fit (the pool
-   keeps the answer), its free never counted (one pair) and its merge and
-   split passing no peak, so that only totals of increases move. Pair lock
-   held. Checks everything before it writes anything and calls nothing
-   (few registers): NULL (nothing changed) when it does not apply, and
+   back, its retake known to fit (the pool keeps the answer). With one
+   pair its free and merge were never counted: for the same requested
+   size, and a merge-and-split passing no peak, only totals of increases
+   move. With more they were: the split and the malloc move the stats as
+   the cached path would, when they pass no threshold. Pair lock held.
+   Checks everything before it writes anything and calls nothing (few
+   registers): NULL (nothing changed) when it does not apply, and
    alloc_malloc_pair's cached path then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
     xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   assert(rounded <= XS_SMALL_SIZE);
-  xs_pool *p = &sp->pool[XS_POOL_SMALL];
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
-      sp->park_stats != p || sp->park_requested != size ||
-      !xs_pool_retake_under_peaks(p, XS_POOL_SMALL))
+  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p))
     return NULL;
+  if (sp->park_stats == p) {
+    if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k))
+      return NULL;
+    sp->park_stats = NULL;
+    xs_pool_retake_under(p, k);
+    b->requested = size;
+    alloc_account_refill(&sp->stats, b, k);
+  } else {
+    size_t whole = xs_pool_merge_whole(b), rest = xs_pool_merge_rest(b);
+    if (sp->park_stats != NULL ||
+        !xs_pool_split_swap_under(p, k, whole, rest) ||
+        !alloc_account_malloc_under(&sp->stats, k, rounded, size))
+      return NULL;
+    xs_pool_split_swap_quiet(p, k, whole, rest);
+    xs_pool_retake_finish(p);
+    b->requested = size;
+    alloc_account_malloc_quiet(&sp->stats, k, rounded, size);
+  }
   sp->n_parked--;
-  sp->park_stats = NULL;
-  xs_pool_retake_under(p, XS_POOL_SMALL);
-  b->requested = size;
   b->stream = stream;
-  alloc_account_refill(&sp->stats, b, XS_POOL_SMALL);
   return b;
 }
 
@@ -649,15 +685,22 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    alloc_free_pair then does what it would. */
 static inline __attribute__((always_inline)) bool alloc_park_again(
     const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
-  xs_pool *p = &sp->pool[XS_POOL_SMALL];
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
   xs_block *b = xs_pool_parkable_again(p, addr);
-  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL ||
-      a->n_pairs != 1)
-    return false;
+  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return false;
   assert(xs_ptrtable_get(&sp->live, addr) == b);
+  bool alone = a->n_pairs == 1;
+  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+  if (!alone && !xs_pool_split_swap_under(p, k, rest, whole)) return false;
   b->free_epoch = xs_pair_tick(sp);
-  sp->park_stats = p;
-  sp->park_requested = b->requested;
+  if (alone) {
+    sp->park_stats = p;
+    sp->park_requested = b->requested;
+  } else {
+    xs_alloc_account_free(&sp->stats, k, b->size, b->requested);
+    xs_pool_split_swap_quiet(p, k, rest, whole);
+  }
   xs_pool_park(p, b);
   sp->n_parked++;
   return true;

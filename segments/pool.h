@@ -137,6 +137,34 @@ static inline xs_block *xs_pool_parkable_again(const xs_pool *p,
 static inline bool xs_pool_parked_merge_split(const xs_block *b) {
   return b->prev != NULL || b->next->next != NULL;
 }
+/* What inactive_split_bytes counts when parkable block b merges with its
+   next neighbour, `rest` (always a piece: b is before it), and for the
+   merged block (0: a whole segment, not a piece). The merge moves the
+   stats from the first to the second, the retake's split back. */
+static inline size_t xs_pool_merge_rest(const xs_block *b) {
+  return b->next->size;
+}
+static inline size_t xs_pool_merge_whole(const xs_block *b) {
+  return xs_pool_parked_merge_split(b) ? b->size + b->next->size : 0;
+}
+/* pool.c's inactive_split moves from a block counting `out` bytes to one
+   counting `in` (0: not counted), when xs_pool_split_swap_under: no
+   crossing, no call. */
+static inline bool xs_pool_split_swap_under(const xs_pool *p,
+                                            xs_pool_kind kind, size_t out,
+                                            size_t in) {
+  return xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split, kind,
+                             out != 0, in != 0) &&
+         xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                             (int64_t)out, (int64_t)in);
+}
+static inline void xs_pool_split_swap_quiet(xs_pool *p, xs_pool_kind kind,
+                                            size_t out, size_t in) {
+  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split, kind, out != 0,
+                      in != 0);
+  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                      (int64_t)out, (int64_t)in);
+}
 /* The stats of the retake's split alone, its merge already counted
    (xs_pool_park_stats). */
 void xs_pool_retake_split_stats(xs_pool *p);
