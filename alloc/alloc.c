@@ -173,19 +173,46 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
    and _active together. active's peak needs a look only while freed blocks
    are still active (`held`: pending_blocks, which only the slow path
    sees). */
-static inline void alloc_account_malloc(xs_stats *s, const xs_block *b,
-                                        xs_pool_kind k, bool held) {
+static inline __attribute__((always_inline)) void alloc_account_malloc(
+    xs_stats *s, const xs_block *b, xs_pool_kind k, bool held) {
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
   xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
   if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
 }
 
-static inline void alloc_account_free(xs_stats *s, const xs_block *b,
-                                      xs_pool_kind k) {
-  xs_stats_dec(s, XS_GAUGE_allocation, k, 1);
-  xs_stats_dec(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
-  xs_stats_dec(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
+/* alloc_account_malloc of a block of `size` bytes, `requested` asked
+   for, when it passes no threshold (alloc_account_malloc_under): no
+   call. */
+static inline bool alloc_account_malloc_under(const xs_stats *s,
+                                              xs_pool_kind k, size_t size,
+                                              size_t requested) {
+  return xs_stats_swap_under(s, XS_GAUGE_allocation, k, 0, 1) &&
+         xs_stats_swap_under(s, XS_GAUGE_allocated_bytes, k, 0,
+                             (int64_t)size) &&
+         xs_stats_swap_under(s, XS_GAUGE_requested_bytes, k, 0,
+                             (int64_t)requested);
+}
+static inline void alloc_account_malloc_quiet(xs_stats *s, xs_pool_kind k,
+                                              size_t size,
+                                              size_t requested) {
+  xs_stats_swap_quiet(s, XS_GAUGE_allocation, k, 0, 1);
+  xs_stats_swap_quiet(s, XS_GAUGE_allocated_bytes, k, 0, (int64_t)size);
+  xs_stats_swap_quiet(s, XS_GAUGE_requested_bytes, k, 0,
+                      (int64_t)requested);
+}
+
+/* A free whose count was deferred (allocator.h, park_stats) and the
+   malloc that takes the same block back for the same requested size, in
+   one: each gauge falls and rises back to the value it had, which is
+   under its threshold (one pair: only its own crossings move them, and
+   a crossing leaves each at or above its current), so only the totals
+   of increases move. */
+static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
+                                        xs_pool_kind k) {
+  s->pool[k][XS_GAUGE_allocation].allocated += 1;
+  s->pool[k][XS_GAUGE_allocated_bytes].allocated += (int64_t)b->size;
+  s->pool[k][XS_GAUGE_requested_bytes].allocated += (int64_t)b->requested;
 }
 
 /* The pools a request on `stream` draws from: a private pool while the
@@ -208,18 +235,41 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return XSEG_OK;
 }
 
-/* A block just taken from pool p becomes the caller's (room in the pair's
-   pointer table was reserved). */
-static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
-                                  xs_pool *p, xs_block *b, size_t size,
-                                  struct CUstream_st *stream, bool held) {
-  assert(xs_pools_of(p) == sp);
+/* A block just taken from pool p (of `kind`, given apart so that a
+   caller that knows it at compile time folds it) becomes the caller's,
+   its entry in the pair's pointer table already there (a parked block
+   keeps its own). `refill`: its free was never counted (the parked
+   block taken back for the same requested size). */
+static inline __attribute__((always_inline)) void alloc_hand_out_listed(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
+    bool refill) {
+  (void)p;
+  assert(xs_pools_of(p) == sp && p->kind == kind);
+  assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
+  /* Active's peak needs a look only while a free is held (the cached
+     path runs only while none is). */
+  if (refill)
+    alloc_account_refill(&sp->stats, b, kind);
+  else
+    alloc_account_malloc(&sp->stats, b, kind,
+                         slow && xs_alloc_has_pending(a));
+  /* Tracing sends the cached path the slow way (pairs.c). */
+  assert(slow || a->trace.cap == 0);
+  if (slow)
+    xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+}
+
+/* The same for a block taken from the free tree: its entry goes in (room
+   in the pair's pointer table was reserved). */
+static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
+                                  xs_pool *p, xs_block *b, size_t size,
+                                  struct CUstream_st *stream, bool slow) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_account_malloc(&sp->stats, b, p->kind, held);
-  xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, false);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -242,146 +292,323 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  /* Active's peak needs a look only while a free is held. */
-  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream,
-                 xs_alloc_has_pending(a));
+  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true);
   *out = b;
   return XSEG_OK;
 }
 
-/* The cached malloc with blocks parked (allocator.h): the one of the
-   request's pool when the request is its size and settling then taking
-   the best fit would hand out exactly it (xs_pool_retake). False (nothing
-   changed) otherwise: the caller settles and goes the usual way. */
-static bool alloc_retake(xseg_allocator *a, xs_stream_pools *sp, size_t size,
-                         size_t rounded, struct CUstream_st *stream,
-                         xs_block **out) {
-  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
-  xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded || !xs_ptrtable_reserve(&sp->live))
-    return false;
-  /* The merged block must be one the policy takes and splits. */
-  size_t merged = rounded + b->next->size;
-  if (!xs_alloc_fit_takes(a, merged, rounded) ||
-      !xs_alloc_splits(a, p->kind, merged, rounded))
-    return false;
-  /* The other pool's merge goes in the stats before this one's moves. */
-  if (sp->park_stats != p) xs_pair_park_stats(sp);
-  if (!xs_pool_retake(p, sp->park_stats != p)) return false;
-  sp->park_stats = NULL;
-  sp->n_parked--;
-  alloc_hand_out(a, sp, p, b, size, stream, false);
-  *out = b;
-  return true;
+/* Whether p's parked block, of the request's size, is what settling it
+   and taking the best fit would hand out: the merged block must be one
+   the policy takes and splits, and the best fit (xs_pool_retake_fits).
+   Out of line: once known, the pool keeps the answer until a tree
+   changes (the sizes cannot change before). */
+static __attribute__((noinline)) bool alloc_retake_fits(
+    const xseg_allocator *a, xs_pool *p, size_t rounded) {
+  size_t merged = rounded + p->parked->next->size;
+  return xs_alloc_fit_takes(a, merged, rounded) &&
+         xs_alloc_splits(a, p->kind, merged, rounded) &&
+         xs_pool_retake_fits(p);
 }
 
-/* The cached malloc, pair lock held: false (the slow path's turn) on a
-   miss. Parked blocks of the pair are taken back or settled first. */
-static bool alloc_cached(xseg_allocator *a, xs_stream_pools *sp, uint64_t use,
-                         size_t size, size_t rounded,
-                         struct CUstream_st *stream, xs_block **out) {
-  sp->used_at = use;
-  if (sp->n_parked != 0) {
-    if (alloc_retake(a, sp, size, rounded, stream, out)) return true;
-    xs_pair_settle(sp);
+/* The cached malloc with blocks parked (allocator.h): the one of the
+   request's pool when the request is its size and settling then taking
+   the best fit would hand out exactly it. NULL (nothing changed)
+   otherwise: the caller settles and goes the usual way. */
+static inline __attribute__((always_inline)) xs_block *alloc_retake(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
+  xs_pool *p = &sp->pool[kind];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded) return NULL;
+  if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
+    return NULL;
+  sp->n_parked--;
+  if (sp->park_stats == p && sp->park_requested == size) {
+    /* Its free and merge never counted: merge, split, free and malloc
+       in one. */
+    sp->park_stats = NULL;
+    xs_pool_retake(p, kind, false);
+    alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, true);
+    return b;
   }
-  if (!xs_ptrtable_reserve(&sp->live)) return false;
+  /* Any park not counted yet (the other pool's, or this one's for
+     another requested size) goes in the stats before this one's moves. */
+  xs_pair_park_stats(sp);
+  xs_pool_retake(p, kind, true);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false);
+  return b;
+}
+
+/* The cached malloc's best fit from the free tree (nothing parked): NULL
+   (the slow path's turn) on a miss. */
+static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
+    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
+    struct CUstream_st *stream) {
+  if (!xs_ptrtable_reserve(&sp->live)) return NULL;
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
-  if (b == NULL) return false;
+  if (b == NULL) return NULL;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
   alloc_hand_out(a, sp, p, b, size, stream, false);
-  *out = b;
-  return true;
+  return b;
+}
+
+/* The cached malloc, pair lock held: the block handed out, or NULL (the
+   slow path's turn) on a miss. Parked blocks of the pair are taken back
+   or settled first. */
+static inline __attribute__((always_inline)) xs_block *alloc_cached(
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t use, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
+  sp->used_at = use;
+  if (sp->n_parked != 0) {
+    /* The kind a constant in each copy: the stats' offsets fold. */
+    xs_block *b =
+        xs_alloc_kind(rounded) == XS_POOL_SMALL
+            ? alloc_retake(a, sp, XS_POOL_SMALL, size, rounded, stream)
+            : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream);
+    if (b != NULL) return b;
+    xs_pair_settle(sp);
+  }
+  return alloc_cached_fit(a, sp, size, rounded, stream);
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
    1 MiB falls in the first roundup_power2_divisions interval, and without
    divisions there it is rounded to 512 bytes. */
+static inline bool alloc_rounds_plain(const xs_config *c, size_t size) {
+  return size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1;
+}
+static inline size_t alloc_round_plain(size_t size) {
+  return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
+                              : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
+}
 static inline size_t alloc_round(const xs_config *c, size_t size) {
-  if (size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1)
-    return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
-                                : (size + XS_MIN_BLOCK - 1) & ~(XS_MIN_BLOCK - 1);
-  return xs_config_round_size(c, size);
+  return alloc_rounds_plain(c, size) ? alloc_round_plain(size)
+                                     : xs_config_round_size(c, size);
 }
 
-xseg_status xseg_malloc(xseg_allocator *a, size_t size,
-                        struct CUstream_st *stream, void **ptr) {
-  if (ptr != NULL) *ptr = NULL;           /* NULL on every failure */
+/* Whether the cached path may run on pair sp (its lock held): nothing
+   calls for the slow path and the pair is alive (allocator.h). */
+static inline bool alloc_cached_on(const xseg_allocator *a,
+                                   const xs_stream_pools *sp) {
+  assert(sp->cached_off == (a->slow || sp->dead));
+  (void)a;
+  return __builtin_expect(!sp->cached_off, 1);
+}
+
+/* xseg_malloc's refusals: *ptr NULL (when there is one). */
+static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
+    xseg_allocator *a, size_t size, void **ptr) {
+  if (ptr != NULL) *ptr = NULL;
   if (a == NULL || ptr == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");
-  size_t rounded = alloc_round(&a->cfg, size);
-  if (rounded == 0 || rounded > XS_MAX_REQUEST)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                    "xseg_malloc(%zu bytes): the size overflows when rounded "
-                    "to blocks and granules", size);
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_malloc(%zu bytes): the size overflows when rounded "
+                  "to blocks and granules", size);
+}
+
+/* xseg_malloc with every lock: after a miss of the cached path, or when
+   it may not run. `own`: the stream's own pair when the caller found it
+   (it never goes away), else NULL. */
+static __attribute__((noinline)) xseg_status alloc_malloc_locked(
+    xseg_allocator *a, size_t size, size_t rounded,
+    struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
   xs_block *b = NULL;
-  uint64_t use;
-  xs_stream_pools *sp = xs_pairs_of_stream(a, stream, &use);
-  if (__builtin_expect(sp != NULL && !xs_alloc_slow_hint(a), 1)) {
-    xs_pair_take(sp);
-    bool done = !xs_alloc_slow_hint(a) && !sp->dead &&
-                alloc_cached(a, sp, use, size, rounded, stream, &b);
-    xs_pair_drop(sp);
-    if (done) {
-      xs_alloc_debug_after_cached(a);
-      *ptr = (void *)(uintptr_t)b->addr;
-      return XSEG_OK;
-    }
-  }
   xs_alloc_lock(a);
   /* Frees waiting on other streams are settled first, as PyTorch's
      process_events; a counter check when none waits. A failed query only
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
     xs_alloc_settle_frees_locked(a, false);
-  /* sp: the stream's own pair (it never goes away), or NULL. */
-  xseg_status st = alloc_block_locked(a, size, rounded, stream, sp, &b);
+  xseg_status st = alloc_block_locked(a, size, rounded, stream, own, &b);
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
 }
 
-/* Parks b, freed, in its pool (lazy merging): stamped and traced as
-   xs_alloc_give_locked does, merged later. With more than one pair the
-   merge counts in the stats at once, so that no other pair's operation
-   sees the sums without it (shards.h). */
-static inline void alloc_park(xseg_allocator *a, xs_stream_pools *sp,
-                              xs_pool *p, xs_block *b) {
-  xs_alloc_stamp_pair(a, sp, b);
-  xs_pool_park(p, b);
-  sp->n_parked++;
-  if (a->n_pairs > 1)
-    xs_pool_park_stats(p);
+/* The repeated size's malloc: the parked block of the small pool taken
+   back, its retake known to fit (the pool keeps the answer). With one
+   pair its free and merge were never counted: for the same requested
+   size, and a merge-and-split passing no peak, only totals of increases
+   move. With more they were: the split and the malloc move the stats as
+   the cached path would, when they pass no threshold. Pair lock held.
+   Checks everything before it writes anything and calls nothing (few
+   registers): NULL (nothing changed) when it does not apply, and
+   alloc_malloc_pair's cached path then does what it would. */
+static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
+    xs_stream_pools *sp, size_t size, size_t rounded,
+    struct CUstream_st *stream) {
+  assert(rounded <= XS_SMALL_SIZE);
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
+  xs_block *b = p->parked;
+  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p))
+    return NULL;
+  if (sp->park_stats == p) {
+    if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k))
+      return NULL;
+    sp->park_stats = NULL;
+    xs_pool_retake_under(p, k);
+    b->requested = size;
+    alloc_account_refill(&sp->stats, b, k);
+  } else {
+    size_t whole = xs_pool_merge_whole(b), rest = xs_pool_merge_rest(b);
+    if (sp->park_stats != NULL ||
+        !xs_pool_split_swap_under(p, k, whole, rest) ||
+        !alloc_account_malloc_under(&sp->stats, k, rounded, size))
+      return NULL;
+    xs_pool_split_swap_quiet(p, k, whole, rest);
+    xs_pool_retake_finish(p);
+    b->requested = size;
+    alloc_account_malloc_quiet(&sp->stats, k, rounded, size);
+  }
+  sp->n_parked--;
+  b->stream = stream;
+  return b;
+}
+
+/* A cached operation dropped its pair lock with a waiter on it: woken
+   here, out of the common path. */
+static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
+    xseg_allocator *a, xs_stream_pools *sp) {
+  xs_lock_wake(&sp->lock);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
+/* A malloc of a valid size with pair sp's lock held (nothing else): the
+   cached path (alloc_cached), else every lock. Counts a use of the
+   thread's (pairs' recency, as xs_pairs_use). */
+static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
+    xseg_allocator *a, xs_stream_pools *sp, size_t size,
+    struct CUstream_st *stream, void **ptr) {
+  uint64_t use = ++xs_pairs_tls.uses;
+  size_t rounded = alloc_round(&a->cfg, size);
+  xs_block *b = NULL;
+  if (alloc_cached_on(a, sp))
+    b = alloc_cached(a, sp, use, size, rounded, stream);
+  xs_pair_drop(sp);
+  if (__builtin_expect(b != NULL, 1)) {
+    xs_alloc_debug_after_cached(a);
+    *ptr = (void *)(uintptr_t)b->addr;
+    return XSEG_OK;
+  }
+  return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
+}
+
+/* xseg_malloc's every case but the repeated size's. */
+static __attribute__((noinline)) xseg_status alloc_malloc_any(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  size_t rounded = alloc_round(&a->cfg, size);
+  /* 0 (overflow) wraps above the limit too. */
+  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+    return alloc_malloc_refused(a, size, ptr);
+  xs_stream_pools *sp = xs_pairs_of_stream(a, stream);
+  /* No pair yet, or the slow flag up (a hint, read without the lock):
+     every lock at once, not the pair's first. */
+  if (__builtin_expect(sp == NULL || xs_alloc_slow_hint(a), 0)) {
+    xs_pairs_use();                       /* as alloc_malloc_pair */
+    return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
+  }
+  xs_pair_take(sp);
+  return alloc_malloc_pair(a, sp, size, stream, ptr);
+}
+
+/* A small size on the thread's last stream, its pair lock free: the
+   repeated size's retake (alloc_retake_again), else alloc_malloc_pair with
+   that lock; anything else is alloc_malloc_any's. */
+xseg_status xseg_malloc(xseg_allocator *a, size_t size,
+                        struct CUstream_st *stream, void **ptr) {
+  if (__builtin_expect(
+          a != NULL && ptr != NULL && alloc_rounds_plain(&a->cfg, size), 1)) {
+    xs_pairs_thread *t = &xs_pairs_tls;
+    xs_stream_pools *sp = t->pair;
+    if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
+        xs_pair_try(sp)) {
+      xs_block *b = alloc_cached_on(a, sp)
+                        ? alloc_retake_again(sp, size,
+                                             alloc_round_plain(size), stream)
+                        : NULL;
+      if (__builtin_expect(b == NULL, 0))
+        return alloc_malloc_pair(a, sp, size, stream, ptr);
+      sp->used_at = ++t->uses;            /* as alloc_malloc_pair */
+      *ptr = (void *)(uintptr_t)b->addr;
+      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+        return alloc_pair_woken(a, sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
+    }
+  }
+  return alloc_malloc_any(a, size, stream, ptr);
+}
+
+/* A block of pair sp whose last use is over: stamped, and traced when
+   `slow` (tracing sends the cached path the slow way, pairs.c). */
+static inline __attribute__((always_inline)) void alloc_stamp(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, bool slow) {
+  assert(slow || a->trace.cap == 0);
+  if (slow)
+    xs_alloc_stamp_pair(a, sp, b);
   else
+    b->free_epoch = xs_pair_tick(sp);
+}
+
+/* Parks b, freed, in its pool p (lazy merging): stamped and traced as
+   xs_alloc_give_locked does, merged later; its pointer-table entry stays
+   (allocator.h, n_parked). With one pair, its free and merge count in
+   the stats later (park_stats); with more, at once, so that no other
+   pair's operation sees the sums without them (shards.h). */
+static inline __attribute__((always_inline)) void alloc_park(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, bool slow) {
+  alloc_stamp(a, sp, b, slow);
+  if (a->n_pairs > 1) {
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+    xs_pool_park(p, b);
+    xs_pool_park_stats(p);
+  } else {
+    assert(sp->park_stats == NULL && "the last park counted first");
     sp->park_stats = p;
+    sp->park_requested = b->requested;
+    xs_pool_park(p, b);
+  }
+  sp->n_parked++;
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
-   streams, not shared): back to its pool, or parked. */
-static inline __attribute__((always_inline)) void alloc_release_plain(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b) {
-  xs_pool *p = b->seg->pool;
-  alloc_account_free(&sp->stats, b, p->kind);
+   streams, not shared): back to its pool p (of `kind`, given apart so
+   that a caller that knows it at compile time folds it), or parked (true:
+   its entry in the pair's pointer table must stay, or be put back).
+   `slow`: with every lock held, the only way traced. */
+static inline __attribute__((always_inline)) bool alloc_release_plain(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xs_block *b, bool slow) {
+  assert(b->seg->pool == p && p->kind == kind);
   if (!xs_pool_parkable(b)) {
-    xs_alloc_stamp_pair(a, sp, b);
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+    alloc_stamp(a, sp, b, slow);
     xs_pool_give(p, b);
-  } else {
-    alloc_park(a, sp, p, b);
+    return false;
   }
+  alloc_park(a, sp, p, kind, b, slow);
+  return true;
 }
 
 /* The one way a block stops being live. A block used on other streams
    (xseg_record_stream) waits, pending, until the work they had queued at
    this free is done (deferred.c); any other goes back to its pool at once,
-   where its own stream may reuse it (stream order makes that safe). */
-static xseg_status alloc_release_block_locked(xseg_allocator *a,
-                                              xs_block *b) {
+   where its own stream may reuse it (stream order makes that safe), or is
+   parked there (*parked: its pointer-table entry goes back). */
+static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
+                                              bool *parked) {
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
   xs_pool *p = b->seg->pool;
+  *parked = false;
   /* Its pool's parked block merges first, as at its own free. */
   xs_alloc_settle_pool_locked(p);
   if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
@@ -391,48 +618,43 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  alloc_release_plain(a, xs_pools_of(p), b);
+  *parked = alloc_release_plain(a, xs_pools_of(p), p, p->kind, b, true);
   return XSEG_OK;
 }
 
-/* The cached free, pair lock held: false (nothing changed) when the
-   address is not a live block of the pair or its free needs more than the
-   pair. */
-static bool alloc_free_cached(xseg_allocator *a, xs_stream_pools *sp,
-                              uint64_t addr) {
-  size_t slot = xs_ptrtable_find(&sp->live, addr);
+/* The cached free of the block in `slot` of the pair's pointer table
+   (SIZE_MAX: not a block of the pair), pair lock held: false (nothing
+   changed) when there is none or its free needs more than the pair. */
+static inline __attribute__((always_inline)) bool alloc_free_cached(
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
-  if (b->uses.n != 0) return false;
+  /* A parked block (freed twice) is the slow path's to report. */
+  if (!b->allocated || b->uses.n != 0) return false;
   /* The last park's merge counts before this free's moves. */
   xs_pair_park_stats(sp);
-  xs_ptrtable_remove_at(&sp->live, slot);
-  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
-                  b->stream);
-  if (__builtin_expect(b->seg->pool->parked != NULL, 0))
-    xs_alloc_settle_pool_locked(b->seg->pool);
-  alloc_release_plain(a, sp, b);
+  /* Tracing sends the cached path the slow way (pairs.c). */
+  assert(a->trace.cap == 0);
+  xs_pool *p = b->seg->pool;
+  if (__builtin_expect(p->parked != NULL, 0)) {
+    /* Its entry leaves the table: b's may move. */
+    xs_alloc_settle_pool_locked(p);
+    slot = xs_ptrtable_find(&sp->live, addr);
+  }
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  bool parked =
+      p->kind == XS_POOL_SMALL
+          ? alloc_release_plain(a, sp, p, XS_POOL_SMALL, b, false)
+          : alloc_release_plain(a, sp, p, XS_POOL_LARGE, b, false);
+  if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
   return true;
 }
 
-xseg_status xseg_free(xseg_allocator *a, void *ptr) {
-  if (a == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator is "
-                    "NULL", ptr);
-  if (ptr == NULL) return XSEG_OK;          /* as free(NULL) */
+/* xseg_free with every lock: after the cached path declined, or when it
+   may not run. */
+static __attribute__((noinline)) xseg_status alloc_free_locked(
+    xseg_allocator *a, void *ptr) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_stream_pools *sp =
-      xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
-  if (__builtin_expect(sp != NULL, 1)) {
-    xs_pair_take(sp);
-    bool done = !xs_alloc_slow_hint(a) && !sp->dead &&
-                alloc_free_cached(a, sp, addr);
-    xs_pair_drop(sp);
-    if (done) {
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
-    }
-  }
   xs_alloc_lock(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
@@ -445,14 +667,116 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   }
   xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
   xs_ptrtable_remove_at(live, slot);
-  xseg_status st = alloc_release_block_locked(a, b);
-  if (st != XSEG_OK) {
-    /* Still live, as the caller sees it: back in the table, where the
-       slot just freed leaves room. */
+  bool parked;
+  xseg_status st = alloc_release_block_locked(a, b, &parked);
+  if (st != XSEG_OK || parked) {
+    /* Still live, as the caller sees it, or parked: back in the table,
+       where the slot just freed leaves room. */
     xs_ptrtable_add(live, b);
   }
   xs_alloc_unlock(a);
   return st;
+}
+
+/* Where the cached free finds addr in pair sp's pointer table, pair lock
+   held: SIZE_MAX when absent or when the cached path may not run. */
+static inline size_t alloc_free_slot(const xseg_allocator *a,
+                                     const xs_stream_pools *sp,
+                                     uint64_t addr) {
+  return alloc_cached_on(a, sp)
+             ? xs_ptrtable_find(&sp->live, addr)
+             : SIZE_MAX;
+}
+
+/* The repeated size's free: the block at addr of the pair's small pool
+   that the pool parked and took back last (xs_pool_parkable_again: live,
+   parkable, found without the pointer table), with one pair and no park
+   uncounted, so that it is parked with its free and merge counted later
+   (alloc_park), keeping its table entry, and no gauge moves. Pair lock
+   held. Checks everything before it writes anything and calls nothing
+   (few registers): false (nothing changed) when it does not apply, and
+   alloc_free_pair then does what it would. */
+static inline __attribute__((always_inline)) bool alloc_park_again(
+    const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
+  xs_block *b = xs_pool_parkable_again(p, addr);
+  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return false;
+  assert(xs_ptrtable_get(&sp->live, addr) == b);
+  bool alone = a->n_pairs == 1;
+  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+  if (!alone && !xs_pool_split_swap_under(p, k, rest, whole)) return false;
+  b->free_epoch = xs_pair_tick(sp);
+  if (alone) {
+    sp->park_stats = p;
+    sp->park_requested = b->requested;
+  } else {
+    xs_alloc_account_free(&sp->stats, k, b->size, b->requested);
+    xs_pool_split_swap_quiet(p, k, rest, whole);
+  }
+  xs_pool_park(p, b);
+  sp->n_parked++;
+  return true;
+}
+
+/* A free with pair sp's lock held (nothing else), the block in `slot` of
+   its pointer table (alloc_free_slot): the cached path
+   (alloc_free_cached), else every lock. */
+static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
+    xseg_allocator *a, xs_stream_pools *sp, void *ptr, size_t slot) {
+  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot);
+  xs_pair_drop(sp);
+  if (__builtin_expect(done, 1)) {
+    xs_alloc_debug_after_cached(a);
+    return XSEG_OK;
+  }
+  return alloc_free_locked(a, ptr);
+}
+
+/* xseg_free's every case but the repeated size's. */
+static __attribute__((noinline)) xseg_status alloc_free_any(
+    xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
+    if (a == NULL)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
+                      "is NULL", ptr);
+    return XSEG_OK;                         /* as free(NULL) */
+  }
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* The slow flag up (a hint, read without the lock): every lock at
+     once, not the pair's first. */
+  xs_stream_pools *sp =
+      xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
+  if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
+  xs_pair_take(sp);
+  return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
+}
+
+/* The pair of the thread's last malloc first (the block's, when a stream
+   frees what it allocated), its lock free: the repeated size's park
+   (alloc_park_again), else alloc_free_pair with that lock when the block
+   is one of its pair's. Anything else goes by the range table
+   (alloc_free_any). */
+xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    xs_pairs_thread *t = &xs_pairs_tls;
+    xs_stream_pools *sp = t->pair;
+    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
+      if (alloc_cached_on(a, sp) && alloc_park_again(a, sp, addr)) {
+        if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+          return alloc_pair_woken(a, sp);
+        xs_alloc_debug_after_cached(a);
+        return XSEG_OK;
+      }
+      size_t slot = alloc_free_slot(a, sp, addr);
+      if (__builtin_expect(slot != SIZE_MAX, 1))
+        return alloc_free_pair(a, sp, ptr, slot);
+      /* Another pair's block, or none: the range table decides. */
+      xs_pair_drop(sp);
+    }
+  }
+  return alloc_free_any(a, ptr);
 }
 
 /* The walk is check.c's; the locks are taken here, with the other entry

@@ -55,6 +55,9 @@
 typedef struct xs_stream_pools {
   xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
   bool dead;                          /* went away: in no list or table */
+  /* The cached path may not run on it: dead, or the allocator's `slow`
+     (one load for both; written with every lock held, pairs.c). */
+  bool cached_off;
   uint64_t order;                     /* lock order: creation order */
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */
@@ -72,15 +75,22 @@ typedef struct xs_stream_pools {
                                          other streams' memory (flow.c) */
   xs_stats stats;                     /* its shard of the statistics */
   xs_blocks blocks;                   /* its block struct cache */
-  xs_ptrtable live;                   /* its live blocks */
+  xs_ptrtable live;                   /* its live and parked blocks */
   /* Pools whose block the cached free parked unmerged (segments/pool.h,
      lazy merging): the pair's cached malloc and free deal with them,
-     every other entry point settles them all as it takes the locks. */
+     every other entry point settles them all as it takes the locks. A
+     parked block keeps its entry in `live` (not allocated: a free of it
+     is the slow path's) until it settles, so that taking it back costs
+     the table nothing. */
   size_t n_parked;
-  /* The pool of the last park while its merge is not in the stats yet
-     (only while the allocator has one pair: with more, the merge counts
-     at once, so that the sums never lack it). */
+  /* The pool of the last park while neither that free nor its merge is
+     in the stats yet (only while the allocator has one pair: with more,
+     both count at once, so that the sums never lack them), and the
+     parked block's requested size, for its free's count. The free of a
+     block taken back at once then moves no gauge but the totals of
+     increases (alloc.c, alloc_retake). */
   xs_pool *park_stats;
+  size_t park_requested;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;       /* the allocator's list */
 #ifndef NDEBUG
@@ -229,16 +239,32 @@ void xs_alloc_debug_check_locked(xseg_allocator *a);
    as XSEG_ERR_INVALID_ARGUMENT with its message (check.c). */
 xseg_status xs_alloc_check_locked(xseg_allocator *a);
 
-/* Counts sp's last park's merge in the stats, if it is not yet. */
+/* The stats of a block of `size` bytes, `requested` asked for, that stops
+   being live (pool `kind`, shard s): allocation and its bytes fall. */
+static inline void xs_alloc_account_free(xs_stats *s, xs_pool_kind kind,
+                                         size_t size, size_t requested) {
+  xs_stats_dec(s, XS_GAUGE_allocation, kind, 1);
+  xs_stats_dec(s, XS_GAUGE_allocated_bytes, kind, (int64_t)size);
+  xs_stats_dec(s, XS_GAUGE_requested_bytes, kind, (int64_t)requested);
+}
+/* Counts sp's last park (its free, then its merge) in the stats, if it
+   is not yet. */
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
-  if (sp->park_stats == NULL) return;
-  xs_pool_park_stats(sp->park_stats);
+  xs_pool *p = sp->park_stats;
+  if (p == NULL) return;
+  xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
+                        sp->park_requested);
+  xs_pool_park_stats(p);
   sp->park_stats = NULL;
 }
-/* Merges p's parked block, if any, as its free would have. */
+/* Merges p's parked block, if any, as its free would have; its entry
+   leaves the pair's pointer table (entries after it may move). */
 static inline void xs_alloc_settle_pool_locked(xs_pool *p) {
   if (p->parked == NULL) return;
   xs_stream_pools *sp = xs_pools_of(p);
+  size_t slot = xs_ptrtable_find(&sp->live, p->parked->addr);
+  assert(slot != SIZE_MAX && "a parked block keeps its entry");
+  xs_ptrtable_remove_at(&sp->live, slot);
   xs_pair_park_stats(sp);
   xs_pool_settle(p);
   sp->n_parked--;
@@ -270,6 +296,22 @@ static inline void xs_pair_drop(xs_stream_pools *sp) {
   xs_pair_held(sp, false);
 #endif
   xs_lock_drop(&sp->lock);
+}
+/* The same, for the repeated size's path (alloc.c): takes the pair lock
+   only if it is free, drops it without waking (false: the caller wakes
+   the waiter, xs_lock_wake). */
+static inline bool xs_pair_try(xs_stream_pools *sp) {
+  if (!xs_lock_try(&sp->lock)) return false;
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
+#endif
+  return true;
+}
+static inline bool xs_pair_drop_unwoken(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held(sp, false);
+#endif
+  return xs_lock_drop_unwoken(&sp->lock);
 }
 #ifndef NDEBUG
 #define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
@@ -339,14 +381,11 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
 static inline bool xs_alloc_slow_hint(const xseg_allocator *a) {
   return atomic_load_explicit(&a->slow, memory_order_relaxed);
 }
-/* The pair of `stream` for the cached malloc, stamped as used: the
-   thread's last, or from the stream index; NULL when it has none yet. No
-   lock needed; the stamp is the pair lock holder's to store. */
+/* The pair of `stream` for the cached malloc: the thread's last, or from
+   the stream index; NULL when it has none yet. No lock needed. */
 static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
-                                                  struct CUstream_st *stream,
-                                                  uint64_t *use) {
+                                                  struct CUstream_st *stream) {
   xs_pairs_thread *t = &xs_pairs_tls;
-  *use = ++t->uses;
   if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
     return t->pair;
   return xs_pairs_find_stream(a, stream);
@@ -374,14 +413,23 @@ xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr);
    (also while it is being rewritten; see alloc/ranges.c): the range of
    the thread's last free when the table has not changed since, else a
    search. No lock needed. */
+static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
+                                              uint64_t addr);
 static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
+                                              uint64_t addr) {
+  xs_stream_pools *sp = xs_ranges_last(a, addr);
+  return __builtin_expect(sp != NULL, 1) ? sp : xs_ranges_search(a, addr);
+}
+/* The thread's last range's pair if it holds addr and the table has not
+   changed since, else NULL (no search, no call). */
+static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
                                               uint64_t addr) {
   xs_pairs_thread *t = &xs_pairs_tls;
   unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
   if (__builtin_expect(seq == t->range_seq && t->range_id == a->id &&
                            addr - t->range_base < t->range_size, 1))
     return t->range_pair;
-  return xs_ranges_search(a, addr);
+  return NULL;
 }
 /* Makes a new range table (ranges.c). A host OOM keeps the old one: the
    cached free of a block it lacks goes the slow way. */

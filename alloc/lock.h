@@ -15,6 +15,7 @@
 #define XS_ALLOC_LOCK_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 typedef struct xs_lock {
   atomic_int state;             /* 0 free, 1 held, 2 held with waiters */
@@ -25,16 +26,26 @@ typedef struct xs_lock {
 void xs_lock_wait(xs_lock *l);  /* the contended path of xs_lock_take */
 void xs_lock_wake(xs_lock *l);  /* the contended path of xs_lock_drop */
 
-static inline void xs_lock_take(xs_lock *l) {
+/* Takes the lock if it is free: false (nothing changed) if not. */
+static inline bool xs_lock_try(xs_lock *l) {
   int free_ = 0;
-  if (!atomic_compare_exchange_strong_explicit(
-          &l->state, &free_, 1, memory_order_acquire, memory_order_relaxed))
-    xs_lock_wait(l);
+  return atomic_compare_exchange_strong_explicit(
+      &l->state, &free_, 1, memory_order_acquire, memory_order_relaxed);
+}
+
+static inline void xs_lock_take(xs_lock *l) {
+  if (!xs_lock_try(l)) xs_lock_wait(l);
+}
+
+/* Drops the lock; false when a waiter may sleep on it: the caller must
+   then call xs_lock_wake (xs_lock_drop does both). Lets a caller keep the
+   call to xs_lock_wake out of its common path. */
+static inline bool xs_lock_drop_unwoken(xs_lock *l) {
+  return atomic_fetch_sub_explicit(&l->state, 1, memory_order_release) == 1;
 }
 
 static inline void xs_lock_drop(xs_lock *l) {
-  if (atomic_fetch_sub_explicit(&l->state, 1, memory_order_release) != 1)
-    xs_lock_wake(l);
+  if (!xs_lock_drop_unwoken(l)) xs_lock_wake(l);
 }
 
 #endif /* XS_ALLOC_LOCK_H */

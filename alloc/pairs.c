@@ -207,6 +207,7 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   xs_ptrtable_destroy(&sp->live);
   xs_blocks_destroy(&sp->blocks);
   sp->dead = true;
+  sp->cached_off = true;
   a->n_pairs--;
   /* Still in `order`, its lock held: the unlock drops it and makes it a
      spare. */
@@ -260,6 +261,8 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     size_t i = xs_ptrtable_find(&sp->live, addr);
     if (i != SIZE_MAX) {
+      assert(sp->live.slot[i].block->allocated &&
+             "every lock taken: nothing is parked");
       *slot = i;
       return sp->live.slot[i].block;
     }
@@ -333,7 +336,8 @@ static bool pairs_slow(const xseg_allocator *a) {
 }
 
 static void pairs_unlock(xseg_allocator *a) {
-  atomic_store_explicit(&a->slow, pairs_slow(a), memory_order_relaxed);
+  bool slow = pairs_slow(a);
+  atomic_store_explicit(&a->slow, slow, memory_order_relaxed);
   xs_ranges_refresh_locked(a);
 #ifndef NDEBUG
   a->owned = false;
@@ -348,6 +352,7 @@ static void pairs_unlock(xseg_allocator *a) {
 #ifndef NDEBUG
     sp->owned = false;
 #endif
+    sp->cached_off = slow || sp->dead;
     if (!sp->dead) a->order[kept++] = sp;
     xs_lock_drop(&sp->lock);
   }

@@ -13,7 +13,9 @@
  *     in its pool's unmapped tree; an allocated block is in neither, and is
  *     in the allocator's pointer table instead, unless it is pending (freed
  *     by the caller, waiting on work recorded on other streams): then it is
- *     in no tree and no table, and still never merges.
+ *     in no tree and no table, and still never merges. (A block parked by
+ *     lazy merging, segments/pool.h, is free, in no tree, and keeps its
+ *     table entry until it settles.)
  * All of this is host-side metadata: nothing is ever stored in device memory.
  */
 #ifndef XS_SEGMENTS_BLOCK_H

@@ -51,12 +51,19 @@ static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
                 (int64_t)out, (int64_t)in);
 }
 
+/* Any change of a tree may change which block is the best fit. */
+static inline void pool_trees_changed(xs_pool *p) {
+  p->retake_known = NULL;
+}
+
 void xs_pool_index(xs_pool *p, xs_block *b) {
+  pool_trees_changed(p);
   xs_freetree_insert(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, +1);
 }
 
 void xs_pool_unindex(xs_pool *p, xs_block *b) {
+  pool_trees_changed(p);
   xs_freetree_remove(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, -1);
 }
@@ -79,6 +86,7 @@ static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
     return;
   }
   size_t out = pool_split_bytes(b);
+  pool_trees_changed(p);
   xs_segment_split(b->seg, b, size, spare);
   xs_freetree_replace(t, b, old, spare);
   pool_split_swap(p, out, pool_split_bytes(spare));
@@ -128,31 +136,19 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
   return xs_pool_coalesce(p, b);
 }
 
-void xs_pool_park(xs_pool *p, xs_block *b) {
-  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
-  b->allocated = false;
-  b->requested = 0;
-  p->parked = b;
-}
-
-/* Whether the block the parked one merges into is a piece of a larger
-   range (inactive_split counts it). */
-static bool pool_parked_merge_split(const xs_block *b) {
-  return b->prev != NULL || b->next->next != NULL;
-}
-
 void xs_pool_park_stats(xs_pool *p) {
   /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
      before it) unindexed, the merged block indexed. */
   xs_block *b = p->parked, *rest = b->next;
   pool_split_swap(p, rest->size,
-                  pool_parked_merge_split(b) ? b->size + rest->size : 0);
+                  xs_pool_parked_merge_split(b) ? b->size + rest->size : 0);
 }
 
 xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
+  pool_trees_changed(p);
   /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
   xs_freetree_remove(&p->free, rest);
   xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
@@ -160,9 +156,10 @@ xs_block *xs_pool_settle(xs_pool *p) {
   return b;
 }
 
-bool xs_pool_retake(xs_pool *p, bool merge_counted) {
+bool xs_pool_retake_fits(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
+  if (xs_pool_retake_known(p)) return true;
   /* The best fit once merged: the merged block (b->size + rest->size at
      b->addr) against the best fit among the other free blocks, which is
      the real best fit unless that is `rest`, and then the one after it. */
@@ -171,29 +168,19 @@ bool xs_pool_retake(xs_pool *p, bool merge_counted) {
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
   if (other != NULL && !xs_freetree_before(merged, b->addr, other))
     return false;
-  bool merged_split = pool_parked_merge_split(b);
-  if (merge_counted) {
-    /* The split's stats (pool_take_split): the merged block out of
-       inactive_split, the rest in. */
-    pool_split_swap(p, merged_split ? merged : 0, rest->size);
-  } else if (merged_split) {
-    /* The merge's and the split's together: every count returns to where
-       it is, the bytes having been up by b->size in between. */
-    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 2;
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, p->kind, sz,
-                    sz + 2 * r);
-  } else {
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += 1;
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split_bytes].allocated +=
-        rest->size;
-  }
-  /* The split leaves the rest stamped with the merged block's epoch: the
-     newer of the two. */
-  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
-  b->allocated = true;
-  p->parked = NULL;
+  /* Neither the trees nor b's and rest's sizes change until a tree does
+     (a block's size changes only out of its tree, or with a neighbour's
+     merge or split, which go through the tree). */
+  p->retake_known = b;
   return true;
+}
+
+void xs_pool_retake_split_stats(xs_pool *p) {
+  /* pool_take_split's: the merged block out of inactive_split, the rest
+     in. */
+  xs_block *b = p->parked, *rest = b->next;
+  size_t merged = b->size + rest->size;
+  pool_split_swap(p, xs_pool_parked_merge_split(b) ? merged : 0, rest->size);
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {

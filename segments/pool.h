@@ -13,6 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <assert.h>
+
 #include "segments/block.h"
 #include "segments/freetree.h"
 #include "segments/segment.h"
@@ -46,6 +48,11 @@ typedef struct xs_pool {
   xs_block *retiring;
   size_t n_retiring;
   xs_block *parked;             /* freed, not merged yet (lazy merging) */
+  /* The parked block last found to be the best fit once merged (and
+     taken by the allocator's policy; xs_pool_retake_fits), while neither tree
+     has changed since: the retake then needs no tree walk. Every change
+     of either tree clears it (pool_trees_changed). */
+  xs_block *retake_known;
 } xs_pool;
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
@@ -74,7 +81,7 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    count the merge before anything else moves them (xs_pool_park_stats),
    or the retake must count merge and split together. Until it is
    settled the pool breaks block.h's
-   rules for that block alone, so nothing but xs_pool_retake and
+   rules for that block alone, so nothing but the retake functions and
    xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
    other operation on it, and every pool before anything that looks at
    more than one). */
@@ -86,20 +93,140 @@ static inline bool xs_pool_parkable(const xs_block *b) {
          (prev == NULL || prev->allocated || !prev->mapped);
 }
 /* Frees parkable block b without merging it (p->parked: none yet). */
-void xs_pool_park(xs_pool *p, xs_block *b);
+static inline void xs_pool_park(xs_pool *p, xs_block *b) {
+  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
+  b->allocated = false;
+  b->requested = 0;
+  p->parked = b;
+}
 /* Moves the stats as merging p's parked block would. */
 void xs_pool_park_stats(xs_pool *p);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
    block, indexed. */
 xs_block *xs_pool_settle(xs_pool *p);
-/* p's parked block handed out again for a request of its size, when that
-   is exactly what settling it and then taking the best fit would do: the
-   merged block is the best fit for that size (the caller has checked that
-   its policy would take and split it) and the split gives back the block
-   and its neighbour as they are. The stats move as that split's, and as
-   the merge's first unless `merge_counted`. False (nothing changed) when
-   another block fits better. */
-bool xs_pool_retake(xs_pool *p, bool merge_counted);
+/* Whether p's parked block, handed out again for a request of its size,
+   is exactly what settling it and then taking the best fit would give:
+   the merged block is the best fit for that size (the caller checks that
+   its policy would take and split it), and the split gives back the
+   block and its neighbour as they are. The answer, when true, is kept
+   (retake_known) until either tree changes, so that a repeated retake of
+   the same block walks no tree. */
+bool xs_pool_retake_fits(xs_pool *p);
+/* Whether xs_pool_retake_fits is known to hold for p's parked block (the
+   caller's policy then took it too: the sizes are the same as then). */
+static inline bool xs_pool_retake_known(const xs_pool *p) {
+  assert(p->parked != NULL);
+  return p->retake_known == p->parked;
+}
+/* The block at addr if it is the one p last knew to retake and is live
+   again (not parked, not pending), neither tree having changed since:
+   its neighbours are then as they were when it was parked (a neighbour
+   freed, taken, merged or mapped goes through a tree; a free of the block
+   itself gives it back to a tree, parks it or leaves it pending), so it
+   is parkable again. NULL otherwise. No pointer-table lookup needed. */
+static inline xs_block *xs_pool_parkable_again(const xs_pool *p,
+                                               uint64_t addr) {
+  xs_block *b = p->retake_known;
+  if (b == NULL || b->addr != addr || p->parked != NULL || b->pending)
+    return NULL;
+  assert(b->allocated && xs_pool_parkable(b));
+  return b;
+}
+/* Whether the block the parked one merges into is a piece of a larger
+   range (inactive_split counts it). */
+static inline bool xs_pool_parked_merge_split(const xs_block *b) {
+  return b->prev != NULL || b->next->next != NULL;
+}
+/* What inactive_split_bytes counts when parkable block b merges with its
+   next neighbour, `rest` (always a piece: b is before it), and for the
+   merged block (0: a whole segment, not a piece). The merge moves the
+   stats from the first to the second, the retake's split back. */
+static inline size_t xs_pool_merge_rest(const xs_block *b) {
+  return b->next->size;
+}
+static inline size_t xs_pool_merge_whole(const xs_block *b) {
+  return xs_pool_parked_merge_split(b) ? b->size + b->next->size : 0;
+}
+/* pool.c's inactive_split moves from a block counting `out` bytes to one
+   counting `in` (0: not counted), when xs_pool_split_swap_under: no
+   crossing, no call. */
+static inline bool xs_pool_split_swap_under(const xs_pool *p,
+                                            xs_pool_kind kind, size_t out,
+                                            size_t in) {
+  return xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split, kind,
+                             out != 0, in != 0) &&
+         xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                             (int64_t)out, (int64_t)in);
+}
+static inline void xs_pool_split_swap_quiet(xs_pool *p, xs_pool_kind kind,
+                                            size_t out, size_t in) {
+  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split, kind, out != 0,
+                      in != 0);
+  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                      (int64_t)out, (int64_t)in);
+}
+/* The stats of the retake's split alone, its merge already counted
+   (xs_pool_park_stats). */
+void xs_pool_retake_split_stats(xs_pool *p);
+/* The newer of the two epochs goes to the rest, as the split of the
+   merged block leaves it; the block is handed out. */
+static inline void xs_pool_retake_finish(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
+  b->allocated = true;
+  p->parked = NULL;
+}
+/* Whether xs_pool_retake(p, kind, false) passes no peak: its merge and
+   split then move nothing but the totals of increases. */
+static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
+                                              xs_pool_kind kind) {
+  const xs_block *b = p->parked;
+  return !xs_pool_parked_merge_split(b) ||
+         xs_stats_bounce_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                               (int64_t)b->size);
+}
+/* Hands p's parked block out again (xs_pool_retake_known). The stats move
+   as the split's, and as the merge's first unless `merge_counted`. `kind`
+   is p's, given apart so that a caller that knows it at compile time
+   folds the stats' offsets. */
+static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
+                                  bool merge_counted) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(xs_pool_retake_known(p) && !b->allocated && !rest->allocated &&
+         rest->mapped && kind == p->kind);
+  if (merge_counted) {
+    xs_pool_retake_split_stats(p);
+  } else if (xs_pool_parked_merge_split(b)) {
+    /* The merge's and the split's together: every count returns to where
+       it is, the bytes having been up by b->size in between. */
+    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
+    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 2;
+    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind, sz,
+                    sz + 2 * r);
+  } else {
+    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 1;
+    p->stats->pool[kind][XS_GAUGE_inactive_split_bytes].allocated +=
+        (int64_t)rest->size;
+  }
+  xs_pool_retake_finish(p);
+}
+/* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
+   totals of increases alone, and no call. */
+static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
+  xs_block *b = p->parked, *rest = b->next;
+  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, kind) &&
+         kind == p->kind);
+  xs_gauge_val *n = &p->stats->pool[kind][XS_GAUGE_inactive_split];
+  xs_gauge_val *bytes = &p->stats->pool[kind][XS_GAUGE_inactive_split_bytes];
+  if (xs_pool_parked_merge_split(b)) {
+    n->allocated += 2;
+    bytes->allocated += (int64_t)(b->size + 2 * rest->size);
+  } else {
+    n->allocated += 1;
+    bytes->allocated += (int64_t)rest->size;
+  }
+  xs_pool_retake_finish(p);
+}
 
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,

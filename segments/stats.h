@@ -180,6 +180,40 @@ static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
 }
 
+/* Whether xs_stats_bounce(s, g, kind, up, ...) stays at or under both
+   thresholds (passes no peak). */
+static inline bool xs_stats_bounce_under(const xs_stats *s, xs_gauge g,
+                                         xs_pool_kind kind, int64_t up) {
+  int64_t pt = xs_gv_get(&s->pool[kind][g].current) + up;
+  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current);
+  return pt <= xs_gv_get(&s->pool[kind][g].peak) &&
+         at <= xs_gv_get(&s->all[g].peak);
+}
+
+/* Whether xs_stats_swap(s, g, kind, out, in) passes no threshold (a
+   caller that must call nothing checks first, then moves with
+   xs_stats_swap_quiet). */
+static inline bool xs_stats_swap_under(const xs_stats *s, xs_gauge g,
+                                       xs_pool_kind kind, int64_t out,
+                                       int64_t in) {
+  if (in <= out) return true;
+  int64_t pc = xs_gv_get(&s->pool[kind][g].current) + in - out;
+  return pc <= xs_gv_get(&s->pool[kind][g].peak) &&
+         pc + xs_gv_get(&s->pool[!kind][g].current) <=
+             xs_gv_get(&s->all[g].peak);
+}
+
+/* xs_stats_swap when xs_stats_swap_under holds: no crossing, no call
+   (xs_stats_inc is the swap of 0 and delta). */
+static inline void xs_stats_swap_quiet(xs_stats *s, xs_gauge g,
+                                       xs_pool_kind kind, int64_t out,
+                                       int64_t in) {
+  assert(xs_stats_swap_under(s, g, kind, out, in));
+  xs_gauge_val *p = &s->pool[kind][g];
+  xs_gv_add(&p->current, in - out);
+  p->allocated += in;
+}
+
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {

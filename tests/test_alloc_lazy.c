@@ -119,14 +119,17 @@ static char *lazy_stats_json(xseg_allocator *a) {
 }
 
 /* One step of the sequence: free slot `i` if live, else malloc a size
-   drawn from a few (so that sizes repeat) on stream `st`. Returns the
-   address as an offset from the first block of its stream and pool (the
-   two allocators' reservations differ), or 0 for a free. */
-static uint64_t lazy_step(lazy_run *r, CUstream *streams, uint64_t roll) {
-  static const size_t sizes[] = {512, 4096, 4096, 8192, 8192, 65536,
-                                 2 * MiB, 3 * MiB, 4096, 8192};
-  size_t i = roll % 64, s = (roll >> 8) % 2;
-  size_t size = sizes[(roll >> 16) % 10];
+   drawn from a few (so that sizes repeat, and some round to the same
+   block size with another requested size) on one of `n_streams`
+   streams. Returns the address as an offset from the first block of its
+   stream and pool (the two allocators' reservations differ), or 0 for a
+   free. */
+static uint64_t lazy_step(lazy_run *r, CUstream *streams, int n_streams,
+                          uint64_t roll) {
+  static const size_t sizes[] = {512,     4096,    4096, 8192, 8192, 65536,
+                                 2 * MiB, 3 * MiB, 4096, 8192, 4000, 8000};
+  size_t i = roll % 64, s = (roll >> 8) % (uint64_t)n_streams;
+  size_t size = sizes[(roll >> 16) % 12];
   if (r->live[i] != NULL) {
     XSEG_EXPECT_OK(xseg_free(r->a, r->live[i]));
     r->live[i] = NULL;
@@ -143,8 +146,10 @@ static uint64_t lazy_step(lazy_run *r, CUstream *streams, uint64_t roll) {
 /* The same random sequence on two allocators: one settled after every
    operation (its stats read), as if blocks merged at free; the other left
    to park. Both must hand out the same offsets and end with the same
-   stats. */
-static void lazy_compare(const char *conf, uint64_t seed, bool addresses) {
+   stats. On one stream (one pair) a park's stats wait for the next
+   operation; on two they count at once. */
+static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
+                         int n_streams) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream streams[2] = {NULL, NULL};
   XSEG_ASSERT_CU(cuStreamCreate(&streams[1], CU_STREAM_NON_BLOCKING));
@@ -152,12 +157,12 @@ static void lazy_compare(const char *conf, uint64_t seed, bool addresses) {
   uint64_t s = seed;
   for (int step = 0; step < 1500; step++) {
     uint64_t roll = lazy_rng(&s);
-    uint64_t e = lazy_step(&eager, streams, roll);
+    uint64_t e = lazy_step(&eager, streams, n_streams, roll);
     /* Any entry point but malloc and free settles: merging at once. */
     xseg_stats unused;
     XSEG_ASSERT_OK(xseg_get_stats(eager.a, &unused));
     if (step % 250 == 0) XSEG_ASSERT_OK(xseg_check(eager.a));
-    uint64_t l = lazy_step(&lazy, streams, roll);
+    uint64_t l = lazy_step(&lazy, streams, n_streams, roll);
     if (addresses && e != l) {
       XSEG_FAIL("step %d: eager offset %llu, lazy %llu", step,
                 (unsigned long long)e, (unsigned long long)l);
@@ -181,10 +186,64 @@ static void lazy_compare(const char *conf, uint64_t seed, bool addresses) {
 }
 
 XSEG_TEST(alloc_lazy, matches_merging_at_free_expandable) {
-  for (uint64_t seed = 1; seed <= 2; seed++) lazy_compare(NULL, seed, true);
+  for (uint64_t seed = 1; seed <= 2; seed++)
+    lazy_compare(NULL, seed, true, 2);
 }
 
 XSEG_TEST(alloc_lazy, matches_merging_at_free_classic) {
   for (uint64_t seed = 1; seed <= 3; seed++)
-    lazy_compare("expandable_segments:False", seed, false);
+    lazy_compare("expandable_segments:False", seed, false, 2);
+}
+
+XSEG_TEST(alloc_lazy, matches_merging_at_free_on_one_stream) {
+  for (uint64_t seed = 1; seed <= 3; seed++) {
+    lazy_compare(NULL, seed, true, 1);
+    lazy_compare("expandable_segments:False", seed, false, 1);
+  }
+}
+
+/* The repeated size's free finds the block its pool took back last
+   without the pointer table: a second free of it, parked or pending, is
+   still refused, and nothing leaks. */
+XSEG_TEST(alloc_lazy, a_block_taken_back_is_freed_once) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s2 = at_stream_new();
+  xseg_allocator *a = at_create(NULL);
+  void *p, *q, *large;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, NULL, &large));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &p));
+  for (int i = 0; i < 4; i++) {         /* parked, taken back, again */
+    XSEG_ASSERT_OK(xseg_free(a, p));
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+    XSEG_EXPECT_TRUE(q == p);
+  }
+  XSEG_ASSERT_OK(xseg_free(a, p));      /* parked */
+  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+  XSEG_EXPECT_TRUE(q == p);
+  XSEG_ASSERT_OK(xseg_free(a, p));      /* parked, its stats waiting */
+  /* Another pool's free counts them (nothing of its own parked): p is
+     still parked. */
+  XSEG_ASSERT_OK(xseg_free(a, large));
+  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_OK(xseg_check(a));
+  for (int i = 0; i < 2; i++) {
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+    XSEG_EXPECT_TRUE(q == p);
+    XSEG_ASSERT_OK(xseg_free(a, q));
+  }
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, NULL, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, s2));
+  XSEG_ASSERT_OK(xseg_free(a, q));      /* pending on s2 */
+  XSEG_EXPECT_STATUS(xseg_free(a, q), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s2));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.allocation.current, 0);
+  XSEG_EXPECT_EQ(s.active.current, 0);
+  XSEG_EXPECT_EQ(s.requested_bytes.current, 0);
+  XSEG_EXPECT_EQ(s.allocation.allocated, 10);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s2));
 }
