@@ -2,43 +2,43 @@
  *
  * The order is (size, address): the best fit for a request is the smallest
  * block that holds it, the lowest address among equal sizes. Two structures
- * keep that order between them, split at XS_FREETREE_BIN_MAX (1 MiB, the
- * largest request the small pool serves):
+ * share that order, split at XS_FREETREE_BIN_MAX (1 MiB, the largest
+ * request the small pool serves):
  *
- *   bins   one per size from 512 B to 1 MiB in 512-byte steps (block sizes
- *          are multiples of 512, so a bin holds one size exactly). Each bin
- *          keeps its blocks in a red-black tree keyed by address (BSD
- *          sys/tree.h) and caches its lowest block. A two-level bitmap says
- *          which bins hold blocks: bit i % 64 of bin_bits[i / 64] for bin i,
- *          bit w of bin_words for a non-zero bin_bits[w].
- *   tree   a red-black tree ordered by (size, address) holding every block
- *          above 1 MiB.
+ *   bins  2048 of them, one per size from 512 B to 1 MiB in 512-byte steps
+ *         (block sizes are multiples of 512, so a bin holds one size
+ *         exactly). Each keeps its blocks in a red-black tree keyed by
+ *         address (BSD sys/tree.h) and caches its lowest block.
+ *   tree  a red-black tree ordered by (size, address) of every block above
+ *         1 MiB.
  *
- *         bin_words  0b..0101            (32 of its 64 bits used)
- *                           | `-------------------.
- *         bin_bits[w]     0b..1000...          0b..0010
- *                           |                      |
- *         bins[i]  { by-address tree, lowest }   { ..., lowest }   (2048)
- *         tree     (size, address) tree of blocks > 1 MiB
+ * A two-level bitmap says which bins hold blocks:
  *
- * Every block in a bin sorts before every block in the tree, and bin i
- * before bin i + 1, so the order is the bins' in index order, each by
- * address, then the tree's. A request of at most 1 MiB takes the lowest
- * block of the first non-empty bin at or above its size (two bit scans and
- * one pointer: O(1)), or the tree's smallest block when no bin has one;
- * a larger request takes the tree's lower bound (O(log n)).
+ *   bin_words               bit w set <=> bin_bits[w] != 0   (32 words)
+ *   bin_bits[w]             bit j set <=> bins[64 * w + j] holds a block
+ *   bins[i].lowest          its lowest address: the best fit of its size
  *
- * Why a tree per bin: a bin must give up its lowest address first, and
- * frees and merges remove any of its blocks, so it needs an order that is
- * cheap to keep under removal anywhere; a by-address tree does it in
- * O(log k) for the k blocks of one size, with a one-word compare, where the
- * single (size, address) tree it replaces for small sizes paid O(log n) for
- * every free block of the pool with a two-word compare. A sorted list would
- * make an insert O(k), and the many small holes of a long random churn
- * share a few bins. Measured with bench/callgrind.sh random 10000, see
- * bench/README.md ("Instructions per pair").
+ * Bin i sorts before bin i + 1 and every bin before the tree, so the whole
+ * order is the bins' in index order, each by address, then the tree's.
+ * A request of at most 1 MiB takes the lowest block of the first non-empty
+ * bin at or above its size: a bit scan in its own word, else one in
+ * bin_words and one in the word it names, then one pointer; O(1). When no
+ * bin has one it takes the tree's smallest block. A larger request takes
+ * the tree's lower bound, O(log n), as before the bins.
  *
- * Memory: the bins are 32 KiB of host memory per index, whatever it holds.
+ * How a bin keeps address order: a by-address red-black tree, because a
+ * bin gives up its lowest block first (the cached path's exact fits) yet
+ * frees and merges insert and remove anywhere in it, and the walks below
+ * must see it in order. An insert or remove is O(log k) for the k blocks
+ * of that one size, with a one-word compare, where the single tree paid
+ * O(log n) over every free block of the pool with a two-word compare. A
+ * list sorted by address would make an insert O(k), and the many small
+ * holes of a long random churn share a handful of bins. Measured with
+ * bench/callgrind.sh random 10000 (bench/README.md, "The cached path and
+ * threads"): the index went from ~295 to ~180 instructions per pair.
+ *
+ * Memory: the bins and bitmap are 32.3 KiB of host memory per index,
+ * whatever it holds (a pool has two indexes).
  */
 #ifndef XS_SEGMENTS_FREETREE_H
 #define XS_SEGMENTS_FREETREE_H

@@ -335,6 +335,14 @@ XSEG_TEST(segments_freetree, validator_catches_bitmap_and_lowest) {
   XSEG_EXPECT_TRUE(strstr(msg, "summary") != NULL);
   t->bin_words = 1;
   XSEG_EXPECT_TRUE(xs_freetree_is_valid(t, msg, sizeof msg));
+  /* Blocks in a bin the bitmap lost: best fit cannot see them. */
+  t->bin_bits[0] = 0;
+  t->bin_words = 0;
+  XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
+  XSEG_EXPECT_TRUE(strstr(msg, "counts") != NULL);
+  t->bin_bits[0] = 2;
+  t->bin_words = 1;
+  XSEG_EXPECT_TRUE(xs_freetree_is_valid(t, msg, sizeof msg));
   xs_freetree_remove(t, &a);
   xs_freetree_remove(t, &b);
   free(t);
