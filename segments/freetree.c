@@ -122,6 +122,8 @@ void xs_freetree_insert(xs_freetree *t, xs_block *b) {
     xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
     assert(dup == NULL && "(size, address) is unique: blocks never overlap");
     (void)dup;
+    if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
+      t->tree_min = b;
   }
   t->count++;
   t->bytes += b->size;
@@ -129,16 +131,14 @@ void xs_freetree_insert(xs_freetree *t, xs_block *b) {
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0 && t->bytes >= b->size);
-  if (freetree_binned(b->size))
+  if (freetree_binned(b->size)) {
     freebin_remove(t, freetree_bin_index(b->size), b);
-  else
+  } else {
+    if (t->tree_min == b) t->tree_min = xs_freetree_rb_RB_NEXT(b);
     RB_REMOVE(xs_freetree_rb, &t->root, b);
+  }
   t->count--;
   t->bytes -= b->size;
-}
-
-xs_block *xs_freetree_tree_min(xs_freetree *t) {
-  return RB_MIN(xs_freetree_rb, &t->root);
 }
 
 /* Sign of (size, addr) against b's key. */
@@ -197,6 +197,7 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
       if (bin->lowest == old) bin->lowest = repl;
     } else {
       root = &RB_ROOT(&t->root);
+      if (t->tree_min == old) t->tree_min = repl;
     }
     repl->link = old->link;
     xs_block *parent = RB_PARENT(old, link);
@@ -230,10 +231,11 @@ xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
-  xs_block *n = freetree_next_in(b);
-  if (n != NULL || !freetree_binned(b->size)) return n;
+  if (!freetree_binned(b->size)) return xs_freetree_rb_RB_NEXT(b);
+  xs_block *n = xs_freebin_rb_RB_NEXT(b);
+  if (n != NULL) return n;
   size_t i = freetree_bin_from(t, freetree_bin_index(b->size) + 1);
-  return i < XS_FREETREE_BINS ? t->bins[i].lowest : xs_freetree_tree_min(t);
+  return i < XS_FREETREE_BINS ? t->bins[i].lowest : t->tree_min;
 }
 
 /* ---- the validator ---------------------------------------------------- */
@@ -306,6 +308,12 @@ static bool freetree_check_words(xs_freetree *t, freetree_walk *w) {
 }
 
 static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
+  xs_block *min = RB_MIN(xs_freetree_rb, &t->root);
+  if (t->tree_min != min) {
+    snprintf(w->msg, w->msg_size, "free tree: cached first %p, minimum %p",
+             (void *)t->tree_min, (void *)min);
+    return false;
+  }
   const xs_block *prev = NULL;
   xs_block *b;
   RB_FOREACH(b, xs_freetree_rb, &t->root) {

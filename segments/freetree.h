@@ -23,8 +23,8 @@
  * A request of at most 1 MiB takes the lowest block of the first non-empty
  * bin at or above its size: a bit scan in its own word, else one in
  * bin_words and one in the word it names, then one pointer; O(1). When no
- * bin has one it takes the tree's smallest block. A larger request takes
- * the tree's lower bound, O(log n), as before the bins.
+ * bin has one it takes the tree's smallest block, also cached. A larger
+ * request takes the tree's lower bound, O(log n), as before the bins.
  *
  * How a bin keeps address order: a by-address red-black tree, because a
  * bin gives up its lowest block first (the cached path's exact fits) yet
@@ -68,6 +68,9 @@ typedef struct xs_freebin {
 
 typedef struct xs_freetree {
   struct xs_freetree_rb root;   /* blocks above XS_FREETREE_BIN_MAX */
+  xs_block *tree_min;           /* the tree's first block: the fit of a
+                                   small request no bin holds (the
+                                   repeated-size path's usual case) */
   size_t count;                 /* blocks in the index (bins and tree) */
   size_t bytes;                 /* sum of their sizes */
   uint64_t bin_words;           /* bit w: bin_bits[w] != 0 */
@@ -106,18 +109,18 @@ static inline size_t xs_freetree_bin_of(size_t size) {
   return size == 0 ? 0 : (size - 1) / XS_FREETREE_BIN_STEP;
 }
 
-/* The tree's smallest block (a fit for any request that no bin holds). */
-xs_block *xs_freetree_tree_min(xs_freetree *t);
-
 /* The smallest block of at least `size` bytes (lowest address among equal
    sizes), or NULL. Inline because every cached malloc starts here. */
 static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
   if (size <= XS_FREETREE_BIN_MAX) {
+    /* No bin holds a block: small requests served from a large block (a
+       repeated size at the front of the mapped range) stop here. */
+    if (t->bin_words == 0) return t->tree_min;
     size_t i = xs_freetree_bin_of(size), w = i / 64;
     uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));
     if (bits == 0) {
       uint64_t words = t->bin_words & (~(uint64_t)1 << w);  /* above w */
-      if (words == 0) return xs_freetree_tree_min(t);
+      if (words == 0) return t->tree_min;
       w = (size_t)__builtin_ctzll(words);
       bits = t->bin_bits[w];
     }
