@@ -35,6 +35,12 @@ static bool freetree_binned(size_t size) {
   return size <= XS_FREETREE_BIN_MAX;
 }
 
+/* Whether blocks of these sizes share a structure: one bin (a bin holds
+   one size) or the tree. */
+static bool freetree_same_structure(size_t a, size_t b) {
+  return a == b || (!freetree_binned(a) && !freetree_binned(b));
+}
+
 /* The bin a block of this size lives in (block sizes are exact steps). */
 static size_t freetree_bin_index(size_t size) {
   assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
@@ -134,7 +140,7 @@ void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   if (freetree_binned(b->size)) {
     freebin_remove(t, freetree_bin_index(b->size), b);
   } else {
-    if (t->tree_min == b) t->tree_min = xs_freetree_rb_RB_NEXT(b);
+    if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
     RB_REMOVE(xs_freetree_rb, &t->root, b);
   }
   t->count--;
@@ -163,10 +169,7 @@ static xs_block *freetree_next_in(xs_block *b) {
 bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr) {
   (void)t;
-  /* A bin holds one size; the tree only what is above the bins. */
-  if (freetree_binned(b->size) || freetree_binned(size)) {
-    if (size != b->size) return false;
-  }
+  if (!freetree_same_structure(size, b->size)) return false;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
@@ -185,10 +188,8 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl) {
   assert(!repl->allocated && "only free blocks are indexed");
   assert(t->bytes >= old_size);
-  assert((freetree_binned(old_size) || freetree_binned(repl->size)
-              ? old_size == repl->size
-              : true) &&
-         "xs_freetree_fits_at: the same bin, or the tree");
+  assert(freetree_same_structure(old_size, repl->size) &&
+         "xs_freetree_fits_at said so: the same bin, or the tree");
   if (repl != old) {
     xs_block **root;
     if (freetree_binned(old_size)) {
