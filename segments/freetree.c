@@ -1,8 +1,10 @@
-/* freetree.c: the (size, address)-ordered red-black tree of free blocks,
- * a thin wrapper over BSD sys/tree.h (see freetree.h).
+/* freetree.c: the best-fit index of free blocks: exact-size bins under a
+ * two-level bitmap for sizes up to 1 MiB, a (size, address)-ordered
+ * red-black tree above (see freetree.h). Both trees are BSD sys/tree.h.
  */
 #include <assert.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "segments/freetree.h"
 
@@ -12,30 +14,135 @@ static int freetree_cmp(const xs_block *a, const xs_block *b) {
   return 0;
 }
 
+/* Within a bin every block has the same size. */
+static int freebin_cmp(const xs_block *a, const xs_block *b) {
+  return a->addr < b->addr ? -1 : a->addr > b->addr;
+}
+
 /* RB_GENERATE_STATIC marks what it generates __unused, which libbsd's
    cdefs.h leaves undefined on Linux (a struct member there has the name). */
 #define __unused __attribute__((__unused__))
 RB_GENERATE_STATIC(xs_freetree_rb, xs_block, link, freetree_cmp)
+RB_GENERATE_STATIC(xs_freebin_rb, xs_block, link, freebin_cmp)
 #undef __unused
 
 void xs_freetree_init(xs_freetree *t) {
+  memset(t, 0, sizeof *t);
   RB_INIT(&t->root);
-  t->count = 0;
-  t->bytes = 0;
 }
+
+static bool freetree_binned(size_t size) {
+  return size <= XS_FREETREE_BIN_MAX;
+}
+
+/* Whether blocks of these sizes share a structure: one bin (a bin holds
+   one size) or the tree. */
+static bool freetree_same_structure(size_t a, size_t b) {
+  return a == b || (!freetree_binned(a) && !freetree_binned(b));
+}
+
+/* The bin a block of this size lives in (block sizes are exact steps). */
+static size_t freetree_bin_index(size_t size) {
+  assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
+         freetree_binned(size) && "a bin holds one size exactly");
+  return size / XS_FREETREE_BIN_STEP - 1;
+}
+
+/* ---- the bitmap ------------------------------------------------------- */
+
+static void freetree_mark(xs_freetree *t, size_t i) {
+  t->bin_bits[i / 64] |= (uint64_t)1 << (i % 64);
+  t->bin_words |= (uint64_t)1 << (i / 64);
+}
+
+static void freetree_unmark(xs_freetree *t, size_t i) {
+  t->bin_bits[i / 64] &= ~((uint64_t)1 << (i % 64));
+  if (t->bin_bits[i / 64] == 0) t->bin_words &= ~((uint64_t)1 << (i / 64));
+}
+
+/* The first non-empty bin at or above bin i, or XS_FREETREE_BINS. */
+static size_t freetree_bin_from(const xs_freetree *t, size_t i) {
+  if (i >= XS_FREETREE_BINS) return XS_FREETREE_BINS;
+  size_t w = i / 64;
+  uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));
+  if (bits == 0) {
+    uint64_t words = t->bin_words & (~(uint64_t)1 << w);
+    if (words == 0) return XS_FREETREE_BINS;
+    w = (size_t)__builtin_ctzll(words);
+    bits = t->bin_bits[w];
+  }
+  return w * 64 + (size_t)__builtin_ctzll(bits);
+}
+
+/* The last non-empty bin below bin i (i <= XS_FREETREE_BINS), or
+   XS_FREETREE_BINS when there is none. */
+static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
+  if (i == 0) return XS_FREETREE_BINS;
+  size_t j = i - 1, w = j / 64;
+  uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 >> (63 - j % 64));
+  if (bits == 0) {
+    uint64_t words = t->bin_words & (((uint64_t)1 << w) - 1);  /* below w */
+    if (words == 0) return XS_FREETREE_BINS;
+    w = 63 - (size_t)__builtin_clzll(words);
+    bits = t->bin_bits[w];
+  }
+  return w * 64 + 63 - (size_t)__builtin_clzll(bits);
+}
+
+/* ---- one bin ---------------------------------------------------------- */
+
+static void freebin_insert(xs_freetree *t, size_t i, xs_block *b) {
+  xs_freebin *bin = &t->bins[i];
+  xs_block *dup = RB_INSERT(xs_freebin_rb, &bin->root, b);
+  assert(dup == NULL && "addresses are unique: blocks never overlap");
+  (void)dup;
+  if (bin->lowest == NULL) {
+    bin->lowest = b;
+    freetree_mark(t, i);
+  } else if (b->addr < bin->lowest->addr) {
+    bin->lowest = b;
+  }
+}
+
+static void freebin_remove(xs_freetree *t, size_t i, xs_block *b) {
+  xs_freebin *bin = &t->bins[i];
+  /* The lowest has no left child: its successor is a step away. */
+  if (bin->lowest == b) bin->lowest = RB_NEXT(xs_freebin_rb, &bin->root, b);
+  RB_REMOVE(xs_freebin_rb, &bin->root, b);
+  if (bin->lowest == NULL) freetree_unmark(t, i);
+}
+
+/* The greatest block of bin i (not empty). */
+static xs_block *freebin_max(xs_freetree *t, size_t i) {
+  assert(i < XS_FREETREE_BINS && t->bins[i].lowest != NULL);
+  return RB_MAX(xs_freebin_rb, &t->bins[i].root);
+}
+
+/* ---- the index -------------------------------------------------------- */
 
 void xs_freetree_insert(xs_freetree *t, xs_block *b) {
   assert(!b->allocated && "only free blocks are indexed");
-  xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
-  assert(dup == NULL && "(size, address) is unique: blocks never overlap");
-  (void)dup;
+  if (freetree_binned(b->size)) {
+    freebin_insert(t, freetree_bin_index(b->size), b);
+  } else {
+    xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
+    assert(dup == NULL && "(size, address) is unique: blocks never overlap");
+    (void)dup;
+    if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
+      t->tree_min = b;
+  }
   t->count++;
   t->bytes += b->size;
 }
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0 && t->bytes >= b->size);
-  RB_REMOVE(xs_freetree_rb, &t->root, b);
+  if (freetree_binned(b->size)) {
+    freebin_remove(t, freetree_bin_index(b->size), b);
+  } else {
+    if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
+    RB_REMOVE(xs_freetree_rb, &t->root, b);
+  }
   t->count--;
   t->bytes -= b->size;
 }
@@ -47,18 +154,31 @@ static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
   return 0;
 }
 
+/* b's neighbours in its own structure: both trees share the link, and
+   RB_PREV / RB_NEXT only follow it. */
+static xs_block *freetree_prev_in(xs_block *b) {
+  return freetree_binned(b->size) ? xs_freebin_rb_RB_PREV(b)
+                                  : xs_freetree_rb_RB_PREV(b);
+}
+
+static xs_block *freetree_next_in(xs_block *b) {
+  return freetree_binned(b->size) ? xs_freebin_rb_RB_NEXT(b)
+                                  : xs_freetree_rb_RB_NEXT(b);
+}
+
 bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr) {
   (void)t;
+  if (!freetree_same_structure(size, b->size)) return false;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
   if (c < 0) {
-    xs_block *p = RB_PREV(xs_freetree_rb, &t->root, b);
+    xs_block *p = freetree_prev_in(b);
     return p == NULL || freetree_cmp_key(size, addr, p) > 0;
   }
   if (c > 0) {
-    xs_block *n = RB_NEXT(xs_freetree_rb, &t->root, b);
+    xs_block *n = freetree_next_in(b);
     return n == NULL || freetree_cmp_key(size, addr, n) < 0;
   }
   return true;
@@ -68,11 +188,22 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl) {
   assert(!repl->allocated && "only free blocks are indexed");
   assert(t->bytes >= old_size);
+  assert(freetree_same_structure(old_size, repl->size) &&
+         "xs_freetree_fits_at said so: the same bin, or the tree");
   if (repl != old) {
+    xs_block **root;
+    if (freetree_binned(old_size)) {
+      xs_freebin *bin = &t->bins[freetree_bin_index(old_size)];
+      root = &RB_ROOT(&bin->root);
+      if (bin->lowest == old) bin->lowest = repl;
+    } else {
+      root = &RB_ROOT(&t->root);
+      if (t->tree_min == old) t->tree_min = repl;
+    }
     repl->link = old->link;
     xs_block *parent = RB_PARENT(old, link);
     if (parent == NULL)
-      RB_ROOT(&t->root) = repl;
+      *root = repl;
     else if (RB_LEFT(parent, link) == old)
       RB_LEFT(parent, link) = repl;
     else
@@ -85,42 +216,134 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
 }
 
 xs_block *xs_freetree_largest(xs_freetree *t) {
-  return RB_MAX(xs_freetree_rb, &t->root);
+  xs_block *b = RB_MAX(xs_freetree_rb, &t->root);
+  if (b != NULL) return b;
+  size_t i = freetree_bin_below(t, XS_FREETREE_BINS);
+  return i < XS_FREETREE_BINS ? freebin_max(t, i) : NULL;
 }
 
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
-  (void)t;
-  return RB_PREV(xs_freetree_rb, &t->root, b);
+  xs_block *p = freetree_prev_in(b);
+  if (p != NULL) return p;
+  size_t i = freetree_binned(b->size) ? freetree_bin_index(b->size)
+                                      : XS_FREETREE_BINS;
+  i = freetree_bin_below(t, i);
+  return i < XS_FREETREE_BINS ? freebin_max(t, i) : NULL;
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
-  (void)t;
-  return RB_NEXT(xs_freetree_rb, &t->root, b);
+  if (!freetree_binned(b->size)) return xs_freetree_rb_RB_NEXT(b);
+  xs_block *n = xs_freebin_rb_RB_NEXT(b);
+  if (n != NULL) return n;
+  size_t i = freetree_bin_from(t, freetree_bin_index(b->size) + 1);
+  return i < XS_FREETREE_BINS ? t->bins[i].lowest : t->tree_min;
 }
 
-bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
-  size_t count = 0, bytes = 0;
+/* ---- the validator ---------------------------------------------------- */
+
+typedef struct freetree_walk {
+  size_t count, bytes;
+  char *msg;
+  size_t msg_size;
+} freetree_walk;
+
+/* One block met in order after `prev`. */
+static bool freetree_check_block(freetree_walk *w, const xs_block *prev,
+                                 const xs_block *b) {
+  if (prev != NULL && freetree_cmp(prev, b) >= 0) {
+    snprintf(w->msg, w->msg_size, "free tree out of order at block 0x%llx",
+             (unsigned long long)b->addr);
+    return false;
+  }
+  if (b->allocated) {
+    snprintf(w->msg, w->msg_size, "allocated block 0x%llx is in a free tree",
+             (unsigned long long)b->addr);
+    return false;
+  }
+  w->count++;
+  w->bytes += b->size;
+  return true;
+}
+
+static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
+  xs_freebin *bin = &t->bins[i];
+  bool marked = (t->bin_bits[i / 64] >> (i % 64)) & 1;
+  xs_block *min = RB_MIN(xs_freebin_rb, &bin->root);
+  if (bin->lowest != min || marked != (min != NULL)) {
+    snprintf(w->msg, w->msg_size,
+             "free bin %zu: lowest %p, minimum %p, bitmap bit %d", i,
+             (void *)bin->lowest, (void *)min, (int)marked);
+    return false;
+  }
+  const xs_block *prev = NULL;
+  xs_block *b;
+  RB_FOREACH(b, xs_freebin_rb, &bin->root) {
+    if (b->size != (i + 1) * XS_FREETREE_BIN_STEP) {
+      snprintf(w->msg, w->msg_size,
+               "block 0x%llx of %zu bytes is in the free bin of %zu",
+               (unsigned long long)b->addr, b->size,
+               (i + 1) * XS_FREETREE_BIN_STEP);
+      return false;
+    }
+    if (!freetree_check_block(w, prev, b)) return false;
+    prev = b;
+  }
+  return true;
+}
+
+static bool freetree_check_words(xs_freetree *t, freetree_walk *w) {
+  for (size_t k = 0; k < XS_FREETREE_BIN_WORDS; k++) {
+    bool marked = (t->bin_words >> k) & 1;
+    if (marked != (t->bin_bits[k] != 0)) {
+      snprintf(w->msg, w->msg_size,
+               "free bitmap: word %zu is %s but its summary bit is %d", k,
+               t->bin_bits[k] != 0 ? "not empty" : "empty", (int)marked);
+      return false;
+    }
+  }
+  if ((t->bin_words >> (XS_FREETREE_BIN_WORDS - 1) >> 1) != 0) {
+    snprintf(w->msg, w->msg_size, "free bitmap: summary bits past the bins");
+    return false;
+  }
+  return true;
+}
+
+static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
+  xs_block *min = RB_MIN(xs_freetree_rb, &t->root);
+  if (t->tree_min != min) {
+    snprintf(w->msg, w->msg_size, "free tree: cached first %p, minimum %p",
+             (void *)t->tree_min, (void *)min);
+    return false;
+  }
   const xs_block *prev = NULL;
   xs_block *b;
   RB_FOREACH(b, xs_freetree_rb, &t->root) {
-    if (prev != NULL && freetree_cmp(prev, b) >= 0) {
-      snprintf(msg, msg_size, "free tree out of order at block 0x%llx",
-               (unsigned long long)b->addr);
+    if (freetree_binned(b->size)) {
+      snprintf(w->msg, w->msg_size,
+               "block 0x%llx of %zu bytes is in the free tree, not a bin",
+               (unsigned long long)b->addr, b->size);
       return false;
     }
-    if (b->allocated) {
-      snprintf(msg, msg_size, "allocated block 0x%llx is in a free tree",
-               (unsigned long long)b->addr);
-      return false;
-    }
-    count++;
-    bytes += b->size;
+    if (!freetree_check_block(w, prev, b)) return false;
     prev = b;
   }
-  if (count != t->count || bytes != t->bytes) {
+  return true;
+}
+
+bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
+  freetree_walk w = {.msg = msg, .msg_size = msg_size};
+  if (!freetree_check_words(t, &w)) return false;
+  /* Only the bins the bitmap marks are walked (xseg_check runs after
+     every operation in debug builds): a block in an unmarked bin shows as
+     a count below t->count. */
+  for (size_t i = freetree_bin_from(t, 0); i < XS_FREETREE_BINS;
+       i = freetree_bin_from(t, i + 1))
+    if (!freetree_check_bin(t, i, &w)) return false;
+  if (!freetree_check_tree(t, &w)) return false;
+  if (w.count != t->count || w.bytes != t->bytes) {
     snprintf(msg, msg_size,
              "free tree holds %zu blocks / %zu bytes but counts %zu / %zu",
-             count, bytes, t->count, t->bytes);
+             w.count, w.bytes, t->count, t->bytes);
     return false;
   }
   return true;
