@@ -93,6 +93,10 @@ typedef struct xs_stream_pools {
   size_t park_requested;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;       /* the allocator's list */
+  /* The size bins of the small pool's free index (segments/freetree.h):
+     its requests are the ones up to 1 MiB; the large pool's index and
+     both indexes of unmapped blocks have none. */
+  xs_freebin small_bins[XS_FREETREE_BINS];
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;

@@ -176,7 +176,7 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
   for (int k = 0; k < 2; k++) {
     xs_pool *p = &sp->pool[k];
     xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &sp->blocks,
-                 &sp->stats);
+                 &sp->stats, k == XS_POOL_SMALL ? sp->small_bins : NULL);
     p->safe_epoch = 0;           /* the guard vouches for nothing yet */
     p->on_unmap = pairs_trace_unmap;
     p->on_unmap_ctx = &a->trace;

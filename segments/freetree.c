@@ -26,25 +26,31 @@ RB_GENERATE_STATIC(xs_freetree_rb, xs_block, link, freetree_cmp)
 RB_GENERATE_STATIC(xs_freebin_rb, xs_block, link, freebin_cmp)
 #undef __unused
 
-void xs_freetree_init(xs_freetree *t) {
+void xs_freetree_init(xs_freetree *t, xs_freebin *bins) {
   memset(t, 0, sizeof *t);
   RB_INIT(&t->root);
+  if (bins != NULL) memset(bins, 0, XS_FREETREE_BINS * sizeof *bins);
+  t->bins = bins;
+  t->bin_limit = bins != NULL ? XS_FREETREE_BIN_MAX : 0;
 }
 
-static bool freetree_binned(size_t size) {
-  return size <= XS_FREETREE_BIN_MAX;
+/* Whether a block of this size lives in a bin (else in the tree). */
+static bool freetree_binned(const xs_freetree *t, size_t size) {
+  return size <= t->bin_limit;
 }
 
 /* Whether blocks of these sizes share a structure: one bin (a bin holds
    one size) or the tree. */
-static bool freetree_same_structure(size_t a, size_t b) {
-  return a == b || (!freetree_binned(a) && !freetree_binned(b));
+static bool freetree_same_structure(const xs_freetree *t, size_t a,
+                                    size_t b) {
+  return a == b || (!freetree_binned(t, a) && !freetree_binned(t, b));
 }
 
 /* The bin a block of this size lives in (block sizes are exact steps). */
-static size_t freetree_bin_index(size_t size) {
+static size_t freetree_bin_index(const xs_freetree *t, size_t size) {
   assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
-         freetree_binned(size) && "a bin holds one size exactly");
+         freetree_binned(t, size) && "a bin holds one size exactly");
+  (void)t;
   return size / XS_FREETREE_BIN_STEP - 1;
 }
 
@@ -122,8 +128,8 @@ static xs_block *freebin_max(xs_freetree *t, size_t i) {
 
 void xs_freetree_insert(xs_freetree *t, xs_block *b) {
   assert(!b->allocated && "only free blocks are indexed");
-  if (freetree_binned(b->size)) {
-    freebin_insert(t, freetree_bin_index(b->size), b);
+  if (freetree_binned(t, b->size)) {
+    freebin_insert(t, freetree_bin_index(t, b->size), b);
   } else {
     xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
     assert(dup == NULL && "(size, address) is unique: blocks never overlap");
@@ -137,8 +143,8 @@ void xs_freetree_insert(xs_freetree *t, xs_block *b) {
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0 && t->bytes >= b->size);
-  if (freetree_binned(b->size)) {
-    freebin_remove(t, freetree_bin_index(b->size), b);
+  if (freetree_binned(t, b->size)) {
+    freebin_remove(t, freetree_bin_index(t, b->size), b);
   } else {
     if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
     RB_REMOVE(xs_freetree_rb, &t->root, b);
@@ -156,29 +162,28 @@ static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
 
 /* b's neighbours in its own structure: both trees share the link, and
    RB_PREV / RB_NEXT only follow it. */
-static xs_block *freetree_prev_in(xs_block *b) {
-  return freetree_binned(b->size) ? xs_freebin_rb_RB_PREV(b)
-                                  : xs_freetree_rb_RB_PREV(b);
+static xs_block *freetree_prev_in(const xs_freetree *t, xs_block *b) {
+  return freetree_binned(t, b->size) ? xs_freebin_rb_RB_PREV(b)
+                                     : xs_freetree_rb_RB_PREV(b);
 }
 
-static xs_block *freetree_next_in(xs_block *b) {
-  return freetree_binned(b->size) ? xs_freebin_rb_RB_NEXT(b)
-                                  : xs_freetree_rb_RB_NEXT(b);
+static xs_block *freetree_next_in(const xs_freetree *t, xs_block *b) {
+  return freetree_binned(t, b->size) ? xs_freebin_rb_RB_NEXT(b)
+                                     : xs_freetree_rb_RB_NEXT(b);
 }
 
 bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr) {
-  (void)t;
-  if (!freetree_same_structure(size, b->size)) return false;
+  if (!freetree_same_structure(t, size, b->size)) return false;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
   if (c < 0) {
-    xs_block *p = freetree_prev_in(b);
+    xs_block *p = freetree_prev_in(t, b);
     return p == NULL || freetree_cmp_key(size, addr, p) > 0;
   }
   if (c > 0) {
-    xs_block *n = freetree_next_in(b);
+    xs_block *n = freetree_next_in(t, b);
     return n == NULL || freetree_cmp_key(size, addr, n) < 0;
   }
   return true;
@@ -188,12 +193,12 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl) {
   assert(!repl->allocated && "only free blocks are indexed");
   assert(t->bytes >= old_size);
-  assert(freetree_same_structure(old_size, repl->size) &&
+  assert(freetree_same_structure(t, old_size, repl->size) &&
          "xs_freetree_fits_at said so: the same bin, or the tree");
   if (repl != old) {
     xs_block **root;
-    if (freetree_binned(old_size)) {
-      xs_freebin *bin = &t->bins[freetree_bin_index(old_size)];
+    if (freetree_binned(t, old_size)) {
+      xs_freebin *bin = &t->bins[freetree_bin_index(t, old_size)];
       root = &RB_ROOT(&bin->root);
       if (bin->lowest == old) bin->lowest = repl;
     } else {
@@ -223,19 +228,19 @@ xs_block *xs_freetree_largest(xs_freetree *t) {
 }
 
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
-  xs_block *p = freetree_prev_in(b);
+  xs_block *p = freetree_prev_in(t, b);
   if (p != NULL) return p;
-  size_t i = freetree_binned(b->size) ? freetree_bin_index(b->size)
-                                      : XS_FREETREE_BINS;
+  size_t i = freetree_binned(t, b->size) ? freetree_bin_index(t, b->size)
+                                         : XS_FREETREE_BINS;
   i = freetree_bin_below(t, i);
   return i < XS_FREETREE_BINS ? freebin_max(t, i) : NULL;
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
-  if (!freetree_binned(b->size)) return xs_freetree_rb_RB_NEXT(b);
+  if (!freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
   xs_block *n = xs_freebin_rb_RB_NEXT(b);
   if (n != NULL) return n;
-  size_t i = freetree_bin_from(t, freetree_bin_index(b->size) + 1);
+  size_t i = freetree_bin_from(t, freetree_bin_index(t, b->size) + 1);
   return i < XS_FREETREE_BINS ? t->bins[i].lowest : t->tree_min;
 }
 
@@ -318,7 +323,7 @@ static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
   const xs_block *prev = NULL;
   xs_block *b;
   RB_FOREACH(b, xs_freetree_rb, &t->root) {
-    if (freetree_binned(b->size)) {
+    if (freetree_binned(t, b->size)) {
       snprintf(w->msg, w->msg_size,
                "block 0x%llx of %zu bytes is in the free tree, not a bin",
                (unsigned long long)b->addr, b->size);
@@ -332,6 +337,13 @@ static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
 
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
   freetree_walk w = {.msg = msg, .msg_size = msg_size};
+  if (t->bin_limit != (t->bins != NULL ? XS_FREETREE_BIN_MAX : 0) ||
+      (t->bins == NULL && t->bin_words != 0)) {
+    snprintf(msg, msg_size, "free tree: bins %p, bin limit %zu, bitmap %llx",
+             (void *)t->bins, t->bin_limit,
+             (unsigned long long)t->bin_words);
+    return false;
+  }
   if (!freetree_check_words(t, &w)) return false;
   /* Only the bins the bitmap marks are walked (xseg_check runs after
      every operation in debug builds): a block in an unmarked bin shows as

@@ -39,8 +39,11 @@
  * ~183 instructions (insert 148 -> 89, best fit 75 -> 25, remove 72 -> 70:
  * a red-black removal's rebalancing does not shrink with the tree).
  *
- * Memory: the bins and bitmap are 32.3 KiB of host memory per index,
- * whatever it holds (a pool has two indexes).
+ * Memory: the bins are 32 KiB of host memory, kept by the caller and
+ * given at xs_freetree_init; an index given none keeps every block in the
+ * tree (the same order, at the tree's cost). Only the small pool's index
+ * of free mapped blocks has bins (alloc/pairs.c): a large pool serves
+ * requests above 1 MiB, and unmapped blocks are whole granules.
  */
 #ifndef XS_SEGMENTS_FREETREE_H
 #define XS_SEGMENTS_FREETREE_H
@@ -78,12 +81,17 @@ typedef struct xs_freetree {
   uint64_t bin_words;           /* bit w: bin_bits[w] != 0 */
   uint64_t bin_bits[XS_FREETREE_BIN_WORDS];  /* bit i % 64 of word i / 64:
                                                 bins[i] is not empty */
-  xs_freebin bins[XS_FREETREE_BINS];
+  xs_freebin *bins;             /* XS_FREETREE_BINS of them, or NULL */
+  size_t bin_limit;             /* XS_FREETREE_BIN_MAX with bins, else 0:
+                                   the largest size a bin holds */
 } xs_freetree;
 
 _Static_assert(XS_FREETREE_BIN_WORDS <= 64, "one word summarises the bins");
 
-void xs_freetree_init(xs_freetree *t);
+/* An empty index. `bins`: XS_FREETREE_BINS bins the caller keeps for as
+   long as the index (cleared here), or NULL: no bins, every block in the
+   tree. */
+void xs_freetree_init(xs_freetree *t, xs_freebin *bins);
 /* b must not be in any tree; its size and address must not change while it
    is in this one, except through xs_freetree_replace. */
 void xs_freetree_insert(xs_freetree *t, xs_block *b);
@@ -114,9 +122,12 @@ static inline size_t xs_freetree_bin_of(size_t size) {
 /* The smallest block of at least `size` bytes (lowest address among equal
    sizes), or NULL. Inline because every cached malloc starts here. */
 static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
-  if (size <= XS_FREETREE_BIN_MAX) {
+  /* The constant bound tells the compiler what bin_limit's does. */
+  if (size <= XS_FREETREE_BIN_MAX && size <= t->bin_limit) {
     /* No bin holds a block: small requests served from a large block (a
-       repeated size at the front of the mapped range) stop here. */
+       repeated size at the front of the mapped range) stop here. (An
+       index without bins comes here for size 0 alone: its tree_min, the
+       smallest block of all, is that fit.) */
     if (t->bin_words == 0) return t->tree_min;
     size_t i = xs_freetree_bin_of(size), w = i / 64;
     uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));

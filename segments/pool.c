@@ -10,10 +10,11 @@
 #include "vmm/error.h"
 
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
-                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats) {
+                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats,
+                  xs_freebin *free_bins) {
   memset(p, 0, sizeof *p);
-  xs_freetree_init(&p->free);
-  xs_freetree_init(&p->unmapped);
+  xs_freetree_init(&p->free, free_bins);
+  xs_freetree_init(&p->unmapped, NULL);
   p->kind = kind;
   p->stream = stream;
   p->vmm = vmm;

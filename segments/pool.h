@@ -55,8 +55,11 @@ typedef struct xs_pool {
   xs_block *retake_known;
 } xs_pool;
 
+/* `free_bins`: the bins of the index of free mapped blocks (freetree.h),
+   kept by the caller as long as the pool, or NULL for none. */
 void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
-                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats);
+                  xs_vmm *vmm, xs_blocks *blocks, xs_stats *stats,
+                  xs_freebin *free_bins);
 
 /* Puts a free block in the tree of its mapped state / takes it out,
    keeping the inactive_split stats. */

@@ -409,8 +409,8 @@ xseg_status xs_pool_destroy(xs_pool *p) {
     xs_segment_free_page_map(s);
     free(s);
   }
-  xs_freetree_init(&p->free);
-  xs_freetree_init(&p->unmapped);
+  xs_freetree_init(&p->free, p->free.bins);
+  xs_freetree_init(&p->unmapped, NULL);
   p->retiring = NULL;
   p->n_retiring = 0;
   return first;

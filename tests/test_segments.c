@@ -21,7 +21,7 @@ static xs_block *mk(size_t size, uint64_t addr) {
 
 XSEG_TEST(segments, freetree_best_fit_is_smallest_then_lowest_address) {
   xs_freetree t;
-  xs_freetree_init(&t);
+  xs_freetree_init(&t, NULL);
   xs_block *b[5] = {mk(4096, 0x9000), mk(1024, 0x1000), mk(4096, 0x5000),
                     mk(2048, 0x3000), mk(8192, 0x100000)};
   for (int i = 0; i < 5; i++) xs_freetree_insert(&t, b[i]);
@@ -53,7 +53,7 @@ XSEG_TEST(segments, freetree_best_fit_is_smallest_then_lowest_address) {
 XSEG_TEST(segments, freetree_matches_brute_force) {
   enum { N = 2000 };
   xs_freetree t;
-  xs_freetree_init(&t);
+  xs_freetree_init(&t, NULL);
   xs_block *blk = calloc(N, sizeof *blk);
   bool in[N] = {false};
   unsigned seed = 7;
@@ -89,7 +89,7 @@ XSEG_TEST(segments, freetree_matches_brute_force) {
 
 XSEG_TEST(segments, freetree_validator_catches_a_wrong_count) {
   xs_freetree t;
-  xs_freetree_init(&t);
+  xs_freetree_init(&t, NULL);
   xs_block *b = mk(512, 0x200);
   xs_freetree_insert(&t, b);
   t.count++;
@@ -129,7 +129,8 @@ typedef struct fake {
 
 static void fake_init(fake *f, size_t n, const uint8_t *map) {
   memset(f, 0, sizeof *f);
-  xs_pool_init(&f->pool, XS_POOL_LARGE, NULL, &f->vmm, &f->cache, &f->stats);
+  xs_pool_init(&f->pool, XS_POOL_LARGE, NULL, &f->vmm, &f->cache, &f->stats,
+               NULL);
   xs_segment *s = &f->seg;
   s->base = 0x7f0000000000ull;
   s->granule = 2u << 20;

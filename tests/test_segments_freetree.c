@@ -14,9 +14,23 @@
 enum { STEP = 512 };
 #define BIN_MAX XS_FREETREE_BIN_MAX
 
+/* An index and its bins in one allocation (the index first: free(t)
+   frees both). */
+typedef struct binned_tree {
+  xs_freetree t;
+  xs_freebin bins[XS_FREETREE_BINS];
+} binned_tree;
+
 static xs_freetree *tree_new(void) {
+  binned_tree *bt = malloc(sizeof *bt);
+  xs_freetree_init(&bt->t, bt->bins);
+  return &bt->t;
+}
+
+/* An index without bins: every block in the tree. */
+static xs_freetree *tree_new_unbinned(void) {
   xs_freetree *t = malloc(sizeof *t);
-  xs_freetree_init(t);
+  xs_freetree_init(t, NULL);
   return t;
 }
 
@@ -262,9 +276,11 @@ static xs_block *reference_fit(const xs_block *blk, const bool *in, size_t n,
   return (xs_block *)best;
 }
 
-XSEG_TEST(segments_freetree, orders_match_a_sorted_reference) {
+/* Random inserts and removes of sizes around the bins' edges: best fit
+   after every step, both walks and the validator every so often, against
+   a sorted reference. */
+static void orders_match_reference(xs_freetree *t) {
   enum { N = 2000, STEPS = 20000 };
-  xs_freetree *t = tree_new();
   xs_block *blk = calloc(N, sizeof *blk);
   xs_block **sorted = calloc(N, sizeof *sorted);
   bool *in = calloc(N, sizeof *in);
@@ -309,6 +325,18 @@ XSEG_TEST(segments_freetree, orders_match_a_sorted_reference) {
   free(sorted);
   free(blk);
   free(t);
+}
+
+XSEG_TEST(segments_freetree, orders_match_a_sorted_reference) {
+  orders_match_reference(tree_new());
+}
+
+/* The same order without bins (the large pools' and the unmapped blocks'
+   indexes): every size in the tree. */
+XSEG_TEST(segments_freetree, orders_match_a_sorted_reference_without_bins) {
+  xs_freetree *t = tree_new_unbinned();
+  XSEG_EXPECT_EQ(t->bin_limit, 0u);
+  orders_match_reference(t);
 }
 
 XSEG_TEST(segments_freetree, validator_catches_bitmap_and_lowest) {
