@@ -205,9 +205,8 @@ static inline void alloc_account_malloc_quiet(xs_stats *s, xs_pool_kind k,
 /* A free whose count was deferred (allocator.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
-   under its threshold (one pair: only its own crossings move them, and
-   a crossing leaves each at or above its current), so only the totals
-   of increases move. */
+   under its threshold (xs_park_refill_under), so only the totals of
+   increases move. */
 static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
                                         xs_pool_kind k) {
   s->pool[k][XS_GAUGE_allocation].allocated += 1;
@@ -323,10 +322,11 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
   sp->n_parked--;
-  if (sp->park_stats == p && sp->park_requested == size) {
+  if (sp->park_stats == p && sp->park_requested == size &&
+      xs_park_refill_under(sp, kind)) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
-    sp->park_stats = NULL;
+    xs_pair_park_refilled(sp);
     xs_pool_retake(p, kind, false);
     alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, true);
     return b;
@@ -446,9 +446,10 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
   if (b == NULL || b->size != rounded || !xs_pool_retake_known(p))
     return NULL;
   if (sp->park_stats == p) {
-    if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k))
+    if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k) ||
+        !xs_park_refill_under(sp, k))
       return NULL;
-    sp->park_stats = NULL;
+    xs_pair_park_refilled(sp);
     xs_pool_retake_under(p, k);
     b->requested = size;
     alloc_account_refill(&sp->stats, b, k);
@@ -558,23 +559,16 @@ static inline __attribute__((always_inline)) void alloc_stamp(
 
 /* Parks b, freed, in its pool p (lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
-   (allocator.h, n_parked). With one pair, its free and merge count in
-   the stats later (park_stats); with more, at once, so that no other
-   pair's operation sees the sums without them (shards.h). */
+   (allocator.h, n_parked). Its free and merge count in the stats later
+   (park_stats), what they hold back published while other pairs' crossings
+   could read the shard (allocator.h, xs_pair_park_hold). */
 static inline __attribute__((always_inline)) void alloc_park(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, bool slow) {
+  (void)kind;
   alloc_stamp(a, sp, b, slow);
-  if (a->n_pairs > 1) {
-    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
-    xs_pool_park(p, b);
-    xs_pool_park_stats(p);
-  } else {
-    assert(sp->park_stats == NULL && "the last park counted first");
-    sp->park_stats = p;
-    sp->park_requested = b->requested;
-    xs_pool_park(p, b);
-  }
+  xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
+  xs_pool_park(p, b);
   sp->n_parked++;
 }
 
@@ -703,17 +697,8 @@ static inline __attribute__((always_inline)) bool alloc_park_again(
   xs_block *b = xs_pool_parkable_again(p, addr);
   if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return false;
   assert(xs_ptrtable_get(&sp->live, addr) == b);
-  bool alone = a->n_pairs == 1;
-  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
-  if (!alone && !xs_pool_split_swap_under(p, k, rest, whole)) return false;
   b->free_epoch = xs_pair_tick(sp);
-  if (alone) {
-    sp->park_stats = p;
-    sp->park_requested = b->requested;
-  } else {
-    xs_alloc_account_free(&sp->stats, k, b->size, b->requested);
-    xs_pool_split_swap_quiet(p, k, rest, whole);
-  }
+  xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
   xs_pool_park(p, b);
   sp->n_parked++;
   return true;

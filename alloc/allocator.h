@@ -84,13 +84,15 @@ typedef struct xs_stream_pools {
      the table nothing. */
   size_t n_parked;
   /* The pool of the last park while neither that free nor its merge is
-     in the stats yet (only while the allocator has one pair: with more,
-     both count at once, so that the sums never lack them), and the
-     parked block's requested size, for its free's count. The free of a
-     block taken back at once then moves no gauge but the totals of
-     increases (alloc.c, alloc_retake). */
+     in the stats yet, and the parked block's requested size, for its
+     free's count. The free of a block taken back at once then moves no
+     gauge but the totals of increases (alloc.c, alloc_retake). With more
+     than one pair, what is held back is published in the shard
+     (xs_stats.unposted: `park_unposted`), so that other pairs' crossings
+     sum true values, and a take-back checks the thresholds first. */
   xs_pool *park_stats;
   size_t park_requested;
+  bool park_unposted;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   struct xs_stream_pools *next;       /* the allocator's list */
   /* The size bins of the small pool's free index (segments/freetree.h):
@@ -251,11 +253,70 @@ static inline void xs_alloc_account_free(xs_stats *s, xs_pool_kind kind,
   xs_stats_dec(s, XS_GAUGE_allocated_bytes, kind, (int64_t)size);
   xs_stats_dec(s, XS_GAUGE_requested_bytes, kind, (int64_t)requested);
 }
+/* The gauges a park holds back: its free's three, its merge's two. */
+#define XS_PARK_GAUGES(X)                                                    \
+  X(allocation) X(allocated_bytes) X(requested_bytes) X(inactive_split)     \
+  X(inactive_split_bytes)
+/* Publishes what a park of block b (parkable, `requested` asked for) in
+   pool kind k holds back in shard s: each gauge's current less its true
+   value (segments/stats.h, unposted). Its merge moves inactive_split from
+   the rest (a piece) to the merged block (a piece unless a whole
+   segment). */
+static inline void xs_park_unposted_set(xs_stats *s, xs_pool_kind k,
+                                        const xs_block *b, size_t requested) {
+  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+  _Atomic int64_t *u = s->unposted[k];
+  xs_gv_set(&u[XS_GAUGE_allocation], 1);
+  xs_gv_set(&u[XS_GAUGE_allocated_bytes], (int64_t)b->size);
+  xs_gv_set(&u[XS_GAUGE_requested_bytes], (int64_t)requested);
+  xs_gv_set(&u[XS_GAUGE_inactive_split], 1 - (int64_t)(whole != 0));
+  xs_gv_set(&u[XS_GAUGE_inactive_split_bytes],
+            (int64_t)rest - (int64_t)whole);
+}
+/* Clears it, before the currents move (a release fence after: a reader
+   that sees a moved current sees it cleared). */
+static inline void xs_park_unposted_clear(xs_stats *s, xs_pool_kind k) {
+#define XS_PARK_CLEAR_(name) xs_gv_set(&s->unposted[k][XS_GAUGE_##name], 0);
+  XS_PARK_GAUGES(XS_PARK_CLEAR_)
+#undef XS_PARK_CLEAR_
+  atomic_thread_fence(memory_order_release);
+}
+/* Whether the block parked in pool kind k may be taken back for its own
+   requested size without posting first: its free's gauges, back at their
+   current values, pass no threshold. With one pair nothing else moves
+   the thresholds, so always; with more, another pair's crossing may have
+   lowered them to the true values meanwhile. */
+static inline bool xs_park_refill_under(const xs_stream_pools *sp,
+                                        xs_pool_kind k) {
+  return !sp->park_unposted ||
+         (xs_stats_at_or_under(&sp->stats, XS_GAUGE_allocation, k) &&
+          xs_stats_at_or_under(&sp->stats, XS_GAUGE_allocated_bytes, k) &&
+          xs_stats_at_or_under(&sp->stats, XS_GAUGE_requested_bytes, k));
+}
+/* Holds back the stats of a park of b in pool p of pair sp (none held
+   back yet): published when other pairs' crossings could read them. */
+static inline void xs_pair_park_hold(xs_stream_pools *sp, xs_pool *p,
+                                     const xs_block *b, bool several) {
+  assert(sp->park_stats == NULL && "the last park counted first");
+  sp->park_stats = p;
+  sp->park_requested = b->requested;
+  sp->park_unposted = several;
+  if (several) xs_park_unposted_set(&sp->stats, p->kind, b, b->requested);
+}
+/* The take-back of sp's held-back park for its own requested size: the
+   free and the malloc cancel, what was held back is posted as it is. */
+static inline void xs_pair_park_refilled(xs_stream_pools *sp) {
+  if (sp->park_unposted) xs_park_unposted_clear(&sp->stats, sp->park_stats->kind);
+  sp->park_stats = NULL;
+  sp->park_unposted = false;
+}
 /* Counts sp's last park (its free, then its merge) in the stats, if it
    is not yet. */
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
   xs_pool *p = sp->park_stats;
   if (p == NULL) return;
+  if (sp->park_unposted) xs_park_unposted_clear(&sp->stats, p->kind);
+  sp->park_unposted = false;
   xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
                         sp->park_requested);
   xs_pool_park_stats(p);

@@ -28,6 +28,11 @@ static void shards_fold_val(xs_gauge_val *into, xs_gauge_val *from) {
 }
 
 void xs_stats_group_remove(xs_stats_group *g, xs_stats *s, xs_stats *into) {
+#ifndef NDEBUG
+  for (int k = 0; k < 2; k++)
+    for (int gg = 0; gg < XS_GAUGE_COUNT; gg++)
+      assert(xs_gv_get(&s->unposted[k][gg]) == 0 && "its parks settled");
+#endif
   for (int gg = 0; gg < XS_GAUGE_COUNT; gg++) {
     shards_fold_val(&into->all[gg], &s->all[gg]);
     for (int k = 0; k < 2; k++)
@@ -69,7 +74,7 @@ int64_t xs_stats_group_current(const xs_stats_group *g, xs_gauge gauge) {
 static int64_t shards_sum(const xs_stats_group *g, int gauge, int scope) {
   int64_t sum = 0;
   for (xs_stats *s = g->first; s != NULL; s = s->next_shard)
-    sum += xs_stats_cur(s, gauge, scope);
+    sum += xs_stats_cur_posted(s, gauge, scope);
   return sum;
 }
 
@@ -81,7 +86,10 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
     return;
   }
   xs_lock_take(&g->lock);
-  int64_t cur = xs_stats_cur(s, gauge, scope);
+  /* s's own current is true: its owner posts what it holds back before
+     anything of it can cross. */
+  int64_t cur = xs_stats_cur_posted(s, gauge, scope);
+  assert(cur == xs_stats_cur(s, gauge, scope));
   int64_t sum = shards_sum(g, gauge, scope) - cur + top;
   int64_t *peak = &g->peak[scope][gauge];
   if (sum > *peak) *peak = sum;
@@ -103,7 +111,7 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
     int64_t currents = cur, busy = !s->rare;
     for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
       if (t == s) continue;
-      int64_t c = xs_stats_cur(t, gauge, scope);
+      int64_t c = xs_stats_cur_posted(t, gauge, scope);
       xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, c);
       currents += c;
       busy += !t->rare;
@@ -195,6 +203,16 @@ bool xs_stats_group_valid(const xs_stats_group *g, char *msg,
     snprintf(msg, msg_size, "stats: %zu shards listed, %zu counted", n, g->n);
     return false;
   }
+  /* Every park is settled when every lock is held: nothing held back. */
+  for (const xs_stats *s = g->first; s != NULL; s = s->next_shard)
+    for (int k = 0; k < 2; k++)
+      for (int gg = 0; gg < XS_GAUGE_COUNT; gg++)
+        if (xs_gv_get(&s->unposted[k][gg]) != 0) {
+          snprintf(msg, msg_size, "stats: a shard holds back %lld of gauge "
+                   "%d of pool %d with every park settled",
+                   (long long)xs_gv_get(&s->unposted[k][gg]), gg, k);
+          return false;
+        }
   /* A shard may be over its threshold (another thread's crossing lowered
      it meanwhile; its next increase crosses), but the thresholds never sum
      over the peak. */

@@ -3,11 +3,14 @@
 # valgrind's callgrind (time on a shared machine is noise; instructions are
 # not).
 #
-#   bench/callgrind.sh [XSEG_BENCH] [repeat | random LIVE | deferred] [N1 N2]
+#   bench/callgrind.sh [XSEG_BENCH] [repeat | repeat-beside K | random LIVE |
+#                      deferred] [N1 N2]
 #
 # XSEG_BENCH defaults to build/bench/xseg-bench. "repeat" (the default)
 # counts `xseg-bench micro --only cached-repeat` (one size, malloc then
-# free); "random LIVE" counts `--only cached-random` with LIVE blocks live
+# free); "repeat-beside K" the same with the pools of K other streams in
+# the allocator (`--other-streams K`, as beside a server's other workers);
+# "random LIVE" counts `--only cached-random` with LIVE blocks live
 # and random sizes; "deferred" counts `--only deferred`, whose every pair is
 # a plain malloc+free of 4 KiB and a malloc, xseg_record_stream on a second
 # stream and free (the free deferred behind an event), and also prints the
@@ -39,6 +42,10 @@ if [ "$case" = random ]; then
   live=${1:?"random needs LIVE, e.g. random 10000"}
   shift
   args=(--only cached-random --live-min "$live" --live-max "$live")
+elif [ "$case" = repeat-beside ]; then
+  others=${1:?"repeat-beside needs K, e.g. repeat-beside 1"}
+  shift
+  args=(--only cached-repeat --other-streams "$others")
 elif [ "$case" = deferred ]; then
   args=(--only deferred)
   toggles+=(--toggle-collect=xseg_record_stream)
@@ -93,5 +100,6 @@ if [ "$case" = deferred ]; then
        "($i1 instructions for $n1, $i2 for $n2; driver $d1, $d2)"
   exit 0
 fi
-echo "$case${live:+ (live $live)}: $per_pair instructions per malloc+free pair" \
+echo "$case${live:+ (live $live)}${others:+ (other streams $others)}:" \
+     "$per_pair instructions per malloc+free pair" \
      "($i1 instructions for $n1 pairs, $i2 for $n2)"

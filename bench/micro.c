@@ -192,22 +192,43 @@ typedef struct xb_micro_out {
   bool have_deferred;
 } xb_micro_out;
 
+enum { XB_OTHER_STREAMS_MAX = 16 };
+
+/* Pools of `n` other streams in a, as a server with a stream per worker
+   has (one block malloc'ed and freed on each): the cached path then runs
+   as it does beside other streams' pools. */
+static bool other_streams_open(xb_micro *m, xseg_allocator *a, uint64_t n,
+                               struct CUstream_st **streams) {
+  for (uint64_t i = 0; i < n; i++) {
+    void *p;
+    if (xb_env_stream_create(&m->env, &streams[i]) != XSEG_OK ||
+        xseg_malloc(a, XB_REPEAT_SIZE, streams[i], &p) != XSEG_OK ||
+        xseg_free(a, p) != XSEG_OK)
+      return false;
+  }
+  return true;
+}
+
 static bool run_cached(xb_micro *m, xb_micro_out *o) {
   xseg_allocator *a;
   if (!xb_micro_allocator(m, &a)) return false;
-  bool ok = true;
-  if (xb_micro_selected(m, "cached-repeat"))
-    ok = cached_repeat(m, a, &o->cached[o->n_cached++]);
+  struct CUstream_st *others[XB_OTHER_STREAMS_MAX] = {NULL};
+  bool ok = other_streams_open(m, a, m->other_streams, others);
+  bool row_failed = false;
+  if (ok && xb_micro_selected(m, "cached-repeat"))
+    row_failed = !(ok = cached_repeat(m, a, &o->cached[o->n_cached++]));
   for (uint64_t live = m->live_min;
        ok && live <= m->live_max && o->n_cached < 8; live *= 10)
     if (xb_micro_selected(m, "cached-random"))
-      ok = cached_random(m, a, live, &o->cached[o->n_cached++]);
-  if (!ok) {
-    o->n_cached--;
+      row_failed = !(ok = cached_random(m, a, live,
+                                        &o->cached[o->n_cached++]));
+  if (row_failed) o->n_cached--;
+  if (!ok)
     fprintf(stderr, "xseg-bench micro: cached path failed: %s\n",
             xseg_last_error());
-  }
   xseg_destroy(a);
+  for (uint64_t i = 0; i < m->other_streams; i++)
+    if (others[i] != NULL) xb_env_stream_destroy(&m->env, others[i]);
   return ok;
 }
 
@@ -356,7 +377,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
-  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_HELP
+  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
@@ -372,7 +393,11 @@ static void micro_usage(FILE *out) {
           "--live-min by tens (default 1000000)\n"
           "  --rounds N         rounds per measurement, median taken (default "
           "5, at most 64)\n"
-          "  --seed N           size sequence seed (default 1)\n");
+          "  --seed N           size sequence seed (default 1)\n"
+          "  --other-streams N  cached-*: the pools of N other streams "
+          "(at most 16)\n"
+          "                     exist meanwhile, as beside a server's "
+          "workers (default 0)\n");
 }
 
 static bool micro_option(xb_micro *m, int o, const char *arg) {
@@ -383,6 +408,8 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
     case XB_MI_LIVE_MAX: return xb_cli_u64("--live-max", arg, &m->live_max);
     case XB_MI_ROUNDS: return xb_cli_u64("--rounds", arg, &m->rounds);
     case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
+    case XB_MI_OTHER_STREAMS:
+      return xb_cli_u64("--other-streams", arg, &m->other_streams);
     default: return false;
   }
 }
@@ -396,7 +423,8 @@ static bool micro_valid(xb_micro *m) {
   m->expandable = strcmp(mode, "expandable") == 0;
   bool mode_ok = m->expandable || strcmp(mode, "classic") == 0;
   if (!known || !mode_ok || m->pairs == 0 || m->rounds == 0 ||
-      m->rounds > 64 || m->live_min == 0 || m->live_max > UINT32_MAX) {
+      m->rounds > 64 || m->live_min == 0 || m->live_max > UINT32_MAX ||
+      m->other_streams > XB_OTHER_STREAMS_MAX) {
     fprintf(stderr, "xseg-bench micro: bad arguments (see --help)\n");
     return false;
   }
@@ -413,6 +441,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"live-max", required_argument, 0, XB_MI_LIVE_MAX},
       {"rounds", required_argument, 0, XB_MI_ROUNDS},
       {"seed", required_argument, 0, XB_MI_SEED},
+      {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
       {"help", no_argument, 0, XB_MI_HELP},
       {0, 0, 0, 0}};
   optind = 0;

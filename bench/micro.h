@@ -15,6 +15,8 @@ typedef struct xb_micro {
   xb_env env;
   const char *only;                 /* one benchmark, or NULL for all */
   uint64_t pairs, live_min, live_max, rounds, seed;
+  uint64_t other_streams;           /* cached-*: pairs of other streams the
+                                       allocator holds meanwhile */
   bool expandable;
 } xb_micro;
 

@@ -146,8 +146,9 @@ static uint64_t lazy_step(lazy_run *r, CUstream *streams, int n_streams,
 /* The same random sequence on two allocators: one settled after every
    operation (its stats read), as if blocks merged at free; the other left
    to park. Both must hand out the same offsets and end with the same
-   stats. On one stream (one pair) a park's stats wait for the next
-   operation; on two they count at once. */
+   stats. A park's stats wait for the pair's next operation; on two
+   streams what they hold back is published for the other pair's
+   crossings. */
 static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
                          int n_streams) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
@@ -246,4 +247,46 @@ XSEG_TEST(alloc_lazy, a_block_taken_back_is_freed_once) {
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
   XSEG_EXPECT_CU(cuStreamDestroy(s2));
+}
+
+/* With two pairs, a park's free is held back in its shard and published
+   (allocator.h, xs_pair_park_hold): another pair's crossing sums the true
+   values, and a take-back whose thresholds another crossing lowered
+   meanwhile crosses as a malloc does. Run from the start each time, since
+   reading the stats settles the park: after B's two mallocs the peak is
+   3 blocks (A's block is freed), after A takes its block back 4. */
+static xseg_stats lazy_two_pairs(int steps) {
+  CUstream sa = at_stream_new(), sb = at_stream_new();
+  xseg_allocator *a = at_create(NULL);
+  void *x, *y[3];
+  XSEG_EXPECT_OK(xseg_malloc(a, 4096, sa, &x));
+  XSEG_EXPECT_OK(xseg_malloc(a, 4096, sb, &y[0]));
+  XSEG_EXPECT_OK(xseg_free(a, x));                 /* parked, held back */
+  XSEG_EXPECT_OK(xseg_malloc(a, 4096, sb, &y[1]));
+  XSEG_EXPECT_OK(xseg_malloc(a, 4096, sb, &y[2]));
+  if (steps > 5) {
+    void *again;
+    XSEG_EXPECT_OK(xseg_malloc(a, 4096, sa, &again));
+    XSEG_EXPECT_TRUE(again == x);
+  }
+  xseg_stats st = at_stats(a);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(sa));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+  return st;
+}
+
+XSEG_TEST(alloc_lazy, another_pairs_crossing_sums_a_held_back_park_true) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_stats five = lazy_two_pairs(5);
+  XSEG_EXPECT_EQ(five.allocation.peak, 3);
+  XSEG_EXPECT_EQ(five.allocated_bytes.peak, 3 * 4096);
+  XSEG_EXPECT_EQ(five.requested_bytes.peak, 3 * 4096);
+  XSEG_EXPECT_EQ(five.allocation.current, 3);
+  xseg_stats six = lazy_two_pairs(6);
+  XSEG_EXPECT_EQ(six.allocation.peak, 4);
+  XSEG_EXPECT_EQ(six.allocated_bytes.peak, 4 * 4096);
+  XSEG_EXPECT_EQ(six.requested_bytes.peak, 4 * 4096);
+  XSEG_EXPECT_EQ(six.allocation.current, 4);
 }
