@@ -428,11 +428,13 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
 }
 
 /* The repeated size's malloc: the parked block of the small pool taken
-   back, its retake known to fit (the pool keeps the answer). With one
-   pair its free and merge were never counted: for the same requested
-   size, and a merge-and-split passing no peak, only totals of increases
-   move. With more they were: the split and the malloc move the stats as
-   the cached path would, when they pass no threshold. Pair lock held.
+   back, its retake known to fit (the pool keeps the answer). Its free and
+   merge held back (park_stats): for the same requested size, a
+   merge-and-split passing no peak and gauges at or under their
+   thresholds, only totals of increases move. Counted already (another
+   size's operation came between): the split and the malloc move the
+   stats as the cached path would, when they pass no threshold. Pair lock
+   held.
    Checks everything before it writes anything and calls nothing (few
    registers): NULL (nothing changed) when it does not apply, and
    alloc_malloc_pair's cached path then does what it would. */
@@ -684,9 +686,9 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
 
 /* The repeated size's free: the block at addr of the pair's small pool
    that the pool parked and took back last (xs_pool_parkable_again: live,
-   parkable, found without the pointer table), with one pair and no park
-   uncounted, so that it is parked with its free and merge counted later
-   (alloc_park), keeping its table entry, and no gauge moves. Pair lock
+   parkable, found without the pointer table), with no park uncounted, so
+   that it is parked with its free and merge counted later (alloc_park),
+   keeping its table entry, and no gauge moves. Pair lock
    held. Checks everything before it writes anything and calls nothing
    (few registers): false (nothing changed) when it does not apply, and
    alloc_free_pair then does what it would. */
