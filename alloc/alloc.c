@@ -565,9 +565,8 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    (park_stats), what they hold back published while other pairs' crossings
    could read the shard (allocator.h, xs_pair_park_hold). */
 static inline __attribute__((always_inline)) void alloc_park(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
-    xs_block *b, bool slow) {
-  (void)kind;
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_block *b,
+    bool slow) {
   alloc_stamp(a, sp, b, slow);
   xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
   xs_pool_park(p, b);
@@ -589,7 +588,7 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
     xs_pool_give(p, b);
     return false;
   }
-  alloc_park(a, sp, p, kind, b, slow);
+  alloc_park(a, sp, p, b, slow);
   return true;
 }
 
@@ -693,16 +692,12 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    (few registers): false (nothing changed) when it does not apply, and
    alloc_free_pair then does what it would. */
 static inline __attribute__((always_inline)) bool alloc_park_again(
-    const xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
-  const xs_pool_kind k = XS_POOL_SMALL;
-  xs_pool *p = &sp->pool[k];
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
+  xs_pool *p = &sp->pool[XS_POOL_SMALL];
   xs_block *b = xs_pool_parkable_again(p, addr);
   if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return false;
   assert(xs_ptrtable_get(&sp->live, addr) == b);
-  b->free_epoch = xs_pair_tick(sp);
-  xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
-  xs_pool_park(p, b);
-  sp->n_parked++;
+  alloc_park(a, sp, p, b, false);
   return true;
 }
 

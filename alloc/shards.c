@@ -27,12 +27,20 @@ static void shards_fold_val(xs_gauge_val *into, xs_gauge_val *from) {
   into->allocated += from->allocated;
 }
 
-void xs_stats_group_remove(xs_stats_group *g, xs_stats *s, xs_stats *into) {
-#ifndef NDEBUG
+/* Whether shard s holds anything back (segments/stats.h, unposted): the
+   first such kind and gauge in *kind and *gauge when asked. */
+static bool shards_held_back(const xs_stats *s, int *kind, int *gauge) {
   for (int k = 0; k < 2; k++)
     for (int gg = 0; gg < XS_GAUGE_COUNT; gg++)
-      assert(xs_gv_get(&s->unposted[k][gg]) == 0 && "its parks settled");
-#endif
+      if (xs_gv_get(&s->unposted[k][gg]) != 0) {
+        if (kind != NULL) *kind = k, *gauge = gg;
+        return true;
+      }
+  return false;
+}
+
+void xs_stats_group_remove(xs_stats_group *g, xs_stats *s, xs_stats *into) {
+  assert(!shards_held_back(s, NULL, NULL) && "its parks settled");
   for (int gg = 0; gg < XS_GAUGE_COUNT; gg++) {
     shards_fold_val(&into->all[gg], &s->all[gg]);
     for (int k = 0; k < 2; k++)
@@ -204,15 +212,15 @@ bool xs_stats_group_valid(const xs_stats_group *g, char *msg,
     return false;
   }
   /* Every park is settled when every lock is held: nothing held back. */
-  for (const xs_stats *s = g->first; s != NULL; s = s->next_shard)
-    for (int k = 0; k < 2; k++)
-      for (int gg = 0; gg < XS_GAUGE_COUNT; gg++)
-        if (xs_gv_get(&s->unposted[k][gg]) != 0) {
-          snprintf(msg, msg_size, "stats: a shard holds back %lld of gauge "
-                   "%d of pool %d with every park settled",
-                   (long long)xs_gv_get(&s->unposted[k][gg]), gg, k);
-          return false;
-        }
+  for (const xs_stats *s = g->first; s != NULL; s = s->next_shard) {
+    int k, gg;
+    if (shards_held_back(s, &k, &gg)) {
+      snprintf(msg, msg_size, "stats: a shard holds back %lld of gauge %d "
+               "of pool %d with every park settled",
+               (long long)xs_gv_get(&s->unposted[k][gg]), gg, k);
+      return false;
+    }
+  }
   /* A shard may be over its threshold (another thread's crossing lowered
      it meanwhile; its next increase crosses), but the thresholds never sum
      over the peak. */
