@@ -28,26 +28,31 @@
 #include "vmm/array.h"
 #include "vmm/error.h"
 
+/* Records `stream` as a user of live block b (its own stream orders
+   itself). */
+static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
+  return stream == b->stream ? XSEG_OK : xs_stream_set_add(&b->uses, stream);
+}
+
 /* xseg_record_stream under the block's pair lock alone: a live block's
    recorded streams are read and written only by operations that hold its
    pair's lock (every slow path holds all of them), and recording one
    changes nothing outside the block. False when the range table does not
-   lead to the block (a new range, a dead pair): the caller looks for it
-   under every lock. */
+   lead to a live block (a new range, a dead pair, or a block freed and
+   parked, whose entry stays in the pair's table until it settles): the
+   caller looks for it under every lock, which settles parked blocks. */
 static bool record_in_pair(xseg_allocator *a, uint64_t addr,
                            struct CUstream_st *stream, xseg_status *st) {
   xs_stream_pools *sp = xs_ranges_find(a, addr);
   if (sp == NULL) return false;
   xs_pair_take(sp);
   size_t slot = sp->dead ? SIZE_MAX : xs_ptrtable_find(&sp->live, addr);
-  if (slot != SIZE_MAX) {
-    xs_block *b = sp->live.slot[slot].block;
-    /* Its own stream orders itself. */
-    *st = stream == b->stream ? XSEG_OK : xs_stream_set_add(&b->uses, stream);
-  }
+  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
+  bool live = b != NULL && b->allocated;
+  if (live) *st = record_use(b, stream);
   xs_pair_drop(sp);
-  if (slot != SIZE_MAX) xs_alloc_debug_after_cached(a);
-  return slot != SIZE_MAX;
+  if (live) xs_alloc_debug_after_cached(a);
+  return live;
 }
 
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
@@ -66,8 +71,8 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   "xseg_record_stream(%p, stream %p): not the start of a live "
                   "block of the allocator of device %d", ptr, (void *)stream,
                   a->vmm.device);
-  else if (stream != b->stream)
-    st = xs_stream_set_add(&b->uses, stream);
+  else
+    st = record_use(b, stream);
   xs_alloc_unlock(a);
   return st;
 }

@@ -211,3 +211,25 @@ XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
   XSEG_EXPECT_CU(cuStreamDestroy(other));
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
+
+/* A block freed and parked (lazy merging) keeps its entry in its pair's
+   pointer table until it settles; recording a stream on it must still be
+   refused as on any freed pointer, and must not make its next free wait
+   on that stream. */
+XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), side = at_stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &p));
+  XSEG_ASSERT_OK(xseg_free(a, p));           /* parked: the rest is free */
+  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &q));
+  XSEG_EXPECT_TRUE(q == p);
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
