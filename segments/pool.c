@@ -140,9 +140,8 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
 void xs_pool_park_stats(xs_pool *p) {
   /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
      before it) unindexed, the merged block indexed. */
-  xs_block *b = p->parked, *rest = b->next;
-  pool_split_swap(p, rest->size,
-                  xs_pool_parked_merge_split(b) ? b->size + rest->size : 0);
+  const xs_block *b = p->parked;
+  pool_split_swap(p, xs_pool_merge_rest(b), xs_pool_merge_whole(b));
 }
 
 xs_block *xs_pool_settle(xs_pool *p) {
@@ -179,9 +178,8 @@ bool xs_pool_retake_fits(xs_pool *p) {
 void xs_pool_retake_split_stats(xs_pool *p) {
   /* pool_take_split's: the merged block out of inactive_split, the rest
      in. */
-  xs_block *b = p->parked, *rest = b->next;
-  size_t merged = b->size + rest->size;
-  pool_split_swap(p, xs_pool_parked_merge_split(b) ? merged : 0, rest->size);
+  const xs_block *b = p->parked;
+  pool_split_swap(p, xs_pool_merge_whole(b), xs_pool_merge_rest(b));
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {
