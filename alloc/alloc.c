@@ -563,14 +563,17 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
    (allocator.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (allocator.h, xs_pair_park_hold). */
+   could read the shard (allocator.h, xs_pair_park_hold), unless holding
+   them back would hide a rise above a threshold. */
 static inline __attribute__((always_inline)) void alloc_park(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_block *b,
     bool slow) {
   alloc_stamp(a, sp, b, slow);
-  xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
+  bool held = xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
   xs_pool_park(p, b);
   sp->n_parked++;
+  /* A merge that would pass a threshold unseen counts now, crossing. */
+  if (__builtin_expect(!held, 0)) xs_pair_park_stats(sp);
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded

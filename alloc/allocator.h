@@ -260,11 +260,11 @@ static inline void xs_alloc_account_free(xs_stats *s, xs_pool_kind kind,
 /* Publishes what a park of block b (parkable, `requested` asked for) in
    pool kind k holds back in shard s: each gauge's current less its true
    value (segments/stats.h, unposted). Its merge moves inactive_split from
-   the rest (a piece) to the merged block (a piece unless a whole
-   segment). */
+   the rest (a piece: `rest` bytes) to the merged block (`whole` bytes, a
+   piece unless 0: a whole segment). */
 static inline void xs_park_unposted_set(xs_stats *s, xs_pool_kind k,
-                                        const xs_block *b, size_t requested) {
-  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+                                        const xs_block *b, size_t requested,
+                                        size_t rest, size_t whole) {
   _Atomic int64_t *u = s->unposted[k];
   xs_gv_set(&u[XS_GAUGE_allocation], 1);
   xs_gv_set(&u[XS_GAUGE_allocated_bytes], (int64_t)b->size);
@@ -294,14 +294,24 @@ static inline bool xs_park_refill_under(const xs_stream_pools *sp,
           xs_stats_at_or_under(&sp->stats, XS_GAUGE_requested_bytes, k));
 }
 /* Holds back the stats of a park of b in pool p of pair sp (none held
-   back yet): published when other pairs' crossings could read them. */
-static inline void xs_pair_park_hold(xs_stream_pools *sp, xs_pool *p,
+   back yet): published when other pairs' crossings could read them
+   (`several`). False when they must count at once (xs_pair_park_stats,
+   once b is parked): held back, the merge would raise a true value above
+   the shard's threshold, which only inactive_split_bytes can (by b's
+   size, less the rest's when it makes a whole segment). Hidden there,
+   the other shards could pass the recorded peak between them with none
+   of them crossing, since their thresholds and this one sum to it. */
+static inline bool xs_pair_park_hold(xs_stream_pools *sp, xs_pool *p,
                                      const xs_block *b, bool several) {
   assert(sp->park_stats == NULL && "the last park counted first");
   sp->park_stats = p;
   sp->park_requested = b->requested;
   sp->park_unposted = several;
-  if (several) xs_park_unposted_set(&sp->stats, p->kind, b, b->requested);
+  if (!several) return true;
+  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+  xs_park_unposted_set(&sp->stats, p->kind, b, b->requested, rest, whole);
+  return xs_stats_bounce_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
+                               p->kind, (int64_t)whole - (int64_t)rest);
 }
 /* The take-back of sp's held-back park for its own requested size: the
    free and the malloc cancel, what was held back is posted as it is. */

@@ -186,13 +186,17 @@ static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
   XSEG_EXPECT_CU(cuStreamDestroy(streams[1]));
 }
 
+/* Many seeds: a park held back on one stream while the other stream's
+   gauges rise under their thresholds is what a missed peak needs (before
+   xs_pair_park_hold refused to hide a rise above a threshold, 23 of 120
+   such runs ended with a lower inactive_split_bytes peak). */
 XSEG_TEST(alloc_lazy, matches_merging_at_free_expandable) {
-  for (uint64_t seed = 1; seed <= 2; seed++)
+  for (uint64_t seed = 1; seed <= 24; seed++)
     lazy_compare(NULL, seed, true, 2);
 }
 
 XSEG_TEST(alloc_lazy, matches_merging_at_free_classic) {
-  for (uint64_t seed = 1; seed <= 3; seed++)
+  for (uint64_t seed = 1; seed <= 24; seed++)
     lazy_compare("expandable_segments:False", seed, false, 2);
 }
 
