@@ -52,7 +52,12 @@ struct xs_block {
                                   for cross-stream frees) */
   struct xs_segment *seg;
   xs_block *prev, *next;       /* address neighbours; NULL at the ends */
-  RB_ENTRY(xs_block) link;     /* free or unmapped tree, while free */
+  union {                      /* while free, indexed (segments/freetree.h): */
+    RB_ENTRY(xs_block) link;   /* in a tree, */
+    struct {                   /* or in a size bin's list */
+      xs_block *newer, *older;
+    } bin;
+  };
   xs_stream_set uses;          /* recorded streams, while live */
   /* The allocator's free clock when the block (or the newest of the blocks
      merged into it) was last freed; 0 if never allocated. A merge keeps the

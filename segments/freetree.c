@@ -1,6 +1,6 @@
-/* freetree.c: the best-fit index of free blocks: exact-size bins under a
- * two-level bitmap for sizes up to 1 MiB, a (size, address)-ordered
- * red-black tree above (see freetree.h). Both trees are BSD sys/tree.h.
+/* freetree.c: the best-fit index of free blocks: exact-size LIFO bins
+ * under a two-level bitmap for sizes up to 1 MiB, a (size, address)-ordered
+ * red-black tree above (BSD sys/tree.h; see freetree.h).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -14,16 +14,10 @@ static int freetree_cmp(const xs_block *a, const xs_block *b) {
   return 0;
 }
 
-/* Within a bin every block has the same size. */
-static int freebin_cmp(const xs_block *a, const xs_block *b) {
-  return a->addr < b->addr ? -1 : a->addr > b->addr;
-}
-
 /* RB_GENERATE_STATIC marks what it generates __unused, which libbsd's
    cdefs.h leaves undefined on Linux (a struct member there has the name). */
 #define __unused __attribute__((__unused__))
 RB_GENERATE_STATIC(xs_freetree_rb, xs_block, link, freetree_cmp)
-RB_GENERATE_STATIC(xs_freebin_rb, xs_block, link, freebin_cmp)
 #undef __unused
 
 void xs_freetree_init(xs_freetree *t, xs_freebin *bins) {
@@ -97,31 +91,33 @@ static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
 
 /* ---- one bin ---------------------------------------------------------- */
 
+/* b goes first: the newest of its size. */
 static void freebin_insert(xs_freetree *t, size_t i, xs_block *b) {
   xs_freebin *bin = &t->bins[i];
-  xs_block *dup = RB_INSERT(xs_freebin_rb, &bin->root, b);
-  assert(dup == NULL && "addresses are unique: blocks never overlap");
-  (void)dup;
-  if (bin->lowest == NULL) {
-    bin->lowest = b;
+  xs_block *head = bin->newest;
+  b->bin.newer = NULL;
+  b->bin.older = head;
+  if (head == NULL) {
+    bin->oldest = b;
     freetree_mark(t, i);
-  } else if (b->addr < bin->lowest->addr) {
-    bin->lowest = b;
+  } else {
+    head->bin.newer = b;
   }
+  bin->newest = b;
 }
 
 static void freebin_remove(xs_freetree *t, size_t i, xs_block *b) {
   xs_freebin *bin = &t->bins[i];
-  /* The lowest has no left child: its successor is a step away. */
-  if (bin->lowest == b) bin->lowest = RB_NEXT(xs_freebin_rb, &bin->root, b);
-  RB_REMOVE(xs_freebin_rb, &bin->root, b);
-  if (bin->lowest == NULL) freetree_unmark(t, i);
+  xs_block *newer = b->bin.newer, *older = b->bin.older;
+  if (newer == NULL) bin->newest = older; else newer->bin.older = older;
+  if (older == NULL) bin->oldest = newer; else older->bin.newer = newer;
+  if (bin->newest == NULL) freetree_unmark(t, i);
 }
 
-/* The greatest block of bin i (not empty). */
-static xs_block *freebin_max(xs_freetree *t, size_t i) {
-  assert(i < XS_FREETREE_BINS && t->bins[i].lowest != NULL);
-  return RB_MAX(xs_freebin_rb, &t->bins[i].root);
+/* The last block of bin i (not empty) in the order: its oldest. */
+static xs_block *freebin_last(xs_freetree *t, size_t i) {
+  assert(i < XS_FREETREE_BINS && t->bins[i].newest != NULL);
+  return t->bins[i].oldest;
 }
 
 /* ---- the index -------------------------------------------------------- */
@@ -160,21 +156,23 @@ static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
   return 0;
 }
 
-/* b's neighbours in its own structure: both trees share the link, and
-   RB_PREV / RB_NEXT only follow it. */
+/* b's neighbours in the order within its own structure: its bin's list
+   (the newer one first), or the tree. */
 static xs_block *freetree_prev_in(const xs_freetree *t, xs_block *b) {
-  return freetree_binned(t, b->size) ? xs_freebin_rb_RB_PREV(b)
+  return freetree_binned(t, b->size) ? b->bin.newer
                                      : xs_freetree_rb_RB_PREV(b);
 }
 
 static xs_block *freetree_next_in(const xs_freetree *t, xs_block *b) {
-  return freetree_binned(t, b->size) ? xs_freebin_rb_RB_NEXT(b)
+  return freetree_binned(t, b->size) ? b->bin.older
                                      : xs_freetree_rb_RB_NEXT(b);
 }
 
 bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr) {
   if (!freetree_same_structure(t, size, b->size)) return false;
+  /* An insert goes to the head of its bin. */
+  if (freetree_binned(t, size)) return b->bin.newer == NULL;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
@@ -195,20 +193,18 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
   assert(t->bytes >= old_size);
   assert(freetree_same_structure(t, old_size, repl->size) &&
          "xs_freetree_fits_at said so: the same bin, or the tree");
-  if (repl != old) {
-    xs_block **root;
-    if (freetree_binned(t, old_size)) {
-      xs_freebin *bin = &t->bins[freetree_bin_index(t, old_size)];
-      root = &RB_ROOT(&bin->root);
-      if (bin->lowest == old) bin->lowest = repl;
-    } else {
-      root = &RB_ROOT(&t->root);
-      if (t->tree_min == old) t->tree_min = repl;
-    }
+  if (repl != old && freetree_binned(t, old_size)) {
+    xs_freebin *bin = &t->bins[freetree_bin_index(t, old_size)];
+    xs_block *newer = old->bin.newer, *older = old->bin.older;
+    repl->bin = old->bin;
+    if (newer == NULL) bin->newest = repl; else newer->bin.older = repl;
+    if (older == NULL) bin->oldest = repl; else older->bin.newer = repl;
+  } else if (repl != old) {
+    if (t->tree_min == old) t->tree_min = repl;
     repl->link = old->link;
     xs_block *parent = RB_PARENT(old, link);
     if (parent == NULL)
-      *root = repl;
+      RB_ROOT(&t->root) = repl;
     else if (RB_LEFT(parent, link) == old)
       RB_LEFT(parent, link) = repl;
     else
@@ -224,7 +220,7 @@ xs_block *xs_freetree_largest(xs_freetree *t) {
   xs_block *b = RB_MAX(xs_freetree_rb, &t->root);
   if (b != NULL) return b;
   size_t i = freetree_bin_below(t, XS_FREETREE_BINS);
-  return i < XS_FREETREE_BINS ? freebin_max(t, i) : NULL;
+  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
 }
 
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
@@ -233,15 +229,15 @@ xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
   size_t i = freetree_binned(t, b->size) ? freetree_bin_index(t, b->size)
                                          : XS_FREETREE_BINS;
   i = freetree_bin_below(t, i);
-  return i < XS_FREETREE_BINS ? freebin_max(t, i) : NULL;
+  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
   if (!freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
-  xs_block *n = xs_freebin_rb_RB_NEXT(b);
+  xs_block *n = b->bin.older;
   if (n != NULL) return n;
   size_t i = freetree_bin_from(t, freetree_bin_index(t, b->size) + 1);
-  return i < XS_FREETREE_BINS ? t->bins[i].lowest : t->tree_min;
+  return i < XS_FREETREE_BINS ? t->bins[i].newest : t->tree_min;
 }
 
 /* ---- the validator ---------------------------------------------------- */
@@ -273,16 +269,21 @@ static bool freetree_check_block(freetree_walk *w, const xs_block *prev,
 static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
   xs_freebin *bin = &t->bins[i];
   bool marked = (t->bin_bits[i / 64] >> (i % 64)) & 1;
-  xs_block *min = RB_MIN(xs_freebin_rb, &bin->root);
-  if (bin->lowest != min || marked != (min != NULL)) {
+  if ((bin->newest == NULL) != (bin->oldest == NULL) ||
+      marked != (bin->newest != NULL)) {
     snprintf(w->msg, w->msg_size,
-             "free bin %zu: lowest %p, minimum %p, bitmap bit %d", i,
-             (void *)bin->lowest, (void *)min, (int)marked);
+             "free bin %zu: newest %p, oldest %p, bitmap bit %d", i,
+             (void *)bin->newest, (void *)bin->oldest, (int)marked);
     return false;
   }
-  const xs_block *prev = NULL;
-  xs_block *b;
-  RB_FOREACH(b, xs_freebin_rb, &bin->root) {
+  const xs_block *newer = NULL;
+  for (xs_block *b = bin->newest; b != NULL; newer = b, b = b->bin.older) {
+    if (b->bin.newer != newer || (b->bin.older == NULL && b != bin->oldest)) {
+      snprintf(w->msg, w->msg_size,
+               "free bin %zu: its list is broken at block 0x%llx", i,
+               (unsigned long long)b->addr);
+      return false;
+    }
     if (b->size != (i + 1) * XS_FREETREE_BIN_STEP) {
       snprintf(w->msg, w->msg_size,
                "block 0x%llx of %zu bytes is in the free bin of %zu",
@@ -290,8 +291,10 @@ static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
                (i + 1) * XS_FREETREE_BIN_STEP);
       return false;
     }
-    if (!freetree_check_block(w, prev, b)) return false;
-    prev = b;
+    /* A bin's order is its list's: no key to compare. */
+    if (!freetree_check_block(w, NULL, b)) return false;
+    /* A cycle would never end: the count bounds the walk. */
+    if (w->count > t->count) break;
   }
   return true;
 }

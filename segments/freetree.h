@@ -1,49 +1,49 @@
 /* freetree.h: the best-fit index of free blocks.
  *
- * The order is (size, address): the best fit for a request is the smallest
- * block that holds it, the lowest address among equal sizes. Two structures
- * share that order, split at XS_FREETREE_BIN_MAX (1 MiB, the largest
- * request the small pool serves):
+ * The best fit for a request is the smallest block that holds it. Among
+ * blocks of equal size, two tie-breaks, one per structure, split at
+ * XS_FREETREE_BIN_MAX (1 MiB, the largest request the small pool serves):
  *
  *   bins  2048 of them, one per size from 512 B to 1 MiB in 512-byte steps
  *         (block sizes are multiples of 512, so a bin holds one size
- *         exactly). Each keeps its blocks in a red-black tree keyed by
- *         address (BSD sys/tree.h) and caches its lowest block.
+ *         exactly). Each is a list, the block indexed last first (LIFO).
  *   tree  a red-black tree ordered by (size, address) of every block above
- *         1 MiB.
+ *         1 MiB: the lowest address first, as PyTorch's BlockPool.
  *
  * A two-level bitmap says which bins hold blocks:
  *
  *   bin_words               bit w set <=> bin_bits[w] != 0   (32 words)
  *   bin_bits[w]             bit j set <=> bins[64 * w + j] holds a block
- *   bins[i].lowest          its lowest address: the best fit of its size
+ *   bins[i].newest          the head of its list: the best fit of its size
  *
  * Bin i sorts before bin i + 1 and every bin before the tree, so the whole
- * order is the bins' in index order, each by address, then the tree's.
- * A request of at most 1 MiB takes the lowest block of the first non-empty
+ * order is the bins' in index order, each newest first, then the tree's.
+ * A request of at most 1 MiB takes the newest block of the first non-empty
  * bin at or above its size: a bit scan in its own word, else one in
  * bin_words and one in the word it names, then one pointer; O(1). When no
  * bin has one it takes the tree's smallest block, also cached. A larger
- * request takes the tree's lower bound, O(log n), as before the bins.
+ * request takes the tree's lower bound, O(log n).
  *
- * How a bin keeps address order: a by-address red-black tree, because a
- * bin gives up its lowest block first (the cached path's exact fits) yet
- * frees and merges insert and remove anywhere in it, and the walks below
- * must see it in order. An insert or remove is O(log k) for the k blocks
- * of that one size, with a one-word compare, where the single tree paid
- * O(log n) over every free block of the pool with a two-word compare. A
- * list sorted by address would make an insert O(k), and the many small
- * holes of a long random churn share a handful of bins. Measured with
+ * Why a bin is LIFO and not by address: frees and merges insert and remove
+ * anywhere in a bin, many times per malloc+free pair under random sizes,
+ * and a list does either in O(1) with a few stores, where a by-address
+ * red-black tree paid a rebalancing each way. Measured with
  * bench/callgrind.sh random 10000 (bench/README.md, "The cached path and
- * threads"): the index's share of a malloc+free pair went from ~295 to
- * ~183 instructions (insert 148 -> 89, best fit 75 -> 25, remove 72 -> 70:
- * a red-black removal's rebalancing does not shrink with the tree).
+ * threads"): 702 -> 597 instructions per pair (insert 89 -> 21, remove
+ * 69 -> 34, including the bitmap). Which of two free blocks of the same
+ * size under 1 MiB is reused first was measured too: every bundled
+ * trace's numbers (fragmentation, reserved bytes, driver calls, with and
+ * without lag, in all three modes) are the same as with address order, and
+ * varbatch in classic mode reserves 2-4 MiB less (bench/README.md). The
+ * newest block of a size is also the one a stream's most recent work
+ * touched last, as in the exact-size caches of host allocators. Large
+ * blocks keep address order: placement there decides how segments grow.
  *
  * Memory: the bins are 32 KiB of host memory, kept by the caller and
  * given at xs_freetree_init; an index given none keeps every block in the
- * tree (the same order, at the tree's cost). Only the small pool's index
- * of free mapped blocks has bins (alloc/pairs.c): a large pool serves
- * requests above 1 MiB, and unmapped blocks are whole granules.
+ * tree (address order at every size). Only the small pool's index of free
+ * mapped blocks has bins (alloc/pairs.c): a large pool serves requests
+ * above 1 MiB, and unmapped blocks are whole granules.
  */
 #ifndef XS_SEGMENTS_FREETREE_H
 #define XS_SEGMENTS_FREETREE_H
@@ -62,13 +62,12 @@
 #define XS_FREETREE_BIN_WORDS (XS_FREETREE_BINS / 64)
 
 RB_HEAD(xs_freetree_rb, xs_block);
-RB_HEAD(xs_freebin_rb, xs_block);
 
-/* One size's free blocks. Invariant: lowest is the tree's minimum, NULL
-   exactly when the tree is empty, and then the bin's bitmap bit is clear. */
+/* One size's free blocks, a list through xs_block.bin from newest (the
+   best fit) to oldest. Invariant: newest and oldest are NULL together,
+   exactly when the bin's bitmap bit is clear. */
 typedef struct xs_freebin {
-  struct xs_freebin_rb root;    /* by address */
-  xs_block *lowest;             /* its best fit */
+  xs_block *newest, *oldest;
 } xs_freebin;
 
 typedef struct xs_freetree {
@@ -96,10 +95,11 @@ void xs_freetree_init(xs_freetree *t, xs_freebin *bins);
    is in this one, except through xs_freetree_replace. */
 void xs_freetree_insert(xs_freetree *t, xs_block *b);
 void xs_freetree_remove(xs_freetree *t, xs_block *b);
-/* Whether a block keyed (size, addr) would sit exactly where b sits in the
-   order (b's neighbours bracket the key) and in the same structure (b's
-   bin, or the tree), so that it may take b's node. A block in a bin never
-   changes size in place: its bin holds one size. */
+/* Whether a block keyed (size, addr), indexed now, would sit exactly where
+   b sits in the order (b's neighbours bracket the key) and in the same
+   structure (b's bin, or the tree), so that it may take b's node. In a
+   bin that is its head alone (an insert goes first); a block in a bin
+   never changes size in place: its bin holds one size. */
 bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                          uint64_t addr);
 /* `repl` takes the node of `old` (a block in t, whose size was old_size
@@ -119,8 +119,9 @@ static inline size_t xs_freetree_bin_of(size_t size) {
   return size == 0 ? 0 : (size - 1) / XS_FREETREE_BIN_STEP;
 }
 
-/* The smallest block of at least `size` bytes (lowest address among equal
-   sizes), or NULL. Inline because every cached malloc starts here. */
+/* The smallest block of at least `size` bytes (among equal sizes the
+   newest in a bin, the lowest address in the tree), or NULL. Inline
+   because every cached malloc starts here. */
 static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
   /* The constant bound tells the compiler what bin_limit's does. */
   if (size <= XS_FREETREE_BIN_MAX && size <= t->bin_limit) {
@@ -137,7 +138,7 @@ static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
       w = (size_t)__builtin_ctzll(words);
       bits = t->bin_bits[w];
     }
-    return t->bins[w * 64 + (size_t)__builtin_ctzll(bits)].lowest;
+    return t->bins[w * 64 + (size_t)__builtin_ctzll(bits)].newest;
   }
   /* RB_NFIND of (size, 0), written out. */
   xs_block *b = RB_ROOT(&t->root), *fit = NULL;
@@ -156,10 +157,12 @@ xs_block *xs_freetree_largest(xs_freetree *t);
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b);
 /* The next block up the order (the next fit after b), or NULL. */
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b);
-/* Whether a block keyed (size, addr) sorts before b. */
-static inline bool xs_freetree_before(size_t size, uint64_t addr,
-                                      const xs_block *b) {
-  return size < b->size || (size == b->size && addr < b->addr);
+/* Whether a block keyed (size, addr), indexed now, would sort before b,
+   which is in t: in a bin, a newer block of the same size goes first. */
+static inline bool xs_freetree_before(const xs_freetree *t, size_t size,
+                                      uint64_t addr, const xs_block *b) {
+  if (size != b->size) return size < b->size;
+  return size <= t->bin_limit || addr < b->addr;
 }
 /* Bins, bitmap, tree, order, count and bytes agree with a walk; `msg` gets
    the first problem. */

@@ -161,12 +161,18 @@ bool xs_pool_retake_fits(xs_pool *p) {
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   if (xs_pool_retake_known(p)) return true;
   /* The best fit once merged: the merged block (b->size + rest->size at
-     b->addr) against the best fit among the other free blocks, which is
-     the real best fit unless that is `rest`, and then the one after it. */
+     b->addr, indexed at the settle, so the newest of its size) against the
+     best fit among the other free blocks, which is the real best fit
+     unless that is `rest`, and then the one after it. */
   size_t merged = b->size + rest->size;
   xs_block *other = xs_freetree_best_fit(&p->free, b->size);
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
-  if (other != NULL && !xs_freetree_before(merged, b->addr, other))
+  if (other != NULL && !xs_freetree_before(&p->free, merged, b->addr, other))
+    return false;
+  /* The split then indexes the rest anew: in a bin it goes first, so a
+     rest that is not its bin's newest would sit elsewhere than where the
+     retake leaves it. */
+  if (!xs_freetree_fits_at(&p->free, rest, rest->size, rest->addr))
     return false;
   /* Neither the trees nor b's and rest's sizes change until a tree does
      (a block's size changes only out of its tree, or with a neighbour's

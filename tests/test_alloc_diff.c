@@ -2,10 +2,12 @@
    model of best fit, split and merge. The model keeps its own list of every
    block (address, size, state) and predicts, for each malloc that a cached
    block can serve, exactly which address comes back (smallest fitting free
-   mapped block of the pool, lowest address among equals) and how the block
-   splits; for each free, how the neighbours merge. After every operation the
-   model and the allocator's own blocks must be identical. Growth and
-   empty_cache are the allocator's to decide: the model copies the result. */
+   mapped block of the pool; among equals the one freed last in the small
+   pool's bins, sizes up to 1 MiB, else the lowest address) and how the
+   block splits; for each free, how the neighbours merge. After every
+   operation the model and the allocator's own blocks must be identical.
+   Growth and empty_cache are the allocator's to decide: the model copies
+   the result, and the order of its bins then. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 
 typedef struct mblock {
   uint64_t addr, seg;
+  uint64_t stamp;               /* free: when it was last indexed */
   size_t size, requested;
   int kind;
   bool allocated, mapped;
@@ -23,7 +26,25 @@ typedef struct mblock {
 typedef struct model {
   mblock *b;
   size_t n, cap;
+  uint64_t clock;               /* the last stamp given */
 } model;
+
+/* Whether free blocks of this kind and size sit in a LIFO bin. */
+static bool model_binned(int kind, size_t size) {
+  return kind == XS_POOL_SMALL && size <= XS_FREETREE_BIN_MAX;
+}
+
+/* Free block b's stamp as the allocator's bin order has it: the number
+   of older blocks in its bin on top of m's clock (a parked block, merged
+   when settled, goes first: above every bin). */
+static uint64_t model_stamp_of(const model *m, const xs_pool *p,
+                               const xs_block *b) {
+  if (b == p->parked) return m->clock + (1u << 20);
+  if (b->allocated || !b->mapped || !model_binned(p->kind, b->size)) return 0;
+  uint64_t older = 0;
+  for (const xs_block *o = b->bin.older; o != NULL; o = o->bin.older) older++;
+  return m->clock + 1 + older;
+}
 
 static int mblock_cmp(const void *x, const void *y) {
   uint64_t a = ((const mblock *)x)->addr, b = ((const mblock *)y)->addr;
@@ -41,8 +62,10 @@ static void model_read(xseg_allocator *a, model *m) {
             m->cap = m->cap ? m->cap * 2 : 256;
             m->b = realloc(m->b, m->cap * sizeof *m->b);
           }
-          m->b[m->n++] = (mblock){b->addr, s->base, b->size, b->requested,
-                                  k, b->allocated, b->mapped};
+          m->b[m->n++] = (mblock){b->addr, s->base,
+                                  model_stamp_of(m, &sp->pool[k], b),
+                                  b->size, b->requested, k, b->allocated,
+                                  b->mapped};
           /* A parked block (lazy merging) is its merge with the next. */
           if (b == sp->pool[k].parked) {
             b = b->next;
@@ -50,6 +73,7 @@ static void model_read(xseg_allocator *a, model *m) {
           }
         }
   qsort(m->b, m->n, sizeof *m->b, mblock_cmp);
+  m->clock += (1u << 20) + 1;   /* past every stamp just given */
 }
 
 static bool model_equal(const model *x, const model *y) {
@@ -72,7 +96,10 @@ static long model_best_fit(const model *m, int kind, size_t rounded) {
     const mblock *b = &m->b[i];
     if (b->kind != kind || b->allocated || !b->mapped || b->size < rounded)
       continue;
-    if (best < 0 || b->size < m->b[best].size) best = (long)i;
+    if (best < 0 || b->size < m->b[best].size ||
+        (b->size == m->b[best].size && model_binned(kind, b->size) &&
+         b->stamp > m->b[best].stamp))
+      best = (long)i;
   }
   return best;   /* scanning in address order keeps the lowest on ties */
 }
@@ -93,6 +120,7 @@ static void model_take(model *m, long i, size_t rounded, size_t requested) {
     mblock rest = *b;
     rest.addr += rounded;
     rest.size -= rounded;
+    rest.stamp = ++m->clock;
     b->size = rounded;
     model_insert(m, (size_t)i + 1, rest);
     b = &m->b[i];
@@ -111,6 +139,7 @@ static void model_free(model *m, uint64_t addr) {
   while (m->b[i].addr != addr) i++;
   m->b[i].allocated = false;
   m->b[i].requested = 0;
+  m->b[i].stamp = ++m->clock;
   if (i + 1 < m->n && model_mergeable(&m->b[i], &m->b[i + 1])) {
     m->b[i].size += m->b[i + 1].size;
     memmove(&m->b[i + 1], &m->b[i + 2], (m->n - i - 2) * sizeof *m->b);
@@ -118,6 +147,7 @@ static void model_free(model *m, uint64_t addr) {
   }
   if (i > 0 && model_mergeable(&m->b[i - 1], &m->b[i])) {
     m->b[i - 1].size += m->b[i].size;
+    m->b[i - 1].stamp = m->b[i].stamp;
     memmove(&m->b[i], &m->b[i + 1], (m->n - i - 1) * sizeof *m->b);
     m->n--;
   }

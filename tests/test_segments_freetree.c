@@ -1,8 +1,9 @@
-/* The best-fit index of segments/freetree.h on its own: the exact-size bins
-   and their two-level bitmap, the (size, address) tree above them, and the
-   boundary between the two. Every order it gives (best fit, largest then
-   smaller, larger) is the one a single (size, address) order gives, which
-   a sorted array of the same blocks stands for here. No driver is needed:
+/* The best-fit index of segments/freetree.h on its own: the exact-size LIFO
+   bins and their two-level bitmap, the (size, address) tree above them,
+   and the boundary between the two. Every order it gives (best fit,
+   largest then smaller, larger) is one total order: size first, then the
+   newest first in a bin and the lowest address first in the tree, which a
+   sorted array of the same blocks stands for here. No driver is needed:
    the blocks are metadata over made-up addresses. */
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +49,7 @@ static bool valid(xs_freetree *t) {
   return ok;
 }
 
-XSEG_TEST(segments_freetree, equal_sizes_give_the_lowest_address_first) {
+XSEG_TEST(segments_freetree, equal_sizes_give_the_newest_first) {
   xs_freetree *t = tree_new();
   xs_block b[4];
   put(&b[0], 4096, 0x40000);
@@ -57,34 +58,54 @@ XSEG_TEST(segments_freetree, equal_sizes_give_the_lowest_address_first) {
   put(&b[3], 4096, 0x20000);
   for (int i = 0; i < 4; i++) xs_freetree_insert(t, &b[i]);
   XSEG_EXPECT_TRUE(valid(t));
-  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == &b[1]);
-  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &b[1]);
-  /* The order among equals is by address, whichever way it is walked. */
-  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &b[0]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[0]) == &b[2]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[2]) == &b[3]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[3]) == &b[1]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[1]) == NULL);
-  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[1]) == &b[3]);
-  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[0]) == NULL);
-  /* Taking the lowest hands the next lowest on; a lower one displaces it. */
-  xs_freetree_remove(t, &b[1]);
+  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == &b[3]);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &b[3]);
-  xs_block low;
-  put(&low, 4096, 0x8000);
-  xs_freetree_insert(t, &low);
-  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &low);
-  /* A removal in the middle leaves the lowest alone. */
-  xs_freetree_remove(t, &b[2]);
-  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &low);
-  XSEG_EXPECT_TRUE(valid(t));
-  xs_freetree_remove(t, &low);
+  /* The order among equals is by age, whichever way it is walked. */
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &b[0]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[0]) == &b[1]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[1]) == &b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[2]) == &b[3]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[3]) == NULL);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[3]) == &b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[0]) == NULL);
+  /* Taking the newest hands the next newest on; an insert displaces it,
+     whatever its address. */
   xs_freetree_remove(t, &b[3]);
+  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &b[2]);
+  xs_block high;
+  put(&high, 4096, 0x80000);
+  xs_freetree_insert(t, &high);
+  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &high);
+  /* Removals in the middle and at the end leave the head alone. */
+  xs_freetree_remove(t, &b[1]);
   xs_freetree_remove(t, &b[0]);
+  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &high);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &b[2]);
+  XSEG_EXPECT_TRUE(valid(t));
+  xs_freetree_remove(t, &high);
+  xs_freetree_remove(t, &b[2]);
   XSEG_EXPECT_EQ(t->count, 0);
   XSEG_EXPECT_EQ(t->bytes, 0);
   XSEG_EXPECT_EQ(t->bin_words, 0);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == NULL);
+  XSEG_EXPECT_TRUE(valid(t));
+  free(t);
+}
+
+/* Without bins, equal sizes go by address (the large pools' order, and
+   PyTorch's). */
+XSEG_TEST(segments_freetree, without_bins_equal_sizes_give_the_lowest_address) {
+  xs_freetree *t = tree_new_unbinned();
+  xs_block b[3];
+  put(&b[0], 4096, 0x30000);
+  put(&b[1], 4096, 0x10000);
+  put(&b[2], 4096, 0x20000);
+  for (int i = 0; i < 3; i++) xs_freetree_insert(t, &b[i]);
+  XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &b[1]);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[1]) == &b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_before(t, 4096, 0x18000, &b[2]));
+  XSEG_EXPECT_FALSE(xs_freetree_before(t, 4096, 0x28000, &b[2]));
+  for (int i = 0; i < 3; i++) xs_freetree_remove(t, &b[i]);
   XSEG_EXPECT_TRUE(valid(t));
   free(t);
 }
@@ -187,8 +208,9 @@ XSEG_TEST(segments_freetree, the_boundary_between_bins_and_tree) {
 }
 
 /* xs_freetree_replace in a bin (a block of the same size at another
-   address takes the node, and the lowest with it) and in the tree (a
-   front cut that sorts where the block was). */
+   address takes the head's node, and the head with it; only the head: an
+   insert goes there) and in the tree (a front cut that sorts where the
+   block was). */
 XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   xs_freetree *t = tree_new();
   xs_block a, b, c, big, cut;
@@ -201,11 +223,23 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   xs_freetree_insert(t, &c);
   xs_freetree_insert(t, &big);
   xs_block moved;
-  put(&moved, 2048, 0x8000);                   /* below a: still first */
-  XSEG_ASSERT_TRUE(xs_freetree_fits_at(t, &a, moved.size, moved.addr));
-  XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &a, 2048, 0x28000));
-  xs_freetree_replace(t, &a, a.size, &moved);
+  put(&moved, 2048, 0x8000);
+  XSEG_ASSERT_TRUE(xs_freetree_fits_at(t, &c, moved.size, moved.addr));
+  XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &a, 2048, 0x8000));
+  XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &c, 1536, 0x30000));
+  XSEG_EXPECT_TRUE(xs_freetree_before(t, 2048, 0x40000, &c));
+  xs_freetree_replace(t, &c, c.size, &moved);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 2048) == &moved);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &moved) == &b);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b) == &moved);
+  XSEG_EXPECT_TRUE(valid(t));
+  /* The oldest replaced: the bin's tail moves too. */
+  xs_block last;
+  put(&last, 2048, 0x50000);
+  xs_freetree_replace(t, &a, a.size, &last);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b) == &last);
+  XSEG_EXPECT_TRUE(xs_freetree_larger(t, &last) == &big);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big) == &last);
   XSEG_EXPECT_TRUE(valid(t));
   /* The front 1 MiB cut off big: the rest sorts where big was. */
   put(&cut, 7 * BIN_MAX, big.addr + BIN_MAX);
@@ -216,7 +250,7 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   XSEG_EXPECT_TRUE(valid(t));
   xs_freetree_remove(t, &moved);
   xs_freetree_remove(t, &b);
-  xs_freetree_remove(t, &c);
+  xs_freetree_remove(t, &last);
   xs_freetree_remove(t, &cut);
   XSEG_EXPECT_EQ(t->count, 0);
   free(t);
@@ -224,8 +258,15 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
 
 /* ---- against a sorted reference -------------------------------------- */
 
+/* The reference order. Each block's free_epoch (which the index never
+   reads) holds when it was inserted; `ref_binned`: the index has bins, so
+   that equal sizes up to BIN_MAX go newest first. */
+static bool ref_binned;
+
 static bool key_less(const xs_block *a, const xs_block *b) {
-  return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+  if (a->size != b->size) return a->size < b->size;
+  if (ref_binned && a->size <= BIN_MAX) return a->free_epoch > b->free_epoch;
+  return a->addr < b->addr;
 }
 
 static int key_cmp(const void *x, const void *y) {
@@ -265,7 +306,7 @@ static bool walks_match(xs_freetree *t, xs_block **sorted, size_t n) {
   return i == n;
 }
 
-/* The first block in (size, address) order that holds `want`. */
+/* The first block in the reference order that holds `want`. */
 static xs_block *reference_fit(const xs_block *blk, const bool *in, size_t n,
                                size_t want) {
   const xs_block *best = NULL;
@@ -286,6 +327,7 @@ static void orders_match_reference(xs_freetree *t) {
   bool *in = calloc(N, sizeof *in);
   uint64_t seed = 12;
   size_t n_in = 0;
+  ref_binned = t->bins != NULL;
   for (int step = 0; step < STEPS; step++) {
     size_t i = rng(&seed) % N;
     if (in[i]) {
@@ -295,6 +337,7 @@ static void orders_match_reference(xs_freetree *t) {
     } else {
       /* Distinct addresses; equal sizes are common. */
       put(&blk[i], random_size(&seed), (uint64_t)i << 32);
+      blk[i].free_epoch = (uint64_t)step + 1;
       xs_freetree_insert(t, &blk[i]);
       in[i] = true;
       n_in++;
@@ -339,7 +382,7 @@ XSEG_TEST(segments_freetree, orders_match_a_sorted_reference_without_bins) {
   orders_match_reference(t);
 }
 
-XSEG_TEST(segments_freetree, validator_catches_bitmap_and_lowest) {
+XSEG_TEST(segments_freetree, validator_catches_bitmap_and_a_broken_list) {
   xs_freetree *t = tree_new();
   xs_block a, b;
   put(&a, 1024, 0x2000);
@@ -348,11 +391,14 @@ XSEG_TEST(segments_freetree, validator_catches_bitmap_and_lowest) {
   xs_freetree_insert(t, &b);
   char msg[256] = "";
   XSEG_EXPECT_TRUE(xs_freetree_is_valid(t, msg, sizeof msg));
-  /* A stale lowest. */
-  t->bins[1].lowest = &a;
+  /* A stale head, then a tail without its head. */
+  t->bins[1].newest = &a;
   XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
   XSEG_EXPECT_TRUE(strstr(msg, "free bin 1") != NULL);
-  t->bins[1].lowest = &b;
+  t->bins[1].newest = NULL;
+  XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
+  XSEG_EXPECT_TRUE(strstr(msg, "free bin 1") != NULL);
+  t->bins[1].newest = &b;
   /* A bin bit set for an empty bin, then its word's summary bit lost. */
   t->bin_bits[0] |= 1;
   XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
