@@ -289,9 +289,9 @@ static inline void xs_park_unposted_clear(xs_stats *s, xs_pool_kind k) {
 static inline bool xs_park_refill_under(const xs_stream_pools *sp,
                                         xs_pool_kind k) {
   return !sp->park_unposted ||
-         (xs_stats_at_or_under(&sp->stats, XS_GAUGE_allocation, k) &&
-          xs_stats_at_or_under(&sp->stats, XS_GAUGE_allocated_bytes, k) &&
-          xs_stats_at_or_under(&sp->stats, XS_GAUGE_requested_bytes, k));
+         (xs_stats_rise_under(&sp->stats, XS_GAUGE_allocation, k, 0) &&
+          xs_stats_rise_under(&sp->stats, XS_GAUGE_allocated_bytes, k, 0) &&
+          xs_stats_rise_under(&sp->stats, XS_GAUGE_requested_bytes, k, 0));
 }
 /* Holds back the stats of a park of b in pool p of pair sp (none held
    back yet): published when other pairs' crossings could read them
@@ -310,27 +310,28 @@ static inline bool xs_pair_park_hold(xs_stream_pools *sp, xs_pool *p,
   if (!several) return true;
   size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
   xs_park_unposted_set(&sp->stats, p->kind, b, b->requested, rest, whole);
-  return xs_stats_bounce_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
+  return xs_stats_rise_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
                                p->kind, (int64_t)whole - (int64_t)rest);
 }
 /* The take-back of sp's held-back park for its own requested size: the
-   free and the malloc cancel, what was held back is posted as it is. */
+   free and the malloc cancel, what was held back is posted as it is (and
+   cleared before any current moves). */
 static inline void xs_pair_park_refilled(xs_stream_pools *sp) {
-  if (sp->park_unposted) xs_park_unposted_clear(&sp->stats, sp->park_stats->kind);
+  if (sp->park_unposted)
+    xs_park_unposted_clear(&sp->stats, sp->park_stats->kind);
   sp->park_stats = NULL;
   sp->park_unposted = false;
 }
 /* Counts sp's last park (its free, then its merge) in the stats, if it
-   is not yet. */
+   is not yet: what it held back is cleared as at a take-back, then the
+   currents move. */
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
   xs_pool *p = sp->park_stats;
   if (p == NULL) return;
-  if (sp->park_unposted) xs_park_unposted_clear(&sp->stats, p->kind);
-  sp->park_unposted = false;
+  xs_pair_park_refilled(sp);
   xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
                         sp->park_requested);
   xs_pool_park_stats(p);
-  sp->park_stats = NULL;
 }
 /* Merges p's parked block, if any, as its free would have; its entry
    leaves the pair's pointer table (entries after it may move). */

@@ -185,40 +185,14 @@ static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               xs_pool_kind kind) {
   const xs_block *b = p->parked;
   return !xs_pool_parked_merge_split(b) ||
-         xs_stats_bounce_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+         xs_stats_rise_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
                                (int64_t)b->size);
 }
-/* Hands p's parked block out again (xs_pool_retake_known). The stats move
-   as the split's, and as the merge's first unless `merge_counted`. `kind`
-   is p's, given apart so that a caller that knows it at compile time
-   folds the stats' offsets. */
-static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
-                                  bool merge_counted) {
-  xs_block *b = p->parked, *rest = b->next;
-  assert(xs_pool_retake_known(p) && !b->allocated && !rest->allocated &&
-         rest->mapped && kind == p->kind);
-  if (merge_counted) {
-    xs_pool_retake_split_stats(p);
-  } else if (xs_pool_parked_merge_split(b)) {
-    /* The merge's and the split's together: every count returns to where
-       it is, the bytes having been up by b->size in between. */
-    int64_t r = (int64_t)rest->size, sz = (int64_t)b->size;
-    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 2;
-    xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind, sz,
-                    sz + 2 * r);
-  } else {
-    p->stats->pool[kind][XS_GAUGE_inactive_split].allocated += 1;
-    p->stats->pool[kind][XS_GAUGE_inactive_split_bytes].allocated +=
-        (int64_t)rest->size;
-  }
-  xs_pool_retake_finish(p);
-}
-/* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
-   totals of increases alone, and no call. */
-static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
-  xs_block *b = p->parked, *rest = b->next;
-  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, kind) &&
-         kind == p->kind);
+/* The totals of increases of the retake's merge and split together:
+   every count and byte returns to where it is (the bytes up by b's size
+   in between, when the merged block is a piece), so only the totals move. */
+static inline void xs_pool_retake_totals(xs_pool *p, xs_pool_kind kind) {
+  const xs_block *b = p->parked, *rest = b->next;
   xs_gauge_val *n = &p->stats->pool[kind][XS_GAUGE_inactive_split];
   xs_gauge_val *bytes = &p->stats->pool[kind][XS_GAUGE_inactive_split_bytes];
   if (xs_pool_parked_merge_split(b)) {
@@ -228,6 +202,33 @@ static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
     n->allocated += 1;
     bytes->allocated += (int64_t)rest->size;
   }
+}
+/* Hands p's parked block out again (xs_pool_retake_known). The stats move
+   as the split's, and as the merge's first unless `merge_counted`. `kind`
+   is p's, given apart so that a caller that knows it at compile time
+   folds the stats' offsets. */
+static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
+                                  bool merge_counted) {
+  const xs_block *b = p->parked;
+  assert(xs_pool_retake_known(p) && !b->allocated && !b->next->allocated &&
+         b->next->mapped && kind == p->kind);
+  if (merge_counted) {
+    xs_pool_retake_split_stats(p);
+  } else {
+    /* The merge's top may be a new peak (no total: those move below). */
+    if (xs_pool_parked_merge_split(b))
+      xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                      (int64_t)b->size, 0);
+    xs_pool_retake_totals(p, kind);
+  }
+  xs_pool_retake_finish(p);
+}
+/* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
+   totals of increases alone, and no call. */
+static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
+  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, kind) &&
+         kind == p->kind);
+  xs_pool_retake_totals(p, kind);
   xs_pool_retake_finish(p);
 }
 
@@ -253,8 +254,9 @@ typedef struct xs_place {
    has room. */
 bool xs_pool_place(xs_pool *p, size_t size, xs_place *out);
 /* Maps handles[0..pl->n) at the placement (one cuMemMap per handle, a
-   run of equal values being one handle; one cuMemSetAccess) and returns the resulting free mapped block, indexed.
-   On failure nothing changed and the handles are still the caller's. */
+   run of equal values being one handle; one cuMemSetAccess) and returns
+   the resulting free mapped block, indexed. On failure nothing changed and
+   the handles are still the caller's. */
 xseg_status xs_pool_map(xs_pool *p, const xs_place *pl,
                         const uint64_t *handles, xs_block **out);
 
