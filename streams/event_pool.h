@@ -7,8 +7,8 @@
  * the pool stops creating events at the largest number that were ever in
  * flight at once.
  *
- * Not thread-safe: the allocator's locks guard it (all of them held). Needs the device's
- * context current (xs_vmm_ctx_enter).
+ * Not thread-safe: the allocator's locks guard it (all of them held).
+ * Needs the device's context current (xs_vmm_ctx_enter).
  */
 #ifndef XS_STREAMS_EVENT_POOL_H
 #define XS_STREAMS_EVENT_POOL_H

@@ -35,8 +35,8 @@
  * never less.
  *
  * Queries are illegal during a graph capture: callers advance guards only
- * when no capture is under way. Not thread-safe (the allocator's locks, all held);
- * the device's context must be current.
+ * when no capture is under way. Not thread-safe (the allocator's locks,
+ * all held); the device's context must be current.
  */
 #ifndef XS_STREAMS_GUARD_H
 #define XS_STREAMS_GUARD_H

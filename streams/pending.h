@@ -20,8 +20,8 @@
  * So a steady state creates no events beyond that bound per stream,
  * whatever the free rate.
  *
- * Not thread-safe: the allocator's locks guard it (all of them held). Needs the device's
- * context current.
+ * Not thread-safe: the allocator's locks guard it (all of them held).
+ * Needs the device's context current.
  */
 #ifndef XS_STREAMS_PENDING_H
 #define XS_STREAMS_PENDING_H
