@@ -157,6 +157,8 @@ uint64_t xb_env_host_waits(xb_env *env);
 /* One created stream, and its destruction (NULL is ignored). */
 xseg_status xb_env_stream_create(xb_env *env, struct CUstream_st **out);
 void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s);
+/* Waits for everything queued on s (cuStreamSynchronize). */
+xseg_status xb_env_stream_sync(xb_env *env, struct CUstream_st *s);
 /* Streams for a workload's stream ids: each id, 0 included, gets a stream
    created with CU_STREAM_NON_BLOCKING, so that no two trace streams order
    behind each other through the legacy stream. */

@@ -47,7 +47,7 @@ elif [ "$case" = repeat-beside ]; then
   shift
   args=(--only cached-repeat --other-streams "$others")
 elif [ "$case" = deferred ]; then
-  args=(--only deferred)
+  args=(--only deferred --fired)
   toggles+=(--toggle-collect=xseg_record_stream)
 else
   args=(--only cached-repeat)

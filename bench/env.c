@@ -107,6 +107,17 @@ void xb_env_stream_destroy(xb_env *env, struct CUstream_st *s) {
   xs_vmm_ctx_leave(v, saved);
 }
 
+xseg_status xb_env_stream_sync(xb_env *env, struct CUstream_st *s) {
+  xs_vmm *v = &env->vmm;
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(v, &saved);
+  if (st != XSEG_OK) return st;
+  CUresult r = XS_DRV(v->drv, cuStreamSynchronize, s);
+  if (r != CUDA_SUCCESS) st = xs_driver_error(v->drv, r, "cuStreamSynchronize");
+  xs_vmm_ctx_leave(v, saved);
+  return st;
+}
+
 xseg_status xb_env_streams_create(xb_env *env, const xb_trace *t,
                                   struct CUstream_st **out) {
   for (int i = 0; i < t->n_streams; i++) out[i] = NULL;

@@ -377,7 +377,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
-  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_HELP
+  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
@@ -397,7 +397,13 @@ static void micro_usage(FILE *out) {
           "  --other-streams N  cached-*: the pools of N other streams "
           "(at most 16)\n"
           "                     exist meanwhile, as beside a server's "
-          "workers (default 0)\n");
+          "workers (default 0)\n"
+          "  --fired            deferred: wait for the side stream after "
+          "each deferred free\n"
+          "                     (outside the allocator's calls; its time "
+          "counts), so that\n"
+          "                     every malloc finds the last free's event "
+          "fired\n");
 }
 
 static bool micro_option(xb_micro *m, int o, const char *arg) {
@@ -410,6 +416,7 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
     case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
     case XB_MI_OTHER_STREAMS:
       return xb_cli_u64("--other-streams", arg, &m->other_streams);
+    case XB_MI_FIRED: return (m->fired = true), true;
     default: return false;
   }
 }
@@ -442,6 +449,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"rounds", required_argument, 0, XB_MI_ROUNDS},
       {"seed", required_argument, 0, XB_MI_SEED},
       {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
+      {"fired", no_argument, 0, XB_MI_FIRED},
       {"help", no_argument, 0, XB_MI_HELP},
       {0, 0, 0, 0}};
   optind = 0;

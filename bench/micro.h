@@ -17,6 +17,10 @@ typedef struct xb_micro {
   uint64_t pairs, live_min, live_max, rounds, seed;
   uint64_t other_streams;           /* cached-*: pairs of other streams the
                                        allocator holds meanwhile */
+  /* deferred: wait for the side stream after each deferred free (outside
+     the allocator's calls), so that every malloc finds the last free's
+     event fired, whenever the emulator's stream thread runs. */
+  bool fired;
   bool expandable;
 } xb_micro;
 

@@ -34,19 +34,27 @@ static xs_pending_queue *pending_queue_find(xs_pending *p,
   return q;
 }
 
-/* Doubles a ring of `size`-byte items, unrolling it so that head is 0. */
+/* Doubles a ring of `size`-byte items, unrolling it so that head is 0.
+   Capacities are powers of two (16, then doubled), so that a position
+   wraps with a mask. */
 static bool pending_ring_grow(void **ring, size_t size, size_t *head,
                               size_t count, size_t *cap) {
   size_t nc = *cap ? 2 * *cap : 16;
   char *n = malloc(nc * size), *old = *ring;
   if (n == NULL) return false;
   for (size_t i = 0; i < count; i++)
-    memcpy(n + i * size, old + ((*head + i) % *cap) * size, size);
+    memcpy(n + i * size, old + ((*head + i) & (*cap - 1)) * size, size);
   free(old);
   *ring = n;
   *head = 0;
   *cap = nc;
   return true;
+}
+
+/* Position i of a ring of capacity cap (a power of two). */
+static inline size_t pending_wrap(size_t i, size_t cap) {
+  assert(cap != 0 && (cap & (cap - 1)) == 0);
+  return i & (cap - 1);
 }
 
 /* Room for one more block, and one more event unless at the bound. */
@@ -62,7 +70,7 @@ static bool pending_queue_room(xs_pending_queue *q) {
 
 static xs_pending_event *pending_tail(xs_pending_queue *q) {
   assert(q->count > 0);
-  return &q->events[(q->head + q->count - 1) % q->cap];
+  return &q->events[pending_wrap(q->head + q->count - 1, q->cap)];
 }
 
 /* Marks the point `q`'s stream has reached: a new event in *fresh, or, at
@@ -93,18 +101,27 @@ static void pending_push(xs_pending *p, xs_pending_queue *q, CUevent fresh,
                          void *block) {
   if (fresh != NULL) {
     assert(q->count < q->cap);
-    q->events[(q->head + q->count++) % q->cap] =
+    q->events[pending_wrap(q->head + q->count++, q->cap)] =
         (xs_pending_event){fresh, 0};
   }
   pending_tail(q)->n_blocks++;
   assert(q->bcount < q->bcap);
-  q->blocks[(q->bhead + q->bcount++) % q->bcap] = block;
+  q->blocks[pending_wrap(q->bhead + q->bcount++, q->bcap)] = block;
   p->entries++;
 }
 
-/* Makes every stream's queue and room first: queues may move meanwhile. */
-static xseg_status pending_make_room(xs_pending *p,
-                                     const xs_stream_set *set) {
+/* One stream's share of an add: its queue (an index: queues may move
+   while later streams' are made) and its new event (NULL: the newest
+   recorded again, or none yet). */
+typedef struct pending_mark_at {
+  size_t queue;
+  CUevent fresh;
+} pending_mark_at;
+
+/* Makes every stream's queue and room first (queues may move meanwhile),
+   noting each one's index in at[]. */
+static xseg_status pending_make_room(xs_pending *p, const xs_stream_set *set,
+                                     pending_mark_at *at) {
   for (uint32_t i = 0; i < set->n; i++) {
     struct CUstream_st *s = xs_stream_set_at(set, i);
     xs_pending_queue *q = pending_queue_find(p, s);
@@ -112,6 +129,7 @@ static xseg_status pending_make_room(xs_pending *p,
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                       "out of host memory queueing a free on stream %p",
                       (void *)s);
+    at[i] = (pending_mark_at){.queue = (size_t)(q - p->queues)};
   }
   return XSEG_OK;
 }
@@ -119,23 +137,21 @@ static xseg_status pending_make_room(xs_pending *p,
 xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
                                void *block) {
   enum { ON_STACK = 8 };
-  CUevent stack[ON_STACK], *ev = stack;
-  if (streams->n > ON_STACK && (ev = malloc(streams->n * sizeof *ev)) == NULL)
+  pending_mark_at stack[ON_STACK], *at = stack;
+  if (streams->n > ON_STACK && (at = malloc(streams->n * sizeof *at)) == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory for events");
-  xseg_status st = pending_make_room(p, streams);
+  xseg_status st = pending_make_room(p, streams, at);
   uint32_t done = 0;          /* streams marked */
   while (st == XSEG_OK && done < streams->n) {
-    xs_pending_queue *q = pending_queue_find(p, xs_stream_set_at(streams, done));
-    st = pending_mark(p, q, &ev[done]);
+    st = pending_mark(p, &p->queues[at[done].queue], &at[done].fresh);
     if (st == XSEG_OK) done++;
   }
   /* Undo: fresh events go back; one recorded again only waits longer. */
   for (uint32_t i = 0; st != XSEG_OK && i < done; i++)
-    if (ev[i] != NULL) xs_event_pool_give(p->events, ev[i]);
+    if (at[i].fresh != NULL) xs_event_pool_give(p->events, at[i].fresh);
   for (uint32_t i = 0; st == XSEG_OK && i < streams->n; i++)
-    pending_push(p, pending_queue_find(p, xs_stream_set_at(streams, i)),
-                 ev[i], block);
-  if (ev != stack) free(ev);
+    pending_push(p, &p->queues[at[i].queue], at[i].fresh, block);
+  if (at != stack) free(at);
   return st;
 }
 
@@ -150,13 +166,13 @@ static size_t pending_queue_pop(xs_pending *p, xs_pending_queue *q,
                                 xs_pending_ready_fn ready, void *ctx) {
   assert(q->count > 0);
   xs_pending_event e = q->events[q->head];
-  q->head = (q->head + 1) % q->cap;
+  q->head = pending_wrap(q->head + 1, q->cap);
   q->count--;
   xs_event_pool_give(p->events, e.event);
   assert(e.n_blocks > 0 && e.n_blocks <= q->bcount);
   for (size_t i = 0; i < e.n_blocks; i++) {
     void *b = q->blocks[q->bhead];
-    q->bhead = (q->bhead + 1) % q->bcap;
+    q->bhead = pending_wrap(q->bhead + 1, q->bcap);
     q->bcount--;
     p->entries--;
     ready(ctx, b);
