@@ -80,7 +80,6 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
   alloc_sizes(a);
   alloc_debug_checks(a);
   xs_event_pool_init(&a->events, &a->vmm);
-  xs_pending_init(&a->pending, &a->events);
   atomic_init(&a->lock.state, 0);
   a->id = xs_pairs_new_id();
   xs_stats_group_init(&a->stats);
@@ -142,7 +141,10 @@ void xseg_destroy(xseg_allocator *a) {
   xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
   xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
-    xs_pending_destroy(&a->pending);
+    for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+      xs_pending_destroy(&sp->pending);
+      xs_event_pool_destroy(&sp->events);
+    }
     xs_event_pool_destroy(&a->events);
     xs_vmm_ctx_leave(&a->vmm, saved);
   }
@@ -171,8 +173,7 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
    known at compile time (no sign multiplications, decreases without peak
    checks), in the block's pair's shard. The same as xs_alloc_account_live
    and _active together. active's peak needs a look only while freed blocks
-   are still active (`held`: pending_blocks, which only the slow path
-   sees). */
+   are still active (`held`: pending_blocks, any pair's). */
 static inline __attribute__((always_inline)) void alloc_account_malloc(
     xs_stats *s, const xs_block *b, xs_pool_kind k, bool held) {
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
@@ -238,24 +239,24 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
    caller that knows it at compile time folds it) becomes the caller's,
    its entry in the pair's pointer table already there (a parked block
    keeps its own). `refill`: its free was never counted (the parked
-   block taken back for the same requested size). */
+   block taken back for the same requested size). `held`: a free is
+   pending (xs_alloc_has_pending, read once by the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
-    bool refill) {
+    bool held, bool refill) {
   (void)p;
   assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  /* Active's peak needs a look only while a free is held (the cached
-     path runs only while none is). */
+  /* Active's peak needs a look only while a free is held, by any pair
+     (a refill is never made then: alloc_retake). */
   if (refill)
     alloc_account_refill(&sp->stats, b, kind);
   else
-    alloc_account_malloc(&sp->stats, b, kind,
-                         slow && xs_alloc_has_pending(a));
+    alloc_account_malloc(&sp->stats, b, kind, held);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow)
@@ -266,9 +267,11 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
    in the pair's pointer table was reserved). */
 static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   xs_pool *p, xs_block *b, size_t size,
-                                  struct CUstream_st *stream, bool slow) {
+                                  struct CUstream_st *stream, bool slow,
+                                  bool held) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, false);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, held,
+                        false);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -291,7 +294,8 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true);
+  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true,
+                 xs_alloc_has_pending(a));
   *out = b;
   return XSEG_OK;
 }
@@ -315,27 +319,32 @@ static __attribute__((noinline)) bool alloc_retake_fits(
    otherwise: the caller settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
-    size_t rounded, struct CUstream_st *stream) {
+    size_t rounded, struct CUstream_st *stream, bool held) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return NULL;
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
   sp->n_parked--;
+  /* While another free is held (pending), active = allocation + held may
+     pass its peak at a malloc that only restores allocation: no refill
+     then, active's peak gets its look. */
   if (sp->park_stats == p && sp->park_requested == size &&
-      xs_park_refill_under(sp, kind)) {
+      !held && xs_park_refill_under(sp, kind)) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
     xs_pair_park_refilled(sp);
     xs_pool_retake(p, kind, false);
-    alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, true);
+    alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false,
+                          true);
     return b;
   }
   /* Any park not counted yet (the other pool's, or this one's for
      another requested size) goes in the stats before this one's moves. */
   xs_pair_park_stats(sp);
   xs_pool_retake(p, kind, true);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
+                        false);
   return b;
 }
 
@@ -343,33 +352,53 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
    (the slow path's turn) on a miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
-    struct CUstream_st *stream) {
+    struct CUstream_st *stream, bool held) {
   if (!xs_ptrtable_reserve(&sp->live)) return NULL;
   xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return NULL;
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, sp, p, b, size, stream, false);
+  alloc_hand_out(a, sp, p, b, size, stream, false, held);
   return b;
 }
 
+/* The cached malloc's settling of pending frees (PyTorch's
+   process_events) when they are all the pair's: its parked blocks merge
+   first, as the completed frees go back to their pools. False (nothing
+   changed) when other pairs' wait too: every lock settles them all. Out
+   of line: only cross-stream frees make it. */
+static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
+                                                          xs_stream_pools *sp) {
+  if (!xs_alloc_pending_all_pair(a, sp)) return false;
+  xs_pair_settle(sp);
+  if (sp->pending.entries != 0) xs_alloc_poll_pair(a, sp);
+  return true;
+}
+
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
-   slow path's turn) on a miss. Parked blocks of the pair are taken back
-   or settled first. */
+   slow path's turn) on a miss. Pending frees of the pair are settled
+   first, then parked blocks are taken back or settled. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
     xseg_allocator *a, xs_stream_pools *sp, uint64_t use, size_t size,
     size_t rounded, struct CUstream_st *stream) {
   sp->used_at = use;
+  bool held = xs_alloc_has_pending(a);
+  if (__builtin_expect(held, 0)) {
+    if (!alloc_cached_settle(a, sp)) return NULL;
+    held = xs_alloc_has_pending(a);
+  }
   if (sp->n_parked != 0) {
     /* The kind a constant in each copy: the stats' offsets fold. */
     xs_block *b =
         xs_alloc_kind(rounded) == XS_POOL_SMALL
-            ? alloc_retake(a, sp, XS_POOL_SMALL, size, rounded, stream)
-            : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream);
+            ? alloc_retake(a, sp, XS_POOL_SMALL, size, rounded, stream,
+                           held)
+            : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream,
+                           held);
     if (b != NULL) return b;
     xs_pair_settle(sp);
   }
-  return alloc_cached_fit(a, sp, size, rounded, stream);
+  return alloc_cached_fit(a, sp, size, rounded, stream, held);
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
@@ -439,13 +468,16 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
    registers): NULL (nothing changed) when it does not apply, and
    alloc_malloc_pair's cached path then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
-    xs_stream_pools *sp, size_t size, size_t rounded,
-    struct CUstream_st *stream) {
+    const xseg_allocator *a, xs_stream_pools *sp, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
   assert(rounded <= XS_SMALL_SIZE);
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p))
+  /* Held frees (any pair's) give active's peak a look: the cached path's,
+     as do the pair's own pending frees, which settle first. */
+  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
+      xs_alloc_has_pending(a))
     return NULL;
   if (sp->park_stats == p) {
     if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k) ||
@@ -532,7 +564,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
         xs_pair_try(sp)) {
       xs_block *b = alloc_cached_on(a, sp)
-                        ? alloc_retake_again(sp, size,
+                        ? alloc_retake_again(a, sp, size,
                                              alloc_round_plain(size), stream)
                         : NULL;
       if (__builtin_expect(b == NULL, 0))
@@ -620,15 +652,39 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   return XSEG_OK;
 }
 
+/* The cached free of a block used on other streams, `slot` in the pair's
+   pointer table, pair lock held: pending behind their events, its entry
+   out of the table, unless recording them fails (*st, nothing changed).
+   The pair's parked blocks merge first, as completions may give blocks
+   back to their pools. Out of line: the plain free's registers stay
+   few. */
+static __attribute__((noinline)) void alloc_free_deferred(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot,
+    xseg_status *st) {
+  if (sp->n_parked != 0) {
+    xs_pair_settle(sp);                 /* entries after b's may move */
+    slot = xs_ptrtable_find(&sp->live, b->addr);
+  }
+  *st = xs_alloc_defer_free_pair(a, b);
+  if (*st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
+}
+
 /* The cached free of the block in `slot` of the pair's pointer table
    (SIZE_MAX: not a block of the pair), pair lock held: false (nothing
-   changed) when there is none or its free needs more than the pair. */
+   changed) when there is none or its free needs more than the pair; true
+   when done, with its status in *st (a cross-stream free may fail). */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot) {
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot,
+    xseg_status *st) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
-  if (!b->allocated || b->uses.n != 0) return false;
+  if (!b->allocated) return false;
+  *st = XSEG_OK;
+  if (__builtin_expect(b->uses.n != 0, 0)) {
+    alloc_free_deferred(a, sp, b, slot, st);
+    return true;
+  }
   /* The last park's merge counts before this free's moves. */
   xs_pair_park_stats(sp);
   /* Tracing sends the cached path the slow way (pairs.c). */
@@ -709,11 +765,12 @@ static inline __attribute__((always_inline)) bool alloc_park_again(
    (alloc_free_cached), else every lock. */
 static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
     xseg_allocator *a, xs_stream_pools *sp, void *ptr, size_t slot) {
-  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot);
+  xseg_status st;
+  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot, &st);
   xs_pair_drop(sp);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);
-    return XSEG_OK;
+    return st;
   }
   return alloc_free_locked(a, ptr);
 }

@@ -12,10 +12,17 @@
  * pair's lock in creation order (xs_alloc_lock): it sees a quiescent
  * allocator, and every function named *_locked runs so (debug builds
  * assert it). The cached path goes that way whenever `slow` is set
- * (pending frees, captures, tracing, shared blocks, per-operation checks),
- * and never waits for the allocator's lock while it holds a pair's. What
- * the cached path reads of the allocator (slow, cfg, the tables) is only
- * written with every lock held or published atomically.
+ * (frees made during a capture still to record, captures, tracing, shared
+ * blocks, per-operation checks), and never waits for the allocator's lock
+ * while it holds a pair's. What the cached path reads of the allocator
+ * (slow, cfg, the tables, the pending count) is only written with every
+ * lock held or published atomically.
+ *
+ * Cross-stream frees (deferred.c) are the pair's too: a free of a block
+ * used on other streams queues its events in the block's pair, and the
+ * pair's next cached malloc settles them, when every pending block is
+ * that pair's; a malloc that finds other pairs' pending takes every lock
+ * and settles them all (PyTorch's process_events at each malloc).
  */
 #ifndef XS_ALLOC_ALLOCATOR_H
 #define XS_ALLOC_ALLOCATOR_H
@@ -94,6 +101,13 @@ typedef struct xs_stream_pools {
   size_t park_requested;
   bool park_unposted;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
+  /* The frees of its blocks that wait on work recorded on other streams
+     (deferred.c): their events and per-stream queues, under the pair's
+     lock, so that a cross-stream free and the malloc that settles it take
+     the pair's lock alone. */
+  xs_event_pool events;
+  xs_pending pending;
+  size_t n_pending;                   /* its blocks in state pending */
   struct xs_stream_pools *next;       /* the allocator's list */
   /* The size bins of the small pool's free index (segments/freetree.h):
      its requests are the ones up to 1 MiB; the large pool's index and
@@ -205,13 +219,16 @@ struct xseg_allocator {
                                          ends within the cap (0: none);
                                          see xs_flow_mapped_most */
   /* Cross-stream safety (alloc/deferred.c, alloc/reclaim.c). */
-  xs_event_pool events;               /* pending frees' and guards' events */
-  xs_pending pending;                 /* frees waiting on recorded streams */
+  xs_event_pool events;               /* the unmap guards' events */
   bool flow_at_limit;                 /* the out-of-memory path's last try
                                          before a host wait: flow.c steals
                                          from any stream */
-  size_t pending_blocks;              /* blocks in state pending */
-  int64_t pending_bytes;
+  /* Blocks in state pending, every pair's: moved by a pair's cached
+     cross-stream free and by the malloc that settles it under that pair's
+     lock alone, and read by every cached malloc (active's peak needs a
+     look while anything is held), hence atomics. */
+  atomic_size_t pending_blocks;
+  _Atomic int64_t pending_bytes;
   xs_block **deferred;                /* pending, events not recorded yet
                                          (freed during a capture) */
   size_t n_deferred, cap_deferred;
@@ -599,8 +616,38 @@ xseg_status xs_alloc_settle_frees_locked(xseg_allocator *a, bool wait);
 /* Queued or parked, every pending free is counted in pending_blocks: one
    load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
-  return a->pending_blocks != 0;
+  return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) != 0;
 }
+/* Block b becomes pending (+1) or stops being (-1), its pair's lock
+   held. */
+static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
+                                          int sign) {
+  xs_pools_of(b->seg->pool)->n_pending += (size_t)(ptrdiff_t)sign;
+  atomic_fetch_add_explicit(&a->pending_blocks, (size_t)(ptrdiff_t)sign,
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->pending_bytes, sign * (int64_t)b->size,
+                            memory_order_relaxed);
+}
+/* Whether every pending block is pair sp's (its lock held): the cached
+   malloc then settles them itself; others' wait for a malloc that takes
+   every lock, as PyTorch's process_events settles every stream's at each
+   malloc. */
+static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
+                                             const xs_stream_pools *sp) {
+  return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
+         sp->n_pending;
+}
+/* The cross-stream free of live block b (recorded streams, not shared)
+   with its pair's lock held and no capture under way (the cached path:
+   deferred.c): queued behind an event on each of its streams, pending.
+   Fails (block still live, nothing changed) only when the events cannot
+   be recorded or host memory runs out. Enters the context. */
+xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b);
+/* Frees the pending blocks of pair sp whose events fired (queries only),
+   its lock held and no capture under way (the cached malloc, as PyTorch's
+   process_events); a failed query leaves them waiting. Enters the
+   context. */
+void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp);
 
 /* Graph capture (capture.c). */
 static inline bool xs_alloc_capturing(const xseg_allocator *a) {

@@ -228,11 +228,12 @@ static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
   CHECK_STAT(c, active, w->allocated + w->pending);
   CHECK_STAT(c, allocated_bytes, w->allocated_bytes);
   CHECK_STAT(c, active_bytes, w->allocated_bytes + w->pending_bytes);
-  if (a->pending_blocks != w->pending ||
-      a->pending_bytes != (int64_t)w->pending_bytes)
+  size_t pending = atomic_load(&a->pending_blocks);
+  int64_t pending_bytes = atomic_load(&a->pending_bytes);
+  if (pending != w->pending || pending_bytes != (int64_t)w->pending_bytes)
     CHECK_FAIL(c, "%zu pending blocks (%lld bytes) counted, the walk finds "
-               "%zu (%zu bytes)", a->pending_blocks,
-               (long long)a->pending_bytes, w->pending, w->pending_bytes);
+               "%zu (%zu bytes)", pending, (long long)pending_bytes,
+               w->pending, w->pending_bytes);
   CHECK_STAT(c, requested_bytes, w->requested_bytes);
   CHECK_STAT(c, inactive_split, w->split_free);
   CHECK_STAT(c, inactive_split_bytes, w->split_free_bytes);
@@ -279,19 +280,28 @@ static bool check_block_streams(check_ctx *c, const xs_block *b,
 /* Every queued event belongs to one pending block; a pending block without
    events is parked until no capture is under way. */
 static bool check_pending(check_ctx *c, xseg_allocator *a) {
-  uint64_t events = 0;
+  uint64_t events = 0, queued = 0;
   size_t parked = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    queued += sp->pending.entries;
+    size_t pending = 0;
     for (int k = 0; k < 2; k++)
       for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
-        for (xs_block *b = s->first; b != NULL; b = b->next)
+        for (xs_block *b = s->first; b != NULL; b = b->next) {
           if (!check_block_streams(c, b, &events, &parked)) return false;
+          pending += b->pending;
+        }
+    if (pending != sp->n_pending)
+      CHECK_FAIL(c, "the pair of stream %p counts %zu pending blocks, its "
+                 "segments hold %zu", (void *)sp->stream, sp->n_pending,
+                 pending);
+  }
   /* Blocks that other processes hold wait on no event either. */
-  if (events != a->pending.entries ||
+  if (events != queued ||
       parked != a->n_deferred + a->ipc_parked)
     CHECK_FAIL(c, "blocks wait on %llu events and %zu are parked; the queues "
                "hold %llu events and %zu parked", (unsigned long long)events,
-               parked, (unsigned long long)a->pending.entries, a->n_deferred);
+               parked, (unsigned long long)queued, a->n_deferred);
   return true;
 }
 

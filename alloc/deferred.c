@@ -7,10 +7,13 @@
  * every tree, until every one of its events has fired. Work queued on those
  * streams after the free does not delay it.
  *
- * Pending blocks are settled at the start of the next malloc (when any
- * wait), by empty_cache and on the out-of-memory path: each stream's queue
- * is polled in order up to its first unfired event (streams/pending.h), so
- * a slow stream holds back only its own frees.
+ * Each pair of pools keeps the queues of its own blocks' frees, under its
+ * lock: a cross-stream free on the cached path and the next malloc of the
+ * same pair, which settles that pair's pending blocks first (as PyTorch's
+ * process_events), take that lock alone. empty_cache, the out-of-memory
+ * path and every malloc that takes every lock settle every pair's. Each
+ * stream's queue is polled in order up to its first unfired event
+ * (streams/pending.h), so a slow stream holds back only its own frees.
  *
  * While a graph capture is under way no event may be queried, and events
  * recorded into a capture would describe the graph, not the work: frees
@@ -77,13 +80,14 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
   return st;
 }
 
-/* The last event of a pending block fired: it is free. */
+/* The last event of a pending block fired: it is free (its pair's lock
+   held; its pool has no parked block). */
 static void deferred_complete(xseg_allocator *a, xs_block *b) {
   assert(b->pending && b->pending_events == 0);
+  assert(b->seg->pool->parked == NULL);
   b->pending = false;
   xs_stream_set_clear(&b->uses);
-  a->pending_blocks--;
-  a->pending_bytes -= (int64_t)b->size;
+  xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
   xs_alloc_give_locked(a, b);
 }
@@ -123,10 +127,10 @@ static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
    every one of them has been destroyed (pending_events 0: the caller
    completes the free). */
 static xseg_status deferred_record(xseg_allocator *a, xs_block *b) {
-  xseg_status st = xs_pending_add_all(&a->pending, &b->uses, b);
+  xs_pending *queues = &xs_pools_of(b->seg->pool)->pending;
+  xseg_status st = xs_pending_add_all(queues, &b->uses, b);
   if (st == XSEG_ERR_DRIVER && deferred_drop_dead(a, b))
-    st = b->uses.n == 0 ? XSEG_OK
-                        : xs_pending_add_all(&a->pending, &b->uses, b);
+    st = b->uses.n == 0 ? XSEG_OK : xs_pending_add_all(queues, &b->uses, b);
   if (st == XSEG_OK) b->pending_events = b->uses.n;
   return st;
 }
@@ -140,26 +144,35 @@ static xseg_status deferred_park(xseg_allocator *a, xs_block *b) {
   return XSEG_OK;
 }
 
+/* b, whose events were recorded (or whose streams are all gone), becomes
+   pending: no longer the caller's, still active. */
+static void deferred_begin(xseg_allocator *a, xs_block *b) {
+  b->pending = true;
+  xs_alloc_pending_count(a, b, 1);
+  xs_alloc_account_live(b, -1);
+  if (b->uses.n == 0) deferred_complete(a, b);  /* its streams are gone */
+}
+
+xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b) {
+  assert(b->allocated && !b->pending && b->uses.n > 0);
+  assert(!xs_alloc_capturing(a) && "captures send frees the slow way");
+  XS_ASSERT_PAIR_LOCKED(a, xs_pools_of(b->seg->pool));
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
+  if (st != XSEG_OK) return st;
+  st = deferred_record(a, b);
+  xs_vmm_ctx_leave(&a->vmm, saved);
+  if (st == XSEG_OK) deferred_begin(a, b);
+  return st;
+}
+
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   assert(b->allocated && !b->pending && b->uses.n > 0);
-  xseg_status st;
-  if (xs_alloc_capturing(a)) {
-    st = deferred_park(a, b);
-  } else {
-    CUcontext saved;
-    st = xs_vmm_ctx_enter(&a->vmm, &saved);
-    if (st != XSEG_OK) return st;
-    st = deferred_record(a, b);
-    xs_vmm_ctx_leave(&a->vmm, saved);
-  }
-  if (st != XSEG_OK) return st;
-  b->pending = true;
-  a->pending_blocks++;
-  a->pending_bytes += (int64_t)b->size;
-  xs_alloc_account_live(b, -1);
-  if (b->uses.n == 0) deferred_complete(a, b);  /* its streams are gone */
-  return XSEG_OK;
+  if (!xs_alloc_capturing(a)) return xs_alloc_defer_free_pair(a, b);
+  xseg_status st = deferred_park(a, b);
+  if (st == XSEG_OK) deferred_begin(a, b);
+  return st;
 }
 
 /* Records the events of frees made during a capture. One that fails stays
@@ -203,12 +216,33 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
     return st;
   }
   if (a->n_deferred != 0) st = deferred_record_parked(a);
-  xseg_status qs;
-  if (wait)
-    xs_pending_drain(&a->pending, deferred_fired, a, &qs);
-  else
-    xs_pending_poll(&a->pending, deferred_fired, a, &qs);
+  xseg_status qs = XSEG_OK;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (sp->pending.entries == 0) continue;
+    xseg_status e;
+    if (wait)
+      xs_pending_drain(&sp->pending, deferred_fired, a, &e);
+    else
+      xs_pending_poll(&sp->pending, deferred_fired, a, &e);
+    if (qs == XSEG_OK) qs = e;
+  }
   xs_capture_mode_restore(a, mode);
   xs_vmm_ctx_leave(&a->vmm, saved);
   return st != XSEG_OK ? st : qs;
+}
+
+void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
+  assert(!xs_alloc_capturing(a) && "captures send mallocs the slow way");
+  assert(sp->n_parked == 0 && "completions give blocks to settled pools");
+  XS_ASSERT_PAIR_LOCKED(a, sp);
+  CUcontext saved;
+  if (xs_vmm_ctx_enter(&a->vmm, &saved) != XSEG_OK) return;
+  /* Captures xseg does not know of may be under way (capture_mode.c). */
+  CUstreamCaptureMode mode;
+  if (xs_capture_mode_relax(a, &mode) == XSEG_OK) {
+    xseg_status e;
+    xs_pending_poll(&sp->pending, deferred_fired, a, &e);
+    xs_capture_mode_restore(a, mode);
+  }
+  xs_vmm_ctx_leave(&a->vmm, saved);
 }

@@ -201,8 +201,7 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
      once the last holder is gone (xs_alloc_park_pending_locked). */
   ipc->exports[i].parked = true;
   b->pending = true;
-  a->pending_blocks++;
-  a->pending_bytes += (int64_t)b->size;
+  xs_alloc_pending_count(a, b, 1);
   a->ipc_parked++;
   xs_alloc_account_live(b, -1);
   return true;
@@ -214,8 +213,7 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
 static bool export_release(xseg_allocator *a, xs_block *b) {
   if (b->uses.n != 0) return xs_alloc_park_pending_locked(a, b) == XSEG_OK;
   b->pending = false;
-  a->pending_blocks--;
-  a->pending_bytes -= (int64_t)b->size;
+  xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
   xs_alloc_give_locked(a, b);
   return true;

@@ -182,6 +182,8 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
     p->on_unmap_ctx = &a->trace;
   }
   xs_stats_group_add(&a->stats, &sp->stats);
+  xs_event_pool_init(&sp->events, &a->vmm);
+  xs_pending_init(&sp->pending, &sp->events);
   sp->used_at = xs_pairs_use();
   sp->next = a->streams;
   a->streams = sp;
@@ -199,6 +201,10 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
   assert(sp->n_parked == 0 && sp->live.count == 0);
   xs_guard_drop(&sp->guard, &a->events);
+  /* No pending block without a segment: its queues are empty, and its
+     idle events serve the allocator's guards. */
+  xs_pending_destroy(&sp->pending);
+  xs_event_pool_absorb(&a->events, &sp->events);
   xs_stream_pools **link = &a->streams;
   while (*link != sp) link = &(*link)->next;
   *link = sp->next;
@@ -331,7 +337,7 @@ void xs_alloc_lock(xseg_allocator *a) {
 
 /* Whether the cached path must go the slow way (allocator.h). */
 static bool pairs_slow(const xseg_allocator *a) {
-  return xs_alloc_has_pending(a) || xs_alloc_capturing(a) || a->ipc != NULL ||
+  return a->n_deferred != 0 || xs_alloc_capturing(a) || a->ipc != NULL ||
          a->trace.cap != 0;
 }
 

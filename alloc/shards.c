@@ -159,29 +159,33 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
     }
     return;
   }
-  /* Every malloc on the slow path asks while a free is pending: one walk
-     over the shards gathers the four sums (active and active_bytes, each
-     its base plus what is held, in the pool's scope and all), reading the
-     eight currents of each shard straight from its kinds. */
+  /* Every malloc asks while a free is pending, on the cached path too,
+     while other pairs move their shards: the group's lock, as a crossing's
+     (the peaks are shared), and each shard's true values (what a park
+     holds back is not active). One walk over the shards gathers the four
+     sums (active and active_bytes, each its base plus what is held, in
+     the pool's scope and all). */
+  xs_lock_take(&g->lock);
   int64_t count_kind = 0, count_all = 0, bytes_kind = 0, bytes_all = 0;
   for (const xs_stats *t = g->first; t != NULL; t = t->next_shard) {
-    const xs_gauge_val *in = t->pool[kind], *out = t->pool[!kind];
-    int64_t ck = xs_gv_get(&in[XS_GAUGE_allocation].current) +
-                 xs_gv_get(&in[XS_GAUGE_active].current);
-    int64_t bk = xs_gv_get(&in[XS_GAUGE_allocated_bytes].current) +
-                 xs_gv_get(&in[XS_GAUGE_active_bytes].current);
+    int in = kind + 1, out = 2 - kind;
+    int64_t ck = xs_stats_cur_posted(t, XS_GAUGE_allocation, in) +
+                 xs_stats_cur(t, XS_GAUGE_active, in);
+    int64_t bk = xs_stats_cur_posted(t, XS_GAUGE_allocated_bytes, in) +
+                 xs_stats_cur(t, XS_GAUGE_active_bytes, in);
     count_kind += ck;
     bytes_kind += bk;
-    count_all += ck + xs_gv_get(&out[XS_GAUGE_allocation].current) +
-                 xs_gv_get(&out[XS_GAUGE_active].current);
-    bytes_all += bk + xs_gv_get(&out[XS_GAUGE_allocated_bytes].current) +
-                 xs_gv_get(&out[XS_GAUGE_active_bytes].current);
+    count_all += ck + xs_stats_cur_posted(t, XS_GAUGE_allocation, out) +
+                 xs_stats_cur(t, XS_GAUGE_active, out);
+    bytes_all += bk + xs_stats_cur_posted(t, XS_GAUGE_allocated_bytes, out) +
+                 xs_stats_cur(t, XS_GAUGE_active_bytes, out);
   }
   int64_t *in_kind = g->peak[kind + 1], *in_all = g->peak[XS_STAT_ALL];
   shards_raise(&in_kind[XS_GAUGE_active], count_kind);
   shards_raise(&in_all[XS_GAUGE_active], count_all);
   shards_raise(&in_kind[XS_GAUGE_active_bytes], bytes_kind);
   shards_raise(&in_all[XS_GAUGE_active_bytes], bytes_all);
+  xs_lock_drop(&g->lock);
 }
 
 void xs_stats_reset_peaks(xs_stats *s) {

@@ -17,7 +17,7 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
   xs_stats s;
   xs_alloc_lock(a);
   xs_stats_sum(&a->stats, &s);
-  out->pending_free_bytes = a->pending_bytes;
+  out->pending_free_bytes = atomic_load(&a->pending_bytes);
   out->handles_awaiting_release = (int64_t)a->vmm.n_unreleased;
   xs_alloc_unlock(a);
 #define XS_STATS_GAUGE_(name)                                                \

@@ -43,3 +43,17 @@ void xs_event_pool_give(xs_event_pool *p, CUevent ev) {
   }
   p->idle[p->n_idle++] = ev;
 }
+
+void xs_event_pool_absorb(xs_event_pool *into, xs_event_pool *from) {
+  assert(from->in_flight == 0 && "every taken event was given back");
+  size_t moved = 0;
+  if (XS_ARRAY_RESERVE(into->idle, into->cap_idle,
+                       into->n_idle + from->n_idle, 16)) {
+    for (; moved < from->n_idle; moved++)
+      into->idle[into->n_idle++] = from->idle[moved];
+  }
+  for (size_t i = moved; i < from->n_idle; i++)   /* host OOM: let go */
+    XS_DRV(from->vmm->drv, cuEventDestroy, from->idle[i]);
+  free(from->idle);
+  *from = (xs_event_pool){.vmm = from->vmm};
+}

@@ -7,7 +7,9 @@
  * the pool stops creating events at the largest number that were ever in
  * flight at once.
  *
- * Not thread-safe: the allocator's locks guard it (all of them held).
+ * Not thread-safe: its owner's lock guards it (the allocator keeps one
+ * for unmap guards under every lock, and one per pair of pools for the
+ * frees of its blocks under the pair's lock).
  * Needs the device's context current (xs_vmm_ctx_enter).
  */
 #ifndef XS_STREAMS_EVENT_POOL_H
@@ -41,5 +43,9 @@ xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out);
    of the event do not affect it). Never fails: if the stack cannot grow,
    the event is destroyed. */
 void xs_event_pool_give(xs_event_pool *p, CUevent ev);
+/* Moves every idle event of `from` (none in flight) to `into`, leaving
+   `from` empty (no driver call unless host memory runs out, when they are
+   destroyed instead). */
+void xs_event_pool_absorb(xs_event_pool *into, xs_event_pool *from);
 
 #endif /* XS_STREAMS_EVENT_POOL_H */

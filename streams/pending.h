@@ -20,7 +20,8 @@
  * So a steady state creates no events beyond that bound per stream,
  * whatever the free rate.
  *
- * Not thread-safe: the allocator's locks guard it (all of them held).
+ * Not thread-safe: its owner's lock guards it (each pair of pools keeps
+ * one for the frees of its blocks, under the pair's lock).
  * Needs the device's context current.
  */
 #ifndef XS_STREAMS_PENDING_H

@@ -233,3 +233,127 @@ XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
   XSEG_EXPECT_CU(cuStreamDestroy(own));
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
+
+/* One operation of a cross-stream test on its own thread: a free of p, or
+   a malloc of `size` bytes on `stream` into *out. */
+typedef struct pd_op_arg {
+  xseg_allocator *a;
+  void *p, **out;
+  size_t size;
+  CUstream stream;
+  xseg_status st;
+  atomic_bool done;
+} pd_op_arg;
+
+static void *pd_op(void *arg) {
+  pd_op_arg *o = arg;
+  if (xt_context(0) == NULL)
+    o->st = XSEG_ERR_DRIVER;
+  else if (o->out == NULL)
+    o->st = xseg_free(o->a, o->p);
+  else
+    o->st = xseg_malloc(o->a, o->size, o->stream, o->out);
+  atomic_store(&o->done, true);
+  return NULL;
+}
+
+/* Runs o on a thread while `busy` (another stream's pair) is locked, as
+   its cached path locks it: true when o finished meanwhile, i.e. it
+   needed no lock but its own pair's. */
+static bool pd_op_beside(xs_stream_pools *busy, pd_op_arg *o) {
+  xs_pair_take(busy);
+  pthread_t th;
+  if (pthread_create(&th, NULL, pd_op, o) != 0) {
+    xs_pair_drop(busy);
+    return false;
+  }
+  bool done_while_held = pd_wait_flag(&o->done, 30);
+  xs_pair_drop(busy);
+  pthread_join(th, NULL);
+  return done_while_held;
+}
+
+/* A cross-stream free and the mallocs that settle it take the block's
+   pair lock alone (its pending frees are the pair's): with another
+   stream's pair locked, the free finishes, pending behind a latch; a
+   malloc of the same size on the block's stream finishes too, handed
+   other memory while the latch holds, and active's peak sees the pending
+   block beside the live ones (the cached malloc's look at it); once the
+   latch opens, the next malloc there settles the free itself. */
+XSEG_TEST(alloc_threads, cross_stream_free_and_its_settling_need_only_its_pair) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), other = at_stream_new(),
+           side = at_stream_new();
+  enum { SIZE = 4096 };
+  void *p, *q, *r = NULL, *s = NULL;
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, own, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, other, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, side));
+  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
+  XSEG_ASSERT_TRUE(busy != NULL);
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(side, l));
+
+  pd_op_arg f = {.a = a, .p = p, .st = XSEG_ERR_DRIVER};
+  XSEG_EXPECT_TRUE(pd_op_beside(busy, &f));
+  XSEG_EXPECT_OK(f.st);
+  pd_op_arg m = {.a = a, .out = &r, .size = SIZE, .stream = own,
+                 .st = XSEG_ERR_DRIVER};
+  XSEG_EXPECT_TRUE(pd_op_beside(busy, &m));
+  XSEG_EXPECT_OK(m.st);
+  XSEG_EXPECT_TRUE(r != NULL && r != p);        /* p waits for the latch */
+  xseg_stats st = at_stats(a);
+  XSEG_EXPECT_EQ(st.pending_free_bytes, SIZE);
+  XSEG_EXPECT_EQ(st.allocation.peak, 2);
+  XSEG_EXPECT_EQ(st.active.current, 3);         /* q, r live; p pending */
+  XSEG_EXPECT_EQ(st.active.peak, 3);
+  XSEG_EXPECT_EQ(st.active_bytes.peak, 3 * SIZE);
+  XSEG_EXPECT_OK(xseg_check(a));
+
+  xt_latch_open(l);
+  XSEG_ASSERT_CU(cuStreamSynchronize(side));
+  pd_op_arg m2 = {.a = a, .out = &s, .size = SIZE, .stream = own,
+                  .st = XSEG_ERR_DRIVER};
+  XSEG_EXPECT_TRUE(pd_op_beside(busy, &m2));
+  XSEG_EXPECT_OK(m2.st);
+  st = at_stats(a);
+  XSEG_EXPECT_EQ(st.pending_free_bytes, 0);     /* settled by that malloc */
+  XSEG_EXPECT_EQ(st.active.current, 3);         /* q, r, s */
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_free(a, s));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
+
+/* While another pair's free is pending, a malloc on this pair may not
+   settle it (its lock is not this pair's): the malloc takes every lock,
+   as PyTorch's process_events settles every stream's frees at each
+   malloc, and the free whose stream is done is settled there. */
+XSEG_TEST(alloc_threads, a_malloc_settles_other_pairs_pending_frees) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), other = at_stream_new(),
+           side = at_stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, side));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_CU(cuStreamSynchronize(side));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
