@@ -141,21 +141,6 @@ XSEG_TEST(alloc_threads, pending_free_holds_while_threads_grow_and_release) {
   XSEG_EXPECT_CU(cuStreamDestroy(c.held));
 }
 
-typedef struct pd_record_arg {
-  xseg_allocator *a;
-  void *p;
-  CUstream stream;
-  xseg_status st;
-  atomic_bool done;
-} pd_record_arg;
-
-static void *pd_record(void *arg) {
-  pd_record_arg *r = arg;
-  r->st = xseg_record_stream(r->a, r->p, r->stream);
-  atomic_store(&r->done, true);
-  return NULL;
-}
-
 /* Whether `flag` is set within `seconds` (polled every millisecond). */
 static bool pd_wait_flag(atomic_bool *flag, int seconds) {
   for (int i = 0; i < seconds * 1000 && !atomic_load(flag); i++)
@@ -163,48 +148,11 @@ static bool pd_wait_flag(atomic_bool *flag, int seconds) {
   return atomic_load(flag);
 }
 
-/* Another stream's pair is locked (as its cached path locks it) while a
-   thread records a stream on a live block of this stream: the record
-   takes the block's pair lock alone, not every lock, so it finishes before
-   the other pair is let go; and it counts: the free that follows waits for
-   the recorded stream. A pointer the pairs do not know still gets its
-   error, under every lock. */
-XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream own = at_stream_new(), other = at_stream_new(),
-           side = at_stream_new();
-  void *p, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, own, &p));
-  XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
-  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
-  XSEG_ASSERT_TRUE(busy != NULL);
-
-  xs_pair_take(busy);
-  pd_record_arg r = {.a = a, .p = p, .stream = side, .st = XSEG_ERR_DRIVER};
-  pthread_t th;
-  XSEG_ASSERT_EQ(pthread_create(&th, NULL, pd_record, &r), 0);
-  bool done_while_held = pd_wait_flag(&r.done, 30);
-  xs_pair_drop(busy);
-  pthread_join(th, NULL);
-  XSEG_EXPECT_TRUE(done_while_held);
-  XSEG_EXPECT_OK(r.st);
-  XSEG_EXPECT_OK(xseg_free(a, q));
-
-  /* The record took: with the side stream held, the free is pending. */
-  xt_latch *l = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(side, l));
-  XSEG_ASSERT_OK(xseg_free(a, p));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)(3 * MiB));
-  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
-  XSEG_EXPECT_EQ(xseg_record_stream(a, (char *)p + 512, side),
-                 XSEG_ERR_UNKNOWN_POINTER);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xt_latch_open(l);
-  XSEG_ASSERT_CU(cuStreamSynchronize(side));
-  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
+/* The end of a test on three streams with a latch: the allocator, the
+   latch and the streams go. */
+static void pd_three_streams_done(xseg_allocator *a, xt_latch *l,
+                                  CUstream own, CUstream other,
+                                  CUstream side) {
   xseg_destroy(a);
   xt_latch_free(l);
   XSEG_EXPECT_CU(cuStreamDestroy(own));
@@ -212,35 +160,14 @@ XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
 
-/* A block freed and parked (lazy merging) keeps its entry in its pair's
-   pointer table until it settles; recording a stream on it must still be
-   refused as on any freed pointer, and must not make its next free wait
-   on that stream. */
-XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream own = at_stream_new(), side = at_stream_new();
-  void *p, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &p));
-  XSEG_ASSERT_OK(xseg_free(a, p));           /* parked: the rest is free */
-  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
-  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &q));
-  XSEG_EXPECT_TRUE(q == p);
-  XSEG_ASSERT_OK(xseg_free(a, q));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(own));
-  XSEG_EXPECT_CU(cuStreamDestroy(side));
-}
-
-/* One operation of a cross-stream test on its own thread: a free of p, or
-   a malloc of `size` bytes on `stream` into *out. */
+/* One operation on its own thread: xseg_record_stream(p, record) when
+   `record` is set, else a malloc of `size` bytes on `stream` into *out
+   when `out` is, else a free of p. */
 typedef struct pd_op_arg {
   xseg_allocator *a;
   void *p, **out;
   size_t size;
-  CUstream stream;
+  CUstream stream, record;
   xseg_status st;
   atomic_bool done;
 } pd_op_arg;
@@ -249,6 +176,8 @@ static void *pd_op(void *arg) {
   pd_op_arg *o = arg;
   if (xt_context(0) == NULL)
     o->st = XSEG_ERR_DRIVER;
+  else if (o->record != NULL)
+    o->st = xseg_record_stream(o->a, o->p, o->record);
   else if (o->out == NULL)
     o->st = xseg_free(o->a, o->p);
   else
@@ -271,6 +200,67 @@ static bool pd_op_beside(xs_stream_pools *busy, pd_op_arg *o) {
   xs_pair_drop(busy);
   pthread_join(th, NULL);
   return done_while_held;
+}
+
+/* Another stream's pair is locked (as its cached path locks it) while a
+   thread records a stream on a live block of this stream: the record
+   takes the block's pair lock alone, not every lock, so it finishes before
+   the other pair is let go; and it counts: the free that follows waits for
+   the recorded stream. A pointer the pairs do not know still gets its
+   error, under every lock. */
+XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), other = at_stream_new(),
+           side = at_stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, own, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
+  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
+  XSEG_ASSERT_TRUE(busy != NULL);
+
+  pd_op_arg r = {.a = a, .p = p, .record = side, .st = XSEG_ERR_DRIVER};
+  XSEG_EXPECT_TRUE(pd_op_beside(busy, &r));
+  XSEG_EXPECT_OK(r.st);
+  XSEG_EXPECT_OK(xseg_free(a, q));
+
+  /* The record took: with the side stream held, the free is pending. */
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(side, l));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)(3 * MiB));
+  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_EQ(xseg_record_stream(a, (char *)p + 512, side),
+                 XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xt_latch_open(l);
+  XSEG_ASSERT_CU(cuStreamSynchronize(side));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  pd_three_streams_done(a, l, own, other, side);
+}
+
+/* A block freed and parked (lazy merging) keeps its entry in its pair's
+   pointer table until it settles; recording a stream on it must still be
+   refused as on any freed pointer, and must not make its next free wait
+   on that stream. */
+XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), side = at_stream_new();
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &p));
+  XSEG_ASSERT_OK(xseg_free(a, p));           /* parked: the rest is free */
+  XSEG_EXPECT_EQ(xseg_record_stream(a, p, side), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, own, &q));
+  XSEG_EXPECT_TRUE(q == p);
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
 
 /* A cross-stream free and the mallocs that settle it take the block's
@@ -325,11 +315,7 @@ XSEG_TEST(alloc_threads, cross_stream_free_and_its_settling_need_only_its_pair) 
   XSEG_EXPECT_OK(xseg_free(a, r));
   XSEG_EXPECT_OK(xseg_free(a, s));
   XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  xt_latch_free(l);
-  XSEG_EXPECT_CU(cuStreamDestroy(own));
-  XSEG_EXPECT_CU(cuStreamDestroy(other));
-  XSEG_EXPECT_CU(cuStreamDestroy(side));
+  pd_three_streams_done(a, l, own, other, side);
 }
 
 /* While another pair's free is pending, a malloc on this pair may not
