@@ -351,14 +351,15 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
 /* The cached malloc's best fit from the free tree (nothing parked): NULL
    (the slow path's turn) on a miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
-    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
-    struct CUstream_st *stream, bool held) {
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    size_t rounded, struct CUstream_st *stream, bool held) {
   if (!xs_ptrtable_reserve(&sp->live)) return NULL;
-  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_pool *p = &sp->pool[kind];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return NULL;
-  xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, sp, p, b, size, stream, false, held);
+  xs_pool_take(p, b, rounded, xs_alloc_splits(a, kind, b->size, rounded));
+  xs_ptrtable_add(&sp->live, b);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held, false);
   return b;
 }
 
@@ -398,7 +399,12 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
     if (b != NULL) return b;
     xs_pair_settle(sp);
   }
-  return alloc_cached_fit(a, sp, size, rounded, stream, held);
+  /* The kind a constant in each copy, as above. */
+  return xs_alloc_kind(rounded) == XS_POOL_SMALL
+             ? alloc_cached_fit(a, sp, XS_POOL_SMALL, size, rounded, stream,
+                                held)
+             : alloc_cached_fit(a, sp, XS_POOL_LARGE, size, rounded, stream,
+                                held);
 }
 
 /* xs_config_round_size, with its common case inline: every size up to
