@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <cuda.h>
 #include "xsim.h"
@@ -43,12 +44,16 @@
 /* ---- sim_control.c ---------------------------------------------------- */
 
 /* Counts a call of `name` (the unversioned name), sleeps its modeled latency
-   and returns the injected error for this call, or CUDA_SUCCESS. */
-CUresult xsim_enter(const char *name);
+   and returns the injected error for this call, or CUDA_SUCCESS. `*slot`
+   is the call site's cache of the name's slot (NULL until the first call):
+   a slot keeps its name for the life of the process, so each entry point
+   looks its name up once. */
+CUresult xsim_enter(const char *name, _Atomic(void *) *slot);
 
 #define XSIM_ENTER(name)                                                     \
   do {                                                                       \
-    CUresult xsim_injected_ = xsim_enter(name);                              \
+    static _Atomic(void *) xsim_slot_;                                       \
+    CUresult xsim_injected_ = xsim_enter(name, &xsim_slot_);                 \
     if (xsim_injected_ != CUDA_SUCCESS) return xsim_injected_;               \
   } while (0)
 
