@@ -364,16 +364,16 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
 }
 
 /* The cached malloc's settling of pending frees (PyTorch's
-   process_events) when they are all the pair's: its parked blocks merge
-   first, as the completed frees go back to their pools. False (nothing
-   changed) when other pairs' wait too: every lock settles them all. Out
-   of line: only cross-stream frees make it. */
+   process_events): the pair's own (its parked blocks merge first, as the
+   completed frees go back to their pools), then the other streams' pairs'
+   that a try of their lock gets (xs_pairs_settle_others). False when some
+   may be left unsettled: every lock settles them all. Out of line: only
+   cross-stream frees make it. */
 static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
                                                           xs_stream_pools *sp) {
-  if (!xs_alloc_pending_all_pair(a, sp)) return false;
   xs_pair_settle(sp);
   if (sp->pending.entries != 0) xs_alloc_poll_pair(a, sp);
-  return true;
+  return xs_alloc_pending_all_pair(a, sp) || xs_pairs_settle_others(a, sp);
 }
 
 /* The cached malloc, pair lock held: the block handed out, or NULL (the

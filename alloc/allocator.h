@@ -107,7 +107,9 @@ typedef struct xs_stream_pools {
      the pair's lock alone. */
   xs_event_pool events;
   xs_pending pending;
-  size_t n_pending;                   /* its blocks in state pending */
+  /* Its blocks in state pending: written under its lock, read by other
+     pairs' cached mallocs (xs_pairs_settle_others). */
+  atomic_size_t n_pending;
   struct xs_stream_pools *next;       /* the allocator's list */
   /* The size bins of the small pool's free index (segments/freetree.h):
      its requests are the ones up to 1 MiB; the large pool's index and
@@ -377,6 +379,7 @@ void xs_alloc_settle_locked(xseg_allocator *a);
    allocator's; pairs.c keeps what each thread holds). */
 #ifndef NDEBUG
 void xs_pair_held(xs_stream_pools *sp, bool taken);
+void xs_pair_held_beside(xs_stream_pools *sp, bool taken);
 #endif
 static inline void xs_pair_take(xs_stream_pools *sp) {
   xs_lock_take(&sp->lock);
@@ -399,6 +402,21 @@ static inline bool xs_pair_try(xs_stream_pools *sp) {
   xs_pair_held(sp, true);
 #endif
   return true;
+}
+/* A second pair's lock while holding one, by a try alone (a wait there
+   could deadlock): false when it is busy. */
+static inline bool xs_pair_try_beside(xs_stream_pools *sp) {
+  if (!xs_lock_try(&sp->lock)) return false;
+#ifndef NDEBUG
+  xs_pair_held_beside(sp, true);
+#endif
+  return true;
+}
+static inline void xs_pair_drop_beside(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held_beside(sp, false);
+#endif
+  xs_lock_drop(&sp->lock);
 }
 static inline bool xs_pair_drop_unwoken(xs_stream_pools *sp) {
 #ifndef NDEBUG
@@ -622,21 +640,29 @@ static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
    held. */
 static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
                                           int sign) {
-  xs_pools_of(b->seg->pool)->n_pending += (size_t)(ptrdiff_t)sign;
+  atomic_size_t *own = &xs_pools_of(b->seg->pool)->n_pending;
+  atomic_store_explicit(own, atomic_load_explicit(own, memory_order_relaxed) +
+                                 (size_t)(ptrdiff_t)sign,
+                        memory_order_relaxed);
   atomic_fetch_add_explicit(&a->pending_blocks, (size_t)(ptrdiff_t)sign,
                             memory_order_relaxed);
   atomic_fetch_add_explicit(&a->pending_bytes, sign * (int64_t)b->size,
                             memory_order_relaxed);
 }
-/* Whether every pending block is pair sp's (its lock held): the cached
-   malloc then settles them itself; others' wait for a malloc that takes
-   every lock, as PyTorch's process_events settles every stream's at each
-   malloc. */
+/* Whether every pending block is pair sp's (its lock held). */
 static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
                                              const xs_stream_pools *sp) {
   return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
-         sp->n_pending;
+         atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
 }
+/* The cached malloc's share of PyTorch's process_events for the other
+   streams' pairs, pair sp's lock held (pairs.c): each one with pending
+   frees is taken by a try of its lock (never a wait, so the lock order
+   holds) and settles its own. True when every pending block is then
+   accounted for, each still waiting on its events; false (the malloc
+   takes every lock and settles them all) when a pair was busy, or
+   pending blocks sit in pairs the stream index lacks (private pools). */
+bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp);
 /* The cross-stream free of live block b (recorded streams, not shared)
    with its pair's lock held and no capture under way (the cached path:
    deferred.c): queued behind an event on each of its streams, pending.

@@ -291,10 +291,10 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
           if (!check_block_streams(c, b, &events, &parked)) return false;
           pending += b->pending;
         }
-    if (pending != sp->n_pending)
+    size_t counted = atomic_load(&sp->n_pending);
+    if (pending != counted)
       CHECK_FAIL(c, "the pair of stream %p counts %zu pending blocks, its "
-                 "segments hold %zu", (void *)sp->stream, sp->n_pending,
-                 pending);
+                 "segments hold %zu", (void *)sp->stream, counted, pending);
   }
   /* Blocks that other processes hold wait on no event either. */
   if (events != queued ||

@@ -68,6 +68,21 @@ void xs_pair_held(xs_stream_pools *sp, bool taken) {
   pairs_held.pairs = 0;
   pairs_held.last = 0;
 }
+
+void xs_pair_held_beside(xs_stream_pools *sp, bool taken) {
+  if (taken) {
+    assert(!pairs_held.all && pairs_held.pairs == 1 &&
+           "a second pair lock only beside the cached path's one");
+    pairs_held.pairs = 2;
+    sp->owner = pthread_self();
+    sp->owned = true;
+    return;
+  }
+  assert(sp->owned && pthread_equal(sp->owner, pthread_self()) &&
+         pairs_held.pairs == 2);
+  sp->owned = false;
+  pairs_held.pairs = 1;
+}
 #endif
 
 /* segment_unmap entries for the trace. */
@@ -92,6 +107,29 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
     }
   }
   return NULL;
+}
+
+bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
+  XS_ASSERT_PAIR_LOCKED(a, sp);
+  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_acquire);
+  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
+  for (size_t i = 0; i < n; i++) {
+    xs_stream_pools *q = x->entry[i].pair;
+    if (q == sp ||
+        atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
+      continue;
+    if (!xs_pair_try_beside(q)) return false;
+    /* A stream's pair never dies; the slow flag was down for sp's. */
+    assert(!q->dead);
+    xs_pair_settle(q);
+    if (q->pending.entries != 0) xs_alloc_poll_pair(a, q);
+    seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
+    xs_pair_drop_beside(q);
+  }
+  return seen ==
+         atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);
 }
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing

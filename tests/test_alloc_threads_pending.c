@@ -187,19 +187,26 @@ static void *pd_op(void *arg) {
 }
 
 /* Runs o on a thread while `busy` (another stream's pair) is locked, as
-   its cached path locks it: true when o finished meanwhile, i.e. it
-   needed no lock but its own pair's. */
-static bool pd_op_beside(xs_stream_pools *busy, pd_op_arg *o) {
+   its cached path locks it, for up to `seconds`: true when o finished
+   meanwhile, i.e. it needed no lock of that pair's. */
+static bool pd_op_beside_for(xs_stream_pools *busy, pd_op_arg *o,
+                             int seconds) {
   xs_pair_take(busy);
   pthread_t th;
   if (pthread_create(&th, NULL, pd_op, o) != 0) {
     xs_pair_drop(busy);
     return false;
   }
-  bool done_while_held = pd_wait_flag(&o->done, 30);
+  bool done_while_held = pd_wait_flag(&o->done, seconds);
   xs_pair_drop(busy);
   pthread_join(th, NULL);
   return done_while_held;
+}
+
+/* The same, with time enough for any build (the operation should not
+   wait at all). */
+static bool pd_op_beside(xs_stream_pools *busy, pd_op_arg *o) {
+  return pd_op_beside_for(busy, o, 30);
 }
 
 /* Another stream's pair is locked (as its cached path locks it) while a
@@ -341,5 +348,54 @@ XSEG_TEST(alloc_threads, a_malloc_settles_other_pairs_pending_frees) {
   xseg_destroy(a);
   XSEG_EXPECT_CU(cuStreamDestroy(own));
   XSEG_EXPECT_CU(cuStreamDestroy(other));
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
+
+/* Two streams each with a pending free whose recorded stream is done: a
+   malloc on one settles both with its own pair's lock and a try of the
+   other's (PyTorch's process_events, without every lock): it finishes
+   while a third stream's pair is locked. With the other pair's lock held
+   instead, the try fails and the malloc takes every lock, so it waits for
+   that pair: it cannot settle a pair's frees without that pair's lock. */
+XSEG_TEST(alloc_threads, a_malloc_settles_other_streams_pending_frees_by_try) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream own = at_stream_new(), other = at_stream_new(),
+           third = at_stream_new(), side = at_stream_new();
+  enum { SIZE = 4096 };
+  void *p, *q, *t, *r = NULL, *r2 = NULL;
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, third, &t));
+  for (int round = 0; round < 2; round++) {
+    XSEG_ASSERT_OK(xseg_malloc(a, SIZE, own, &p));
+    XSEG_ASSERT_OK(xseg_malloc(a, SIZE, other, &q));
+    XSEG_ASSERT_OK(xseg_record_stream(a, p, side));
+    XSEG_ASSERT_OK(xseg_record_stream(a, q, side));
+    XSEG_ASSERT_OK(xseg_free(a, p));
+    XSEG_ASSERT_OK(xseg_free(a, q));
+    XSEG_ASSERT_CU(cuStreamSynchronize(side));
+    XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 2 * SIZE);
+    xs_stream_pools *busy =
+        xs_pairs_find_stream(a, round == 0 ? third : other);
+    XSEG_ASSERT_TRUE(busy != NULL);
+    pd_op_arg m = {.a = a, .out = round == 0 ? &r : &r2, .size = SIZE,
+                   .stream = own, .st = XSEG_ERR_DRIVER};
+    /* Round 1 must not finish: a second is ample to see it would. */
+    bool beside = pd_op_beside_for(busy, &m, round == 0 ? 30 : 1);
+    XSEG_EXPECT_OK(m.st);
+    /* Round 0: the third pair has no pending free, so it is no bar.
+       Round 1: the other pair's is, and a busy pair is never settled
+       without its lock: the malloc waits for every lock. */
+    XSEG_EXPECT_EQ(beside, round == 0);
+    XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+    XSEG_EXPECT_OK(xseg_check(a));
+  }
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_free(a, r2));
+  XSEG_EXPECT_OK(xseg_free(a, t));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(own));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+  XSEG_EXPECT_CU(cuStreamDestroy(third));
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
