@@ -19,10 +19,11 @@
  * lock held or published atomically.
  *
  * Cross-stream frees (deferred.c) are the pair's too: a free of a block
- * used on other streams queues its events in the block's pair, and the
- * pair's next cached malloc settles them, when every pending block is
- * that pair's; a malloc that finds other pairs' pending takes every lock
- * and settles them all (PyTorch's process_events at each malloc).
+ * used on other streams queues its events in the block's pair, and a
+ * cached malloc settles its pair's and, by a try of each one's lock, the
+ * other streams' pairs' (PyTorch's process_events at each malloc); when a
+ * try fails or a private pool holds pending frees it takes every lock and
+ * settles them all.
  */
 #ifndef XS_ALLOC_ALLOCATOR_H
 #define XS_ALLOC_ALLOCATOR_H

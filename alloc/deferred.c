@@ -10,8 +10,10 @@
  * Each pair of pools keeps the queues of its own blocks' frees, under its
  * lock: a cross-stream free on the cached path and the next malloc of the
  * same pair, which settles that pair's pending blocks first (as PyTorch's
- * process_events), take that lock alone. empty_cache, the out-of-memory
- * path and every malloc that takes every lock settle every pair's. Each
+ * process_events), take that lock alone; the malloc settles the other
+ * streams' pairs' too, each by a try of its lock (alloc/pairs.c).
+ * empty_cache, the out-of-memory path and every malloc that takes every
+ * lock settle every pair's. Each
  * stream's queue is polled in order up to its first unfired event
  * (streams/pending.h), so a slow stream holds back only its own frees.
  *

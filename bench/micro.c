@@ -262,7 +262,9 @@ static void print_cached(const xb_micro_out *o) {
    many threads as the machine has cores (more threads than cores share
    them, and their ratio says nothing about the allocator). */
 static void print_threads(const xb_threads_row *t) {
-  printf("threads        %d cores; 1 thread %.2f M pairs/s\n", t->cores,
+  printf("threads        %d cores%s; 1 thread %.2f M pairs/s\n", t->cores,
+         t->record ? ", each block recorded on a side stream of its thread's"
+                   : "",
          t->pairs_per_s[0] * 1e-6);
   for (int i = 1; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
@@ -329,7 +331,9 @@ static void json_threads(FILE *f, const xb_micro_out *o) {
   const xb_threads_row *t = &o->threads;
   /* speedup_N is null where N threads exceed the cores. */
   fprintf(f, ",\n  \"threads\": {\"pairs_per_thread\": %llu, "
-          "\"cores\": %d", (unsigned long long)t->pairs_per_thread, t->cores);
+          "\"cores\": %d, \"record\": %s",
+          (unsigned long long)t->pairs_per_thread, t->cores,
+          t->record ? "true" : "false");
   for (int i = 0; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
     fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i]);
@@ -377,7 +381,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
-  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_HELP
+  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
@@ -398,6 +402,10 @@ static void micro_usage(FILE *out) {
           "(at most 16)\n"
           "                     exist meanwhile, as beside a server's "
           "workers (default 0)\n"
+          "  --record           threads: each thread records every block on "
+          "a side stream\n"
+          "                     of its own before freeing it (cross-stream "
+          "frees)\n"
           "  --fired            deferred: wait for the side stream after "
           "each deferred free\n"
           "                     (outside the allocator's calls; its time "
@@ -417,6 +425,7 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
     case XB_MI_OTHER_STREAMS:
       return xb_cli_u64("--other-streams", arg, &m->other_streams);
     case XB_MI_FIRED: return (m->fired = true), true;
+    case XB_MI_RECORD: return (m->record = true), true;
     default: return false;
   }
 }
@@ -450,6 +459,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"seed", required_argument, 0, XB_MI_SEED},
       {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
       {"fired", no_argument, 0, XB_MI_FIRED},
+      {"record", no_argument, 0, XB_MI_RECORD},
       {"help", no_argument, 0, XB_MI_HELP},
       {0, 0, 0, 0}};
   optind = 0;

@@ -21,6 +21,9 @@ typedef struct xb_micro {
      the allocator's calls), so that every malloc finds the last free's
      event fired, whenever the emulator's stream thread runs. */
   bool fired;
+  /* threads: each thread records every block on a side stream of its own
+     before freeing it (a cross-stream free per pair). */
+  bool record;
   bool expandable;
 } xb_micro;
 
@@ -52,6 +55,7 @@ static const int xb_thread_count[XB_THREAD_COUNTS] = {1, 2, 4};
 typedef struct xb_threads_row {
   uint64_t pairs_per_thread;
   int cores;                          /* online CPUs: no claim beyond */
+  bool record;                        /* --record: cross-stream frees */
   double pairs_per_s[XB_THREAD_COUNTS];
 } xb_threads_row;
 

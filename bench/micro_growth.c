@@ -80,6 +80,7 @@ bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
 typedef struct xb_worker {
   xseg_allocator *a;
   struct CUstream_st *stream;
+  struct CUstream_st *side;       /* --record: each block used here too */
   uint64_t pairs;
   pthread_barrier_t *start;
   bool ok;
@@ -95,22 +96,28 @@ static void *worker_main(void *arg) {
   for (uint64_t i = 0; i < w->pairs && ok; i++) {
     void *p;
     ok = xseg_malloc(w->a, 4096, w->stream, &p) == XSEG_OK &&
+         (w->side == NULL ||
+          xseg_record_stream(w->a, p, w->side) == XSEG_OK) &&
          xseg_free(w->a, p) == XSEG_OK;
   }
   w->ok = ok;
   return NULL;
 }
 
-/* Pairs per second of n threads started together, one stream each. */
+/* Pairs per second of n threads started together, one stream each (and
+   one side stream each that every block is recorded on, when `sides`). */
 static bool threads_run(xseg_allocator *a, struct CUstream_st **streams,
-                        int n, uint64_t pairs, double *rate) {
+                        struct CUstream_st **sides, int n, uint64_t pairs,
+                        double *rate) {
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, (unsigned)n + 1);
   xb_worker w[XB_THREADS_MAX];
   pthread_t tid[XB_THREADS_MAX];
   int started = 0;
   for (; started < n; started++) {
-    w[started] = (xb_worker){a, streams[started], pairs, &start, false};
+    w[started] = (xb_worker){a, streams[started],
+                             sides != NULL ? sides[started] : NULL, pairs,
+                             &start, false};
     if (pthread_create(&tid[started], NULL, worker_main, &w[started])) break;
   }
   bool ok = started == n;
@@ -129,11 +136,13 @@ static bool threads_run(xseg_allocator *a, struct CUstream_st **streams,
 /* Best of three for each thread count: on a shared machine the best run is
    the one least disturbed. */
 static bool threads_measure(xb_micro *m, xseg_allocator *a,
-                            struct CUstream_st **streams, xb_threads_row *row) {
+                            struct CUstream_st **streams,
+                            struct CUstream_st **sides, xb_threads_row *row) {
   for (int rep = 0; rep < 3; rep++)
     for (int i = 0; i < XB_THREAD_COUNTS; i++) {
       double rate;
-      if (!threads_run(a, streams, xb_thread_count[i], m->pairs, &rate))
+      if (!threads_run(a, streams, sides, xb_thread_count[i], m->pairs,
+                       &rate))
         return false;
       if (rate > row->pairs_per_s[i]) row->pairs_per_s[i] = rate;
     }
@@ -142,19 +151,24 @@ static bool threads_measure(xb_micro *m, xseg_allocator *a,
 
 bool xb_micro_threads(xb_micro *m, xb_threads_row *row) {
   struct CUstream_st *streams[XB_THREADS_MAX] = {NULL};
+  struct CUstream_st *sides[XB_THREADS_MAX] = {NULL};
   *row = (xb_threads_row){.pairs_per_thread = m->pairs,
-                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN)};
+                          .cores = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                          .record = m->record};
   xseg_allocator *a = NULL;
   bool ok = true;
   for (int i = 0; ok && i < XB_THREADS_MAX; i++)
-    ok = xb_env_stream_create(&m->env, &streams[i]) == XSEG_OK;
+    ok = xb_env_stream_create(&m->env, &streams[i]) == XSEG_OK &&
+         (!m->record || xb_env_stream_create(&m->env, &sides[i]) == XSEG_OK);
   ok = ok && xb_micro_allocator(m, &a);
-  ok = ok && threads_measure(m, a, streams, row);
+  ok = ok && threads_measure(m, a, streams, m->record ? sides : NULL, row);
   if (!ok)
     fprintf(stderr, "xseg-bench micro: threads failed: %s\n",
             xseg_last_error());
   xseg_destroy(a);
-  for (int i = 0; i < XB_THREADS_MAX; i++)
-    if (streams[i] != NULL) xb_env_stream_destroy(&m->env, streams[i]);
+  for (int i = 0; i < XB_THREADS_MAX; i++) {
+    xb_env_stream_destroy(&m->env, streams[i]);
+    xb_env_stream_destroy(&m->env, sides[i]);
+  }
   return ok;
 }
