@@ -518,14 +518,13 @@ static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
   return XSEG_OK;
 }
 
-/* A malloc of a valid size with pair sp's lock held (nothing else): the
-   cached path (alloc_cached), else every lock. Counts a use of the
+/* A malloc of a valid size (`rounded`: its rounding) with pair sp's lock
+   held (nothing else): the cached path (alloc_cached), else every lock. Counts a use of the
    thread's (pairs' recency, as xs_pairs_use). */
 static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
-    xseg_allocator *a, xs_stream_pools *sp, size_t size,
+    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream, void **ptr) {
   uint64_t use = ++xs_pairs_tls.uses;
-  size_t rounded = alloc_round(&a->cfg, size);
   xs_block *b = NULL;
   if (alloc_cached_on(a, sp))
     b = alloc_cached(a, sp, use, size, rounded, stream);
@@ -555,7 +554,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
     return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
   }
   xs_pair_take(sp);
-  return alloc_malloc_pair(a, sp, size, stream, ptr);
+  return alloc_malloc_pair(a, sp, size, rounded, stream, ptr);
 }
 
 /* A small size on the thread's last stream, its pair lock free: the
@@ -574,7 +573,8 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                                              alloc_round_plain(size), stream)
                         : NULL;
       if (__builtin_expect(b == NULL, 0))
-        return alloc_malloc_pair(a, sp, size, stream, ptr);
+        return alloc_malloc_pair(a, sp, size, alloc_round_plain(size), stream,
+                                 ptr);
       sp->used_at = ++t->uses;            /* as alloc_malloc_pair */
       *ptr = (void *)(uintptr_t)b->addr;
       if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
