@@ -658,39 +658,37 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   return XSEG_OK;
 }
 
-/* The cached free of a block used on other streams, `slot` in the pair's
-   pointer table, pair lock held: pending behind their events, its entry
-   out of the table, unless recording them fails (*st, nothing changed).
-   The pair's parked blocks merge first, as completions may give blocks
-   back to their pools. Out of line: the plain free's registers stay
-   few. */
-static __attribute__((noinline)) void alloc_free_deferred(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot,
-    xseg_status *st) {
+/* The cached free of live block b, used on other streams, `slot` in the
+   pointer table of pair sp, whose lock is held and dropped here: pending
+   behind their events, its entry out of the table, unless recording them
+   fails (its status, nothing changed). The pair's parked blocks merge
+   first, as completions may give blocks back to their pools. Out of line:
+   the plain free's registers stay few. */
+static __attribute__((noinline)) xseg_status alloc_free_deferred(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
   if (sp->n_parked != 0) {
     xs_pair_settle(sp);                 /* entries after b's may move */
     slot = xs_ptrtable_find(&sp->live, b->addr);
   }
-  *st = xs_alloc_defer_free_pair(a, b);
-  if (*st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
+  xseg_status st = xs_alloc_defer_free_pair(a, b);
+  if (st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
+  xs_pair_drop(sp);
+  xs_alloc_debug_after_cached(a);
+  return st;
 }
 
 /* The cached free of the block in `slot` of the pair's pointer table
-   (SIZE_MAX: not a block of the pair), pair lock held: false (nothing
-   changed) when there is none or its free needs more than the pair; true
-   when done, with its status in *st (a cross-stream free may fail). */
+   (SIZE_MAX: not a block of the pair), pair lock held, not used on other
+   streams (alloc_free_pair sends those to alloc_free_deferred): false
+   (nothing changed) when there is none or its free needs more than the
+   pair. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot,
-    xseg_status *st) {
+    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
   if (!b->allocated) return false;
-  *st = XSEG_OK;
-  if (__builtin_expect(b->uses.n != 0, 0)) {
-    alloc_free_deferred(a, sp, b, slot, st);
-    return true;
-  }
+  assert(b->uses.n == 0);
   /* The last park's merge counts before this free's moves. */
   xs_pair_park_stats(sp);
   /* Tracing sends the cached path the slow way (pairs.c). */
@@ -771,12 +769,14 @@ static inline __attribute__((always_inline)) bool alloc_park_again(
    (alloc_free_cached), else every lock. */
 static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
     xseg_allocator *a, xs_stream_pools *sp, void *ptr, size_t slot) {
-  xseg_status st;
-  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot, &st);
+  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
+  if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
+    return alloc_free_deferred(a, sp, b, slot);
+  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot);
   xs_pair_drop(sp);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);
-    return st;
+    return XSEG_OK;
   }
   return alloc_free_locked(a, ptr);
 }
