@@ -371,8 +371,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
    cross-stream frees make it. */
 static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
                                                           xs_stream_pools *sp) {
-  xs_pair_settle(sp);
-  if (sp->pending.entries != 0) xs_alloc_poll_pair(a, sp);
+  xs_alloc_poll_pair(a, sp);
   return xs_alloc_pending_all_pair(a, sp) || xs_pairs_settle_others(a, sp);
 }
 
@@ -519,8 +518,8 @@ static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
 }
 
 /* A malloc of a valid size (`rounded`: its rounding) with pair sp's lock
-   held (nothing else): the cached path (alloc_cached), else every lock. Counts a use of the
-   thread's (pairs' recency, as xs_pairs_use). */
+   held (nothing else): the cached path (alloc_cached), else every lock.
+   Counts a use of the thread's (pairs' recency, as xs_pairs_use). */
 static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream, void **ptr) {

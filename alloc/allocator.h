@@ -672,8 +672,8 @@ bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp);
 xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b);
 /* Frees the pending blocks of pair sp whose events fired (queries only),
    its lock held and no capture under way (the cached malloc, as PyTorch's
-   process_events); a failed query leaves them waiting. Enters the
-   context. */
+   process_events), its parked blocks merged first; nothing when none is
+   queued. A failed query leaves them waiting. Enters the context. */
 void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp);
 
 /* Graph capture (capture.c). */

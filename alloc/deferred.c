@@ -13,9 +13,9 @@
  * process_events), take that lock alone; the malloc settles the other
  * streams' pairs' too, each by a try of its lock (alloc/pairs.c).
  * empty_cache, the out-of-memory path and every malloc that takes every
- * lock settle every pair's. Each
- * stream's queue is polled in order up to its first unfired event
- * (streams/pending.h), so a slow stream holds back only its own frees.
+ * lock settle every pair's. Each stream's queue is polled in order up to
+ * its first unfired event (streams/pending.h), so a slow stream holds
+ * back only its own frees.
  *
  * While a graph capture is under way no event may be queried, and events
  * recorded into a capture would describe the graph, not the work: frees
@@ -235,8 +235,10 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
 
 void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   assert(!xs_alloc_capturing(a) && "captures send mallocs the slow way");
-  assert(sp->n_parked == 0 && "completions give blocks to settled pools");
   XS_ASSERT_PAIR_LOCKED(a, sp);
+  if (sp->pending.entries == 0) return;
+  /* Completions give blocks back to their pools: settled pools. */
+  xs_pair_settle(sp);
   CUcontext saved;
   if (xs_vmm_ctx_enter(&a->vmm, &saved) != XSEG_OK) return;
   /* Captures xseg does not know of may be under way (capture_mode.c). */

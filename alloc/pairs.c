@@ -123,8 +123,7 @@ bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
     if (!xs_pair_try_beside(q)) return false;
     /* A stream's pair never dies; the slow flag was down for sp's. */
     assert(!q->dead);
-    xs_pair_settle(q);
-    if (q->pending.entries != 0) xs_alloc_poll_pair(a, q);
+    xs_alloc_poll_pair(a, q);
     seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
     xs_pair_drop_beside(q);
   }

@@ -381,7 +381,8 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
-  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD, XB_MI_HELP
+  XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD,
+  XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {

@@ -34,27 +34,27 @@ static xs_pending_queue *pending_queue_find(xs_pending *p,
   return q;
 }
 
+/* Position i of a ring of capacity cap (a power of two). */
+static inline size_t pending_wrap(size_t i, size_t cap) {
+  assert(cap != 0 && (cap & (cap - 1)) == 0);
+  return i & (cap - 1);
+}
+
 /* Doubles a ring of `size`-byte items, unrolling it so that head is 0.
    Capacities are powers of two (16, then doubled), so that a position
-   wraps with a mask. */
+   wraps with a mask (pending_wrap). */
 static bool pending_ring_grow(void **ring, size_t size, size_t *head,
                               size_t count, size_t *cap) {
   size_t nc = *cap ? 2 * *cap : 16;
   char *n = malloc(nc * size), *old = *ring;
   if (n == NULL) return false;
   for (size_t i = 0; i < count; i++)
-    memcpy(n + i * size, old + ((*head + i) & (*cap - 1)) * size, size);
+    memcpy(n + i * size, old + pending_wrap(*head + i, *cap) * size, size);
   free(old);
   *ring = n;
   *head = 0;
   *cap = nc;
   return true;
-}
-
-/* Position i of a ring of capacity cap (a power of two). */
-static inline size_t pending_wrap(size_t i, size_t cap) {
-  assert(cap != 0 && (cap & (cap - 1)) == 0);
-  return i & (cap - 1);
 }
 
 /* Room for one more block, and one more event unless at the bound. */

@@ -277,7 +277,8 @@ XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
    other memory while the latch holds, and active's peak sees the pending
    block beside the live ones (the cached malloc's look at it); once the
    latch opens, the next malloc there settles the free itself. */
-XSEG_TEST(alloc_threads, cross_stream_free_and_its_settling_need_only_its_pair) {
+XSEG_TEST(alloc_threads,
+          cross_stream_free_and_its_settling_need_only_its_pair) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream own = at_stream_new(), other = at_stream_new(),
