@@ -326,10 +326,9 @@ XSEG_TEST(alloc_threads,
   pd_three_streams_done(a, l, own, other, side);
 }
 
-/* While another pair's free is pending, a malloc on this pair may not
-   settle it (its lock is not this pair's): the malloc takes every lock,
-   as PyTorch's process_events settles every stream's frees at each
-   malloc, and the free whose stream is done is settled there. */
+/* A malloc on one stream settles another stream's ready free, as
+   PyTorch's process_events settles every stream's frees at each malloc:
+   with a try of that pair's lock (free here), or else with every lock. */
 XSEG_TEST(alloc_threads, a_malloc_settles_other_pairs_pending_frees) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
