@@ -182,27 +182,6 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
   if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
 }
 
-/* alloc_account_malloc of a block of `size` bytes, `requested` asked
-   for, when it passes no threshold (alloc_account_malloc_under): no
-   call. */
-static inline bool alloc_account_malloc_under(const xs_stats *s,
-                                              xs_pool_kind k, size_t size,
-                                              size_t requested) {
-  return xs_stats_swap_under(s, XS_GAUGE_allocation, k, 0, 1) &&
-         xs_stats_swap_under(s, XS_GAUGE_allocated_bytes, k, 0,
-                             (int64_t)size) &&
-         xs_stats_swap_under(s, XS_GAUGE_requested_bytes, k, 0,
-                             (int64_t)requested);
-}
-static inline void alloc_account_malloc_quiet(xs_stats *s, xs_pool_kind k,
-                                              size_t size,
-                                              size_t requested) {
-  xs_stats_swap_quiet(s, XS_GAUGE_allocation, k, 0, 1);
-  xs_stats_swap_quiet(s, XS_GAUGE_allocated_bytes, k, 0, (int64_t)size);
-  xs_stats_swap_quiet(s, XS_GAUGE_requested_bytes, k, 0,
-                      (int64_t)requested);
-}
-
 /* A free whose count was deferred (allocator.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
@@ -379,9 +358,8 @@ static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
    slow path's turn) on a miss. Pending frees of the pair are settled
    first, then parked blocks are taken back or settled. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
-    xseg_allocator *a, xs_stream_pools *sp, uint64_t use, size_t size,
-    size_t rounded, struct CUstream_st *stream) {
-  sp->used_at = use;
+    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
+    struct CUstream_st *stream) {
   bool held = xs_alloc_has_pending(a);
   if (__builtin_expect(held, 0)) {
     if (!alloc_cached_settle(a, sp)) return NULL;
@@ -462,19 +440,18 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
 }
 
 /* The repeated size's malloc: the parked block of the small pool taken
-   back, its retake known to fit (the pool keeps the answer). Its free and
-   merge held back (park_stats): for the same requested size, a
-   merge-and-split passing no peak and gauges at or under their
-   thresholds, only totals of increases move. Counted already (another
-   size's operation came between): the split and the malloc move the
-   stats as the cached path would, when they pass no threshold. Pair lock
-   held.
-   Checks everything before it writes anything and calls nothing (few
-   registers): NULL (nothing changed) when it does not apply, and
-   alloc_malloc_pair's cached path then does what it would. */
-static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
+   back, its retake known to fit (the pool keeps the answer), for the same
+   requested size as its free, whose stats and merge are still held back
+   (park_stats): free, merge, split and malloc together pass no peak and
+   leave every gauge at or under its threshold, so only totals of
+   increases move. Pair lock held. Any other case (the park counted
+   already, another requested size) is alloc_malloc_pair's cached path.
+   In two steps, so that the caller may store the address in between and
+   free its register: the checks (NULL, nothing changed, when it does not
+   apply), then the moves. Neither calls anything. */
+static inline __attribute__((always_inline)) xs_block *alloc_retake_again_fits(
     const xseg_allocator *a, xs_stream_pools *sp, size_t size,
-    size_t rounded, struct CUstream_st *stream) {
+    size_t rounded) {
   assert(rounded <= XS_SMALL_SIZE);
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
@@ -484,28 +461,24 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake_again(
   if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
       xs_alloc_has_pending(a))
     return NULL;
-  if (sp->park_stats == p) {
-    if (sp->park_requested != size || !xs_pool_retake_under_peaks(p, k) ||
-        !xs_park_refill_under(sp, k))
-      return NULL;
-    xs_pair_park_refilled(sp);
-    xs_pool_retake_under(p, k);
-    b->requested = size;
-    alloc_account_refill(&sp->stats, b, k);
-  } else {
-    size_t whole = xs_pool_merge_whole(b), rest = xs_pool_merge_rest(b);
-    if (sp->park_stats != NULL ||
-        !xs_pool_split_swap_under(p, k, whole, rest) ||
-        !alloc_account_malloc_under(&sp->stats, k, rounded, size))
-      return NULL;
-    xs_pool_split_swap_quiet(p, k, whole, rest);
-    xs_pool_retake_finish(p);
-    b->requested = size;
-    alloc_account_malloc_quiet(&sp->stats, k, rounded, size);
-  }
+  if (sp->park_stats != p || sp->park_requested != size ||
+      !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
+      !xs_park_refill_under(sp, k))
+    return NULL;
+  return b;
+}
+static inline __attribute__((always_inline)) void alloc_retake_again(
+    xs_stream_pools *sp, xs_block *b, size_t size,
+    struct CUstream_st *stream) {
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
+  assert(p->parked == b);
+  xs_pair_park_refilled(sp);
+  xs_pool_retake_under(p, &sp->stats, k);
+  b->requested = size;
+  alloc_account_refill(&sp->stats, b, k);
   sp->n_parked--;
   b->stream = stream;
-  return b;
 }
 
 /* A cached operation dropped its pair lock with a waiter on it: woken
@@ -518,15 +491,18 @@ static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
 }
 
 /* A malloc of a valid size (`rounded`: its rounding) with pair sp's lock
-   held (nothing else): the cached path (alloc_cached), else every lock.
-   Counts a use of the thread's (pairs' recency, as xs_pairs_use). */
-static inline __attribute__((always_inline)) xseg_status alloc_malloc_pair(
-    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
-    struct CUstream_st *stream, void **ptr) {
-  uint64_t use = ++xs_pairs_tls.uses;
+   held (nothing else), its use counted already (sp->used_at, the
+   thread's count: pairs' recency, as xs_pairs_use): the cached path
+   (alloc_cached), else every lock. Out of line, for xseg_malloc's
+   repeated size: that then makes no call but tail calls, and keeps its
+   values in scratch registers; xseg_malloc's arguments come first, in
+   its order, so that its tail call leaves them where they are. */
+static __attribute__((noinline)) xseg_status alloc_malloc_pair(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
+    xs_stream_pools *sp, size_t rounded) {
   xs_block *b = NULL;
   if (alloc_cached_on(a, sp))
-    b = alloc_cached(a, sp, use, size, rounded, stream);
+    b = alloc_cached(a, sp, size, rounded, stream);
   xs_pair_drop(sp);
   if (__builtin_expect(b != NULL, 1)) {
     xs_alloc_debug_after_cached(a);
@@ -549,11 +525,12 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   /* No pair yet, or the slow flag up (a hint, read without the lock):
      every lock at once, not the pair's first. */
   if (__builtin_expect(sp == NULL || xs_alloc_slow_hint(a), 0)) {
-    xs_pairs_use();                       /* as alloc_malloc_pair */
+    xs_pairs_use();                       /* as with the pair lock */
     return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
   }
   xs_pair_take(sp);
-  return alloc_malloc_pair(a, sp, size, rounded, stream, ptr);
+  sp->used_at = xs_pairs_use();
+  return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
 }
 
 /* A small size on the thread's last stream, its pair lock free: the
@@ -561,56 +538,60 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
    that lock; anything else is alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
-  if (__builtin_expect(
-          a != NULL && ptr != NULL && alloc_rounds_plain(&a->cfg, size), 1)) {
-    xs_pairs_thread *t = &xs_pairs_tls;
-    xs_stream_pools *sp = t->pair;
-    if (__builtin_expect(t->id == a->id && t->stream == stream, 1) &&
-        xs_pair_try(sp)) {
-      xs_block *b = alloc_cached_on(a, sp)
-                        ? alloc_retake_again(a, sp, size,
-                                             alloc_round_plain(size), stream)
-                        : NULL;
-      if (__builtin_expect(b == NULL, 0))
-        return alloc_malloc_pair(a, sp, size, alloc_round_plain(size), stream,
-                                 ptr);
-      sp->used_at = ++t->uses;            /* as alloc_malloc_pair */
-      *ptr = (void *)(uintptr_t)b->addr;
-      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-        return alloc_pair_woken(a, sp);
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
-    }
-  }
-  return alloc_malloc_any(a, size, stream, ptr);
+  if (__builtin_expect(a == NULL || ptr == NULL, 0) ||
+      __builtin_expect(!alloc_rounds_plain(&a->cfg, size), 0))
+    return alloc_malloc_any(a, size, stream, ptr);
+  /* One thread-local access: the use is counted first (a count that a
+     fallback counts again only needs to grow). */
+  xs_pairs_thread *t = xs_pairs_self();
+  uint64_t use = ++t->uses;
+  xs_stream_pools *sp = t->pair;
+  if (__builtin_expect(t->id != a->id || t->stream != stream, 0) ||
+      !xs_pair_try(sp))
+    return alloc_malloc_any(a, size, stream, ptr);
+  sp->used_at = use;
+  size_t rounded = alloc_round_plain(size);
+  xs_block *b = alloc_cached_on(a, sp)
+                    ? alloc_retake_again_fits(a, sp, size, rounded)
+                    : NULL;
+  if (__builtin_expect(b == NULL, 0))
+    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+  *ptr = (void *)(uintptr_t)b->addr;
+  alloc_retake_again(sp, b, size, stream);
+  if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+    return alloc_pair_woken(a, sp);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
 }
 
 /* A block of pair sp whose last use is over: stamped, and traced when
-   `slow` (tracing sends the cached path the slow way, pairs.c). */
+   `slow` (tracing sends the cached path the slow way, pairs.c). `t`: the
+   calling thread's xs_pairs_tls (one access for a caller that has it). */
 static inline __attribute__((always_inline)) void alloc_stamp(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, bool slow) {
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_block *b,
+    bool slow) {
   assert(slow || a->trace.cap == 0);
   if (slow)
     xs_alloc_stamp_pair(a, sp, b);
   else
-    b->free_epoch = xs_pair_tick(sp);
+    b->free_epoch = xs_pair_tick(t, sp);
 }
 
 /* Parks b, freed, in its pool p (lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
    (allocator.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (allocator.h, xs_pair_park_hold), unless holding
-   them back would hide a rise above a threshold. */
-static inline __attribute__((always_inline)) void alloc_park(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_block *b,
-    bool slow) {
-  alloc_stamp(a, sp, b, slow);
+   could read the shard (allocator.h, xs_pair_park_hold). False
+   when holding them back would hide a rise above a threshold: the caller
+   counts them at once (xs_pair_park_stats), once it is parked. */
+static inline __attribute__((always_inline)) bool alloc_park(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_block *b, bool slow) {
+  alloc_stamp(a, t, sp, b, slow);
   bool held = xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
   xs_pool_park(p, b);
   sp->n_parked++;
-  /* A merge that would pass a threshold unseen counts now, crossing. */
-  if (__builtin_expect(!held, 0)) xs_pair_park_stats(sp);
+  return held;
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
@@ -624,11 +605,13 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
   assert(b->seg->pool == p && p->kind == kind);
   if (!xs_pool_parkable(b)) {
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
-    alloc_stamp(a, sp, b, slow);
+    alloc_stamp(a, &xs_pairs_tls, sp, b, slow);
     xs_pool_give(p, b);
     return false;
   }
-  alloc_park(a, sp, p, b, slow);
+  /* A merge that would pass a threshold unseen counts now, crossing. */
+  if (__builtin_expect(!alloc_park(a, &xs_pairs_tls, sp, p, b, slow), 0))
+    xs_pair_park_stats(sp);
   return true;
 }
 
@@ -749,18 +732,24 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    that the pool parked and took back last (xs_pool_parkable_again: live,
    parkable, found without the pointer table), with no park uncounted, so
    that it is parked with its free and merge counted later (alloc_park),
-   keeping its table entry, and no gauge moves. Pair lock
-   held. Checks everything before it writes anything and calls nothing
-   (few registers): false (nothing changed) when it does not apply, and
-   alloc_free_pair then does what it would. */
-static inline __attribute__((always_inline)) bool alloc_park_again(
-    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr) {
-  xs_pool *p = &sp->pool[XS_POOL_SMALL];
-  xs_block *b = xs_pool_parkable_again(p, addr);
-  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return false;
+   keeping its table entry, and no gauge moves. Pair lock held. NULL when
+   it does not apply: alloc_free_pair then does what it would. */
+static inline __attribute__((always_inline)) xs_block *alloc_park_again(
+    xs_stream_pools *sp, uint64_t addr) {
+  xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
+  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return NULL;
   assert(xs_ptrtable_get(&sp->live, addr) == b);
-  alloc_park(a, sp, p, b, false);
-  return true;
+  return b;
+}
+
+/* The repeated size's park when holding its stats back would hide a rise
+   above a threshold (alloc_park): they count now; the pair lock drops. */
+static __attribute__((noinline, cold)) xseg_status alloc_park_crossed(
+    xseg_allocator *a, xs_stream_pools *sp) {
+  xs_pair_park_stats(sp);
+  xs_pair_drop(sp);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
 }
 
 /* A free with pair sp's lock held (nothing else), the block in `slot` of
@@ -799,33 +788,45 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
   return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
 }
 
+/* A free with pair sp's lock held, sp the thread's last (not the repeated
+   size's): alloc_free_pair when the block is one of the pair's, else the
+   range table decides (alloc_free_any). Out of line: xseg_free then makes
+   no call but tail calls, and keeps its values in scratch registers (its
+   arguments first, as alloc_malloc_pair's). */
+static __attribute__((noinline)) xseg_status alloc_free_held(
+    xseg_allocator *a, void *ptr, xs_stream_pools *sp) {
+  size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
+  if (__builtin_expect(slot != SIZE_MAX, 1))
+    return alloc_free_pair(a, sp, ptr, slot);
+  /* Another pair's block, or none. */
+  xs_pair_drop(sp);
+  return alloc_free_any(a, ptr);
+}
+
 /* The pair of the thread's last malloc first (the block's, when a stream
    frees what it allocated), its lock free: the repeated size's park
-   (alloc_park_again), else alloc_free_pair with that lock when the block
-   is one of its pair's. Anything else goes by the range table
-   (alloc_free_any). */
+   (alloc_park_again), else alloc_free_held with that lock. Anything else
+   goes by the range table (alloc_free_any). */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
-    uint64_t addr = (uint64_t)(uintptr_t)ptr;
-    xs_pairs_thread *t = &xs_pairs_tls;
+    xs_pairs_thread *t = xs_pairs_self();
     xs_stream_pools *sp = t->pair;
     if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
-      if (alloc_cached_on(a, sp) && alloc_park_again(a, sp, addr)) {
-        if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-          return alloc_pair_woken(a, sp);
-        xs_alloc_debug_after_cached(a);
-        return XSEG_OK;
-      }
-      size_t slot = alloc_free_slot(a, sp, addr);
-      if (__builtin_expect(slot != SIZE_MAX, 1))
-        return alloc_free_pair(a, sp, ptr, slot);
-      /* Another pair's block, or none: the range table decides. */
-      xs_pair_drop(sp);
+      xs_block *b = alloc_cached_on(a, sp)
+                        ? alloc_park_again(sp, (uint64_t)(uintptr_t)ptr)
+                        : NULL;
+      if (__builtin_expect(b == NULL, 0)) return alloc_free_held(a, ptr, sp);
+      if (__builtin_expect(
+              !alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL], b, false), 0))
+        return alloc_park_crossed(a, sp);
+      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+        return alloc_pair_woken(a, sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
     }
   }
   return alloc_free_any(a, ptr);
 }
-
 /* The walk is check.c's; the locks are taken here, with the other entry
    points, so that check.c stays below pairs.c (whose unlock runs the
    debug builds' check). */

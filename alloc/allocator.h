@@ -486,6 +486,15 @@ typedef struct xs_pairs_thread {
   xs_stream_pools *range_pair;
 } xs_pairs_thread;
 extern __thread xs_pairs_thread xs_pairs_tls;
+/* &xs_pairs_tls, for a hot path that reads it more than once: the empty
+   asm hides where the address came from, so the compiler keeps it in a
+   register rather than recomputing it at each use (a TLS-descriptor
+   sequence of three instructions, CMakeLists.txt). */
+static inline xs_pairs_thread *xs_pairs_self(void) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  __asm__("" : "+r"(t));
+  return t;
+}
 /* The stream index's search for xs_pairs_of_stream (pairs.c). */
 xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
                                       struct CUstream_st *stream);
@@ -591,18 +600,20 @@ static inline void xs_alloc_account_active(const xs_block *b, int sign) {
    counter per pair cannot give that without a shared write. The calling
    thread's count of frees can: on one thread it is exactly the old global
    clock (the pair's own clock never exceeds it); frees of different
-   threads compare by their threads' counts, a guess. */
-static inline uint64_t xs_pair_tick(xs_stream_pools *sp) {
-  uint64_t t = ++xs_pairs_tls.frees;
-  if (t <= sp->clock) t = xs_pairs_tls.frees = sp->clock + 1;
+   threads compare by their threads' counts, a guess. `t`: the calling
+   thread's xs_pairs_tls, which a caller that has it passes. */
+static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
+                                    xs_stream_pools *sp) {
+  uint64_t stamp = ++t->frees;
+  if (stamp <= sp->clock) stamp = t->frees = sp->clock + 1;
   sp->frees++;
-  return sp->clock = t;
+  return sp->clock = stamp;
 }
 /* A block of pair sp whose last use is over: stamped with sp's free
    clock, traced. */
 static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
                                        xs_block *b) {
-  b->free_epoch = xs_pair_tick(sp);
+  b->free_epoch = xs_pair_tick(&xs_pairs_tls, sp);
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
 }

@@ -150,24 +150,6 @@ static inline size_t xs_pool_merge_rest(const xs_block *b) {
 static inline size_t xs_pool_merge_whole(const xs_block *b) {
   return xs_pool_parked_merge_split(b) ? b->size + b->next->size : 0;
 }
-/* pool.c's inactive_split moves from a block counting `out` bytes to one
-   counting `in` (0: not counted), when xs_pool_split_swap_under: no
-   crossing, no call. */
-static inline bool xs_pool_split_swap_under(const xs_pool *p,
-                                            xs_pool_kind kind, size_t out,
-                                            size_t in) {
-  return xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split, kind,
-                             out != 0, in != 0) &&
-         xs_stats_swap_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                             (int64_t)out, (int64_t)in);
-}
-static inline void xs_pool_split_swap_quiet(xs_pool *p, xs_pool_kind kind,
-                                            size_t out, size_t in) {
-  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split, kind, out != 0,
-                      in != 0);
-  xs_stats_swap_quiet(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                      (int64_t)out, (int64_t)in);
-}
 /* The stats of the retake's split alone, its merge already counted
    (xs_pool_park_stats). */
 void xs_pool_retake_split_stats(xs_pool *p);
@@ -180,21 +162,28 @@ static inline void xs_pool_retake_finish(xs_pool *p) {
   p->parked = NULL;
 }
 /* Whether xs_pool_retake(p, kind, false) passes no peak: its merge and
-   split then move nothing but the totals of increases. */
+   split then move nothing but the totals of increases. `s` is p's stats
+   and `kind` its kind, given apart so that a caller that knows where they
+   are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
+                                              const xs_stats *s,
                                               xs_pool_kind kind) {
   const xs_block *b = p->parked;
+  assert(s == p->stats && kind == p->kind);
   return !xs_pool_parked_merge_split(b) ||
-         xs_stats_rise_under(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                               (int64_t)b->size);
+         xs_stats_rise_under(s, XS_GAUGE_inactive_split_bytes, kind,
+                             (int64_t)b->size);
 }
 /* The totals of increases of the retake's merge and split together:
    every count and byte returns to where it is (the bytes up by b's size
-   in between, when the merged block is a piece), so only the totals move. */
-static inline void xs_pool_retake_totals(xs_pool *p, xs_pool_kind kind) {
+   in between, when the merged block is a piece), so only the totals move.
+   `s` and `kind` as above. */
+static inline void xs_pool_retake_totals(xs_pool *p, xs_stats *s,
+                                         xs_pool_kind kind) {
   const xs_block *b = p->parked, *rest = b->next;
-  xs_gauge_val *n = &p->stats->pool[kind][XS_GAUGE_inactive_split];
-  xs_gauge_val *bytes = &p->stats->pool[kind][XS_GAUGE_inactive_split_bytes];
+  assert(s == p->stats && kind == p->kind);
+  xs_gauge_val *n = &s->pool[kind][XS_GAUGE_inactive_split];
+  xs_gauge_val *bytes = &s->pool[kind][XS_GAUGE_inactive_split_bytes];
   if (xs_pool_parked_merge_split(b)) {
     n->allocated += 2;
     bytes->allocated += (int64_t)(b->size + 2 * rest->size);
@@ -219,16 +208,16 @@ static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
     if (xs_pool_parked_merge_split(b))
       xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
                       (int64_t)b->size, 0);
-    xs_pool_retake_totals(p, kind);
+    xs_pool_retake_totals(p, p->stats, kind);
   }
   xs_pool_retake_finish(p);
 }
 /* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
-   totals of increases alone, and no call. */
-static inline void xs_pool_retake_under(xs_pool *p, xs_pool_kind kind) {
-  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, kind) &&
-         kind == p->kind);
-  xs_pool_retake_totals(p, kind);
+   totals of increases alone, and no call (`s` and `kind` as there). */
+static inline void xs_pool_retake_under(xs_pool *p, xs_stats *s,
+                                        xs_pool_kind kind) {
+  assert(xs_pool_retake_known(p) && xs_pool_retake_under_peaks(p, s, kind));
+  xs_pool_retake_totals(p, s, kind);
   xs_pool_retake_finish(p);
 }
 

@@ -218,25 +218,6 @@ static inline __attribute__((always_inline)) bool xs_stats_rise_under(
              xs_gv_get(&s->all[g].peak);
 }
 
-/* Whether xs_stats_swap(s, g, kind, out, in) passes no threshold (then
-   xs_stats_swap_quiet moves it). */
-static inline bool xs_stats_swap_under(const xs_stats *s, xs_gauge g,
-                                       xs_pool_kind kind, int64_t out,
-                                       int64_t in) {
-  return in <= out || xs_stats_rise_under(s, g, kind, in - out);
-}
-
-/* xs_stats_swap when xs_stats_swap_under holds: no crossing, no call
-   (xs_stats_inc is the swap of 0 and delta). */
-static inline void xs_stats_swap_quiet(xs_stats *s, xs_gauge g,
-                                       xs_pool_kind kind, int64_t out,
-                                       int64_t in) {
-  assert(xs_stats_swap_under(s, g, kind, out, in));
-  xs_gauge_val *p = &s->pool[kind][g];
-  xs_gv_add(&p->current, in - out);
-  p->allocated += in;
-}
-
 /* Moves gauge g of pool `kind` (and of all pools) by delta. */
 static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
                                  int64_t delta) {
