@@ -446,33 +446,36 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
    leave every gauge at or under its threshold, so only totals of
    increases move. Pair lock held. Any other case (the park counted
    already, another requested size) is alloc_malloc_pair's cached path.
-   In two steps, so that the caller may store the address in between and
-   free its register: the checks (NULL, nothing changed, when it does not
+   In two steps: the checks (false, nothing changed, when it does not
    apply), then the moves. Neither calls anything. */
-static inline __attribute__((always_inline)) xs_block *alloc_retake_again_fits(
-    const xseg_allocator *a, xs_stream_pools *sp, size_t size,
-    size_t rounded) {
-  assert(rounded <= XS_SMALL_SIZE);
+static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
+    const xseg_allocator *a, xs_stream_pools *sp, size_t size) {
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_pool *p = &sp->pool[k];
+  /* Held frees (any pair's) give active's peak a look: the cached path's,
+     as do the pair's own pending frees, which settle first. (Read first:
+     an atomic load makes the compiler read the pool's fields again.) */
+  if (xs_alloc_has_pending(a)) return false;
+  /* A park not counted yet is the parked block's, in p. */
+  if (sp->park_stats != p || sp->park_requested != size) return false;
+  assert(p->parked != NULL);
+  if (!xs_pool_retake_known(p) ||
+      !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
+      !xs_park_refill_under(sp, k))
+    return false;
+  /* So the block is the request's size rounded, with no look at the size: it was
+     handed out last for `size` (park_requested), and retake_known, never
+     cleared since, says that no tree changed since the retake that found
+     its size to be a request's rounding (alloc_retake); a block handed out
+     any other way comes from a tree (alloc_cached_fit), which clears it. */
+  assert(p->parked->size == alloc_round_plain(size));
+  return true;
+}
+static inline __attribute__((always_inline)) void alloc_retake_again(
+    xs_stream_pools *sp, size_t size, struct CUstream_st *stream) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  /* Held frees (any pair's) give active's peak a look: the cached path's,
-     as do the pair's own pending frees, which settle first. */
-  if (b == NULL || b->size != rounded || !xs_pool_retake_known(p) ||
-      xs_alloc_has_pending(a))
-    return NULL;
-  if (sp->park_stats != p || sp->park_requested != size ||
-      !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
-      !xs_park_refill_under(sp, k))
-    return NULL;
-  return b;
-}
-static inline __attribute__((always_inline)) void alloc_retake_again(
-    xs_stream_pools *sp, xs_block *b, size_t size,
-    struct CUstream_st *stream) {
-  const xs_pool_kind k = XS_POOL_SMALL;
-  xs_pool *p = &sp->pool[k];
-  assert(p->parked == b);
   xs_pair_park_refilled(sp);
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
@@ -538,8 +541,12 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
    that lock; anything else is alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0) ||
-      __builtin_expect(!alloc_rounds_plain(&a->cfg, size), 0))
+  /* One test each: joined by ||, the compiler computes them as flags. */
+  if (__builtin_expect(a == NULL, 0))
+    return alloc_malloc_any(a, size, stream, ptr);
+  if (__builtin_expect(ptr == NULL, 0))
+    return alloc_malloc_any(a, size, stream, ptr);
+  if (__builtin_expect(!alloc_rounds_plain(&a->cfg, size), 0))
     return alloc_malloc_any(a, size, stream, ptr);
   /* One thread-local access: the use is counted first (a count that a
      fallback counts again only needs to grow). */
@@ -550,14 +557,13 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
       !xs_pair_try(sp))
     return alloc_malloc_any(a, size, stream, ptr);
   sp->used_at = use;
-  size_t rounded = alloc_round_plain(size);
-  xs_block *b = alloc_cached_on(a, sp)
-                    ? alloc_retake_again_fits(a, sp, size, rounded)
-                    : NULL;
-  if (__builtin_expect(b == NULL, 0))
-    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
-  *ptr = (void *)(uintptr_t)b->addr;
-  alloc_retake_again(sp, b, size, stream);
+  if (__builtin_expect(
+          !alloc_cached_on(a, sp) || !alloc_retake_again_fits(a, sp, size), 0))
+    return alloc_malloc_pair(a, size, stream, ptr, sp,
+                             alloc_round_plain(size));
+  /* The address first: its register is free for the moves. */
+  *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
+  alloc_retake_again(sp, size, stream);
   if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
     return alloc_pair_woken(a, sp);
   xs_alloc_debug_after_cached(a);
@@ -730,15 +736,17 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
 
 /* The repeated size's free: the block at addr of the pair's small pool
    that the pool parked and took back last (xs_pool_parkable_again: live,
-   parkable, found without the pointer table), with no park uncounted, so
-   that it is parked with its free and merge counted later (alloc_park),
-   keeping its table entry, and no gauge moves. Pair lock held. NULL when
-   it does not apply: alloc_free_pair then does what it would. */
+   parkable, used on no other stream, found without the pointer table),
+   with no park uncounted, so that it is parked with its free and merge
+   counted later (alloc_park), keeping its table entry, and no gauge
+   moves. Pair lock held. NULL when it does not apply: alloc_free_pair
+   then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_park_again(
     xs_stream_pools *sp, uint64_t addr) {
   xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
-  if (b == NULL || b->uses.n != 0 || sp->park_stats != NULL) return NULL;
-  assert(xs_ptrtable_get(&sp->live, addr) == b);
+  if (b == NULL || sp->park_stats != NULL) return NULL;
+  /* Recording a use forgets the block (deferred.c, record_use). */
+  assert(b->uses.n == 0 && xs_ptrtable_get(&sp->live, addr) == b);
   return b;
 }
 

@@ -34,9 +34,11 @@
 #include "vmm/error.h"
 
 /* Records `stream` as a user of live block b (its own stream orders
-   itself). */
+   itself): its free is no repeated size's park any more. */
 static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
-  return stream == b->stream ? XSEG_OK : xs_stream_set_add(&b->uses, stream);
+  if (stream == b->stream) return XSEG_OK;
+  xs_pool_forget_retake(b->seg->pool, b);
+  return xs_stream_set_add(&b->uses, stream);
 }
 
 /* xseg_record_stream under the block's pair lock alone: a live block's
@@ -149,6 +151,7 @@ static xseg_status deferred_park(xseg_allocator *a, xs_block *b) {
 /* b, whose events were recorded (or whose streams are all gone), becomes
    pending: no longer the caller's, still active. */
 static void deferred_begin(xseg_allocator *a, xs_block *b) {
+  xs_pool_forget_retake(b->seg->pool, b);
   b->pending = true;
   xs_alloc_pending_count(a, b, 1);
   xs_alloc_account_live(b, -1);

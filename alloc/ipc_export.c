@@ -200,6 +200,7 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
      more, still active, in no tree. Its streams (if any) are waited on
      once the last holder is gone (xs_alloc_park_pending_locked). */
   ipc->exports[i].parked = true;
+  xs_pool_forget_retake(b->seg->pool, b);
   b->pending = true;
   xs_alloc_pending_count(a, b, 1);
   a->ipc_parked++;

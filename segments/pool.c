@@ -187,6 +187,7 @@ bool xs_pool_retake_fits(xs_pool *p) {
      (a block's size changes only out of its tree, or with a neighbour's
      merge or split, which go through the tree). */
   p->retake_known = b;
+  p->retake_piece = xs_pool_parked_merge_split(b);
   return true;
 }
 

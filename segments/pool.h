@@ -53,6 +53,10 @@ typedef struct xs_pool {
      has changed since: the retake then needs no tree walk. Every change
      of either tree clears it (pool_trees_changed). */
   xs_block *retake_known;
+  /* Whether the block retake_known merges into is a piece of a larger
+     range (xs_pool_parked_merge_split), found with it: the neighbours
+     that decide it change only through a tree too. */
+  bool retake_piece;
 } xs_pool;
 
 /* `free_bins`: the bins of the index of free mapped blocks (freetree.h),
@@ -122,23 +126,36 @@ static inline bool xs_pool_retake_known(const xs_pool *p) {
   return p->retake_known == p->parked;
 }
 /* The block at addr if it is the one p last knew to retake and is live
-   again (not parked, not pending), neither tree having changed since:
+   again (not parked), neither tree having changed since:
    its neighbours are then as they were when it was parked (a neighbour
    freed, taken, merged or mapped goes through a tree; a free of the block
    itself gives it back to a tree, parks it or leaves it pending), so it
-   is parkable again. NULL otherwise. No pointer-table lookup needed. */
+   is parkable again. NULL otherwise. No pointer-table lookup needed. The
+   caller forgets the block (xs_pool_forget_retake) when it makes it more
+   than a plain live block (pending, or used beyond its own stream), so
+   the block found is one. */
 static inline xs_block *xs_pool_parkable_again(const xs_pool *p,
                                                uint64_t addr) {
   xs_block *b = p->retake_known;
-  if (b == NULL || b->addr != addr || p->parked != NULL || b->pending)
-    return NULL;
-  assert(b->allocated && xs_pool_parkable(b));
+  if (b == NULL || b->addr != addr || p->parked != NULL) return NULL;
+  assert(b->allocated && !b->pending && xs_pool_parkable(b));
   return b;
+}
+/* b stops being a plain live block: xs_pool_parkable_again must not find
+   it. */
+static inline void xs_pool_forget_retake(xs_pool *p, const xs_block *b) {
+  if (p->retake_known == b) p->retake_known = NULL;
 }
 /* Whether the block the parked one merges into is a piece of a larger
    range (inactive_split counts it). */
 static inline bool xs_pool_parked_merge_split(const xs_block *b) {
   return b->prev != NULL || b->next->next != NULL;
+}
+/* xs_pool_parked_merge_split of p's parked block, known to retake. */
+static inline bool xs_pool_retake_piece(const xs_pool *p) {
+  assert(xs_pool_retake_known(p) &&
+         p->retake_piece == xs_pool_parked_merge_split(p->parked));
+  return p->retake_piece;
 }
 /* What inactive_split_bytes counts when parkable block b merges with its
    next neighbour, `rest` (always a piece: b is before it), and for the
@@ -161,18 +178,18 @@ static inline void xs_pool_retake_finish(xs_pool *p) {
   b->allocated = true;
   p->parked = NULL;
 }
-/* Whether xs_pool_retake(p, kind, false) passes no peak: its merge and
-   split then move nothing but the totals of increases. `s` is p's stats
+/* Whether xs_pool_retake(p, kind, false) (p's parked block known to
+   retake) passes no peak: its merge and split then move nothing but the
+   totals of increases. `s` is p's stats
    and `kind` its kind, given apart so that a caller that knows where they
    are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               const xs_stats *s,
                                               xs_pool_kind kind) {
-  const xs_block *b = p->parked;
   assert(s == p->stats && kind == p->kind);
-  return !xs_pool_parked_merge_split(b) ||
+  return !xs_pool_retake_piece(p) ||
          xs_stats_rise_under(s, XS_GAUGE_inactive_split_bytes, kind,
-                             (int64_t)b->size);
+                             (int64_t)p->parked->size);
 }
 /* The totals of increases of the retake's merge and split together:
    every count and byte returns to where it is (the bytes up by b's size
@@ -184,7 +201,7 @@ static inline void xs_pool_retake_totals(xs_pool *p, xs_stats *s,
   assert(s == p->stats && kind == p->kind);
   xs_gauge_val *n = &s->pool[kind][XS_GAUGE_inactive_split];
   xs_gauge_val *bytes = &s->pool[kind][XS_GAUGE_inactive_split_bytes];
-  if (xs_pool_parked_merge_split(b)) {
+  if (xs_pool_retake_piece(p)) {
     n->allocated += 2;
     bytes->allocated += (int64_t)(b->size + 2 * rest->size);
   } else {
@@ -205,7 +222,7 @@ static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
     xs_pool_retake_split_stats(p);
   } else {
     /* The merge's top may be a new peak (no total: those move below). */
-    if (xs_pool_parked_merge_split(b))
+    if (xs_pool_retake_piece(p))
       xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
                       (int64_t)b->size, 0);
     xs_pool_retake_totals(p, p->stats, kind);
