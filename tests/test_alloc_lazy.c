@@ -294,3 +294,46 @@ XSEG_TEST(alloc_lazy, another_pairs_crossing_sums_a_held_back_park_true) {
   XSEG_EXPECT_EQ(six.requested_bytes.peak, 4 * 4096);
   XSEG_EXPECT_EQ(six.allocation.current, 4);
 }
+
+/* The repeated size's free finds its block without the pointer table
+   (xs_pool_parkable_again) and parks it without looking at its recorded
+   streams: recording one must make the pool forget the block. Here a
+   block taken back and parked again several times is then written on a
+   held stream and recorded there; its free must wait for that stream,
+   and the next malloc of its size must get other memory. */
+XSEG_TEST(alloc_lazy, a_repeated_block_used_elsewhere_waits_for_that_stream) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s0 = at_stream_new(), s1 = at_stream_new();
+  xt_latch *held = xt_latch_new();
+  void *first, *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &first));
+  for (int i = 0; i < 4; i++) {               /* park, take back */
+    XSEG_ASSERT_OK(xseg_free(a, i == 0 ? first : p));
+    XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &p));
+    XSEG_ASSERT_TRUE(p == first);
+  }
+  XSEG_ASSERT_CU(xt_latch_hold(s1, held));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0xAB, 4096, s1));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 4096);
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &q));
+  XSEG_EXPECT_TRUE(q != p);
+  XSEG_ASSERT_CU(cuMemsetD8(at_dptr(q), 0x11, 4096));
+  XSEG_EXPECT_OK(xseg_check(a));
+  /* s1 runs; its memset lands in p, and p is free once it is done. */
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_TRUE(at_bytes_are(q, 4096, 0x11));
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 0);
+  xseg_destroy(a);
+  xt_latch_free(held);
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
