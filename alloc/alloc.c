@@ -604,19 +604,20 @@ static inline __attribute__((always_inline)) bool alloc_park(
    streams, not shared): back to its pool p (of `kind`, given apart so
    that a caller that knows it at compile time folds it), or parked (true:
    its entry in the pair's pointer table must stay, or be put back).
-   `slow`: with every lock held, the only way traced. */
+   `slow`: with every lock held, the only way traced. `t`: the calling
+   thread's xs_pairs_tls (alloc_stamp). */
 static inline __attribute__((always_inline)) bool alloc_release_plain(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
-    xs_block *b, bool slow) {
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_pool_kind kind, xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
   if (!xs_pool_parkable(b)) {
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
-    alloc_stamp(a, &xs_pairs_tls, sp, b, slow);
+    alloc_stamp(a, t, sp, b, slow);
     xs_pool_give(p, b);
     return false;
   }
   /* A merge that would pass a threshold unseen counts now, crossing. */
-  if (__builtin_expect(!alloc_park(a, &xs_pairs_tls, sp, p, b, slow), 0))
+  if (__builtin_expect(!alloc_park(a, t, sp, p, b, slow), 0))
     xs_pair_park_stats(sp);
   return true;
 }
@@ -642,7 +643,8 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  *parked = alloc_release_plain(a, xs_pools_of(p), p, p->kind, b, true);
+  *parked = alloc_release_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
+                                b, true);
   return XSEG_OK;
 }
 
@@ -669,9 +671,10 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    (SIZE_MAX: not a block of the pair), pair lock held, not used on other
    streams (alloc_free_pair sends those to alloc_free_deferred): false
    (nothing changed) when there is none or its free needs more than the
-   pair. */
+   pair. `t` as alloc_release_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_stream_pools *sp, uint64_t addr, size_t slot) {
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
+    uint64_t addr, size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
@@ -690,8 +693,8 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =
       p->kind == XS_POOL_SMALL
-          ? alloc_release_plain(a, sp, p, XS_POOL_SMALL, b, false)
-          : alloc_release_plain(a, sp, p, XS_POOL_LARGE, b, false);
+          ? alloc_release_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
+          : alloc_release_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
   if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
   return true;
 }
@@ -762,13 +765,15 @@ static __attribute__((noinline, cold)) xseg_status alloc_park_crossed(
 
 /* A free with pair sp's lock held (nothing else), the block in `slot` of
    its pointer table (alloc_free_slot): the cached path
-   (alloc_free_cached), else every lock. */
+   (alloc_free_cached), else every lock. `t`: the calling thread's
+   xs_pairs_tls. */
 static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
-    xseg_allocator *a, xs_stream_pools *sp, void *ptr, size_t slot) {
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, void *ptr,
+    size_t slot) {
   xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
   if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
     return alloc_free_deferred(a, sp, b, slot);
-  bool done = alloc_free_cached(a, sp, (uint64_t)(uintptr_t)ptr, slot);
+  bool done = alloc_free_cached(a, t, sp, (uint64_t)(uintptr_t)ptr, slot);
   xs_pair_drop(sp);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);
@@ -793,7 +798,8 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
       xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
   if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
   xs_pair_take(sp);
-  return alloc_free_pair(a, sp, ptr, alloc_free_slot(a, sp, addr));
+  return alloc_free_pair(a, xs_pairs_self(), sp, ptr,
+                         alloc_free_slot(a, sp, addr));
 }
 
 /* A free with pair sp's lock held, sp the thread's last (not the repeated
@@ -802,10 +808,10 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
    no call but tail calls, and keeps its values in scratch registers (its
    arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_held(
-    xseg_allocator *a, void *ptr, xs_stream_pools *sp) {
+    xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
   size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
   if (__builtin_expect(slot != SIZE_MAX, 1))
-    return alloc_free_pair(a, sp, ptr, slot);
+    return alloc_free_pair(a, t, sp, ptr, slot);
   /* Another pair's block, or none. */
   xs_pair_drop(sp);
   return alloc_free_any(a, ptr);
@@ -823,7 +829,8 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
       xs_block *b = alloc_cached_on(a, sp)
                         ? alloc_park_again(sp, (uint64_t)(uintptr_t)ptr)
                         : NULL;
-      if (__builtin_expect(b == NULL, 0)) return alloc_free_held(a, ptr, sp);
+      if (__builtin_expect(b == NULL, 0))
+        return alloc_free_held(a, ptr, sp, t);
       if (__builtin_expect(
               !alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL], b, false), 0))
         return alloc_park_crossed(a, sp);

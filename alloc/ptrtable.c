@@ -1,5 +1,5 @@
 /* ptrtable.c: growth, deletion and validation of the pointer table (see
- * ptrtable.h; add and find are inline for the cached path).
+ * ptrtable.h; add, find and removal are inline for the cached path).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -35,24 +35,6 @@ bool xs_ptrtable_grow(xs_ptrtable *t) {
   free(t->slot);
   *t = bigger;
   return true;
-}
-
-/* Backward-shift deletion: walk the run after the hole and move back every
-   entry whose home is not in (hole, j], so each stays reachable. */
-void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i) {
-  assert(i <= t->mask && t->slot[i].addr != 0 && t->count > 0);
-  size_t hole = i;
-  for (size_t j = (i + 1) & t->mask; t->slot[j].addr != 0;
-       j = (j + 1) & t->mask) {
-    size_t home = xs_ptrtable_home(t, t->slot[j].addr);
-    /* Cyclic distance from home to j vs from hole to j. */
-    if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
-      t->slot[hole] = t->slot[j];
-      hole = j;
-    }
-  }
-  t->slot[hole] = (xs_ptrtable_slot){0, NULL};
-  t->count--;
 }
 
 bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size) {

@@ -15,6 +15,7 @@
 #ifndef XS_ALLOC_PTRTABLE_H
 #define XS_ALLOC_PTRTABLE_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,8 +70,27 @@ static inline xs_block *xs_ptrtable_get(const xs_ptrtable *t, uint64_t addr) {
   return i == SIZE_MAX ? NULL : t->slot[i].block;
 }
 
-/* Empties slot i (from xs_ptrtable_find) and closes the gap. */
-void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i);
+/* Empties slot i (from xs_ptrtable_find) and closes the gap: a
+   backward-shift deletion walks the run after the hole and moves back
+   every entry whose home is not in (hole, j], so each stays reachable.
+   Inline: every cached free that does not park removes its block
+   (measured, bench/callgrind.sh random 10000: 548 -> 540 instructions
+   per pair). */
+static inline void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i) {
+  assert(i <= t->mask && t->slot[i].addr != 0 && t->count > 0);
+  size_t hole = i;
+  for (size_t j = (i + 1) & t->mask; t->slot[j].addr != 0;
+       j = (j + 1) & t->mask) {
+    size_t home = xs_ptrtable_home(t, t->slot[j].addr);
+    /* Cyclic distance from home to j vs from hole to j. */
+    if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
+      t->slot[hole] = t->slot[j];
+      hole = j;
+    }
+  }
+  t->slot[hole] = (xs_ptrtable_slot){0, NULL};
+  t->count--;
+}
 
 /* Probe chains and the count are intact; `msg` gets the first problem. */
 bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size);
