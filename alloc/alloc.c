@@ -463,7 +463,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
       !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
       !xs_park_refill_under(sp, k))
     return false;
-  /* So the block is the request's size rounded, with no look at the size: it was
+  /* So the block is the request's size rounded, without a look: it was
      handed out last for `size` (park_requested), and retake_known, never
      cleared since, says that no tree changed since the retake that found
      its size to be a request's rounding (alloc_retake); a block handed out
@@ -587,8 +587,8 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
    (allocator.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (allocator.h, xs_pair_park_hold). False
-   when holding them back would hide a rise above a threshold: the caller
+   could read the shard (allocator.h, xs_pair_park_hold). False when
+   holding them back would hide a rise above a threshold: the caller
    counts them at once (xs_pair_park_stats), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
@@ -742,7 +742,7 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    parkable, used on no other stream, found without the pointer table),
    with no park uncounted, so that it is parked with its free and merge
    counted later (alloc_park), keeping its table entry, and no gauge
-   moves. Pair lock held. NULL when it does not apply: alloc_free_pair
+   moves. Pair lock held. NULL when it does not apply: alloc_free_held
    then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_park_again(
     xs_stream_pools *sp, uint64_t addr) {
