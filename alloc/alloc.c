@@ -312,7 +312,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
       !held && xs_park_refill_under(sp, kind)) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
-    xs_pair_park_refilled(sp);
+    xs_pair_park_refilled(sp, kind);
     xs_pool_retake(p, kind, false);
     alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false,
                           true);
@@ -476,7 +476,7 @@ static inline __attribute__((always_inline)) void alloc_retake_again(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  xs_pair_park_refilled(sp);
+  xs_pair_park_refilled(sp, k);
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
   alloc_account_refill(&sp->stats, b, k);
@@ -583,7 +583,8 @@ static inline __attribute__((always_inline)) void alloc_stamp(
     b->free_epoch = xs_pair_tick(t, sp);
 }
 
-/* Parks b, freed, in its pool p (lazy merging): stamped and traced as
+/* Parks b, freed, in its pool p (of `kind`, given apart as in
+   alloc_release_plain; lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
    (allocator.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
@@ -592,9 +593,9 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    counts them at once (xs_pair_park_stats), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
-    xs_block *b, bool slow) {
+    xs_pool_kind kind, xs_block *b, bool slow) {
   alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_pair_park_hold(sp, p, b, a->n_pairs > 1);
+  bool held = xs_pair_park_hold(sp, p, kind, b, a->n_pairs > 1);
   xs_pool_park(p, b);
   sp->n_parked++;
   return held;
@@ -617,7 +618,7 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
     return false;
   }
   /* A merge that would pass a threshold unseen counts now, crossing. */
-  if (__builtin_expect(!alloc_park(a, t, sp, p, b, slow), 0))
+  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
     xs_pair_park_stats(sp);
   return true;
 }
@@ -831,9 +832,9 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
                         : NULL;
       if (__builtin_expect(b == NULL, 0))
         return alloc_free_held(a, ptr, sp, t);
-      if (__builtin_expect(
-              !alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL], b, false), 0))
-        return alloc_park_crossed(a, sp);
+      bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
+                             XS_POOL_SMALL, b, false);
+      if (__builtin_expect(!held, 0)) return alloc_park_crossed(a, sp);
       if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
         return alloc_pair_woken(a, sp);
       xs_alloc_debug_after_cached(a);

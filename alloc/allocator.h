@@ -320,25 +320,31 @@ static inline bool xs_park_refill_under(const xs_stream_pools *sp,
    the shard's threshold, which only inactive_split_bytes can (by b's
    size, less the rest's when it makes a whole segment). Hidden there,
    the other shards could pass the recorded peak between them with none
-   of them crossing, since their thresholds and this one sum to it. */
+   of them crossing, since their thresholds and this one sum to it.
+   `kind` is p's, given apart so that a caller that knows it at compile
+   time folds the stats' offsets. */
 static inline bool xs_pair_park_hold(xs_stream_pools *sp, xs_pool *p,
-                                     const xs_block *b, bool several) {
+                                     xs_pool_kind kind, const xs_block *b,
+                                     bool several) {
   assert(sp->park_stats == NULL && "the last park counted first");
+  assert(p->kind == kind);
   sp->park_stats = p;
   sp->park_requested = b->requested;
   sp->park_unposted = several;
   if (!several) return true;
   size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
-  xs_park_unposted_set(&sp->stats, p->kind, b, b->requested, rest, whole);
+  xs_park_unposted_set(&sp->stats, kind, b, b->requested, rest, whole);
   return xs_stats_rise_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
-                               p->kind, (int64_t)whole - (int64_t)rest);
+                             kind, (int64_t)whole - (int64_t)rest);
 }
 /* The take-back of sp's held-back park for its own requested size: the
    free and the malloc cancel, what was held back is posted as it is (and
-   cleared before any current moves). */
-static inline void xs_pair_park_refilled(xs_stream_pools *sp) {
-  if (sp->park_unposted)
-    xs_park_unposted_clear(&sp->stats, sp->park_stats->kind);
+   cleared before any current moves). `kind`: the parked pool's, as
+   above. */
+static inline void xs_pair_park_refilled(xs_stream_pools *sp,
+                                         xs_pool_kind kind) {
+  assert(sp->park_stats != NULL && sp->park_stats->kind == kind);
+  if (sp->park_unposted) xs_park_unposted_clear(&sp->stats, kind);
   sp->park_stats = NULL;
   sp->park_unposted = false;
 }
@@ -348,7 +354,7 @@ static inline void xs_pair_park_refilled(xs_stream_pools *sp) {
 static inline void xs_pair_park_stats(xs_stream_pools *sp) {
   xs_pool *p = sp->park_stats;
   if (p == NULL) return;
-  xs_pair_park_refilled(sp);
+  xs_pair_park_refilled(sp, p->kind);
   xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
                         sp->park_requested);
   xs_pool_park_stats(p);
