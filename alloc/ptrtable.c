@@ -13,7 +13,8 @@ static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
   xs_ptrtable_slot *s = calloc((size_t)1 << bits, sizeof *s);
   if (s == NULL) return false;
   *t = (xs_ptrtable){.slot = s, .mask = ((size_t)1 << bits) - 1,
-                     .count = 0, .shift = 64 - bits};
+                     .count = 0, .limit = (size_t)1 << (bits - 1),
+                     .shift = 64 - bits};
   return true;
 }
 
@@ -51,9 +52,10 @@ bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size) {
       return false;
     }
   }
-  if (n != t->count || 2 * t->count > t->mask + 1) {
+  if (n != t->count || t->limit != (t->mask + 1) / 2 ||
+      t->count > t->limit) {
     snprintf(msg, msg_size, "pointer table holds %zu entries, counts %zu "
-             "(capacity %zu)", n, t->count, t->mask + 1);
+             "(capacity %zu, limit %zu)", n, t->count, t->mask + 1, t->limit);
     return false;
   }
   return true;

@@ -10,7 +10,8 @@
  * taken (xs_ptrtable_reserve), so a host OOM leaves everything unchanged.
  *
  * Invariants (xs_ptrtable_is_valid): every entry is reachable from its home
- * slot without crossing an empty slot; `count` entries; count <= cap / 2.
+ * slot without crossing an empty slot; `count` entries; count <= limit =
+ * cap / 2.
  */
 #ifndef XS_ALLOC_PTRTABLE_H
 #define XS_ALLOC_PTRTABLE_H
@@ -31,6 +32,8 @@ typedef struct xs_ptrtable {
   xs_ptrtable_slot *slot;
   size_t mask;                  /* capacity - 1; capacity a power of two */
   size_t count;
+  size_t limit;                 /* capacity / 2: the most entries it holds
+                                   before it grows (one compare per malloc) */
   unsigned shift;               /* 64 - log2(capacity) */
 } xs_ptrtable;
 
@@ -45,7 +48,7 @@ static inline size_t xs_ptrtable_home(const xs_ptrtable *t, uint64_t addr) {
 /* Room for one more entry; false (table unchanged) on host OOM. */
 bool xs_ptrtable_grow(xs_ptrtable *t);
 static inline bool xs_ptrtable_reserve(xs_ptrtable *t) {
-  return t->count + 1 <= (t->mask + 1) / 2 || xs_ptrtable_grow(t);
+  return t->count < t->limit || xs_ptrtable_grow(t);
 }
 
 /* Adds b (its address must not be in the table); room was reserved. */
