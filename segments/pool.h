@@ -180,9 +180,8 @@ static inline void xs_pool_retake_finish(xs_pool *p) {
 }
 /* Whether xs_pool_retake(p, kind, false) (p's parked block known to
    retake) passes no peak: its merge and split then move nothing but the
-   totals of increases. `s` is p's stats
-   and `kind` its kind, given apart so that a caller that knows where they
-   are folds the loads. */
+   totals of increases. `s` is p's stats and `kind` its kind, given apart
+   so that a caller that knows where they are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               const xs_stats *s,
                                               xs_pool_kind kind) {
