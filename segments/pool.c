@@ -66,17 +66,23 @@ static inline void pool_trees_changed(xs_pool *p) {
   p->retake_known = NULL;
 }
 
-void xs_pool_index(xs_pool *p, xs_block *b) {
+/* xs_pool_index and _unindex, inline in the take and the coalesce. */
+static inline __attribute__((always_inline)) void pool_index(xs_pool *p,
+                                                             xs_block *b) {
   pool_trees_changed(p);
   xs_freetree_insert(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, +1);
 }
-
-void xs_pool_unindex(xs_pool *p, xs_block *b) {
+static inline __attribute__((always_inline)) void pool_unindex(xs_pool *p,
+                                                               xs_block *b) {
   pool_trees_changed(p);
   xs_freetree_remove(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, -1);
 }
+
+void xs_pool_index(xs_pool *p, xs_block *b) { pool_index(p, b); }
+
+void xs_pool_unindex(xs_pool *p, xs_block *b) { pool_unindex(p, b); }
 
 static xs_freetree *pool_tree(xs_pool *p, const xs_block *b) {
   return b->mapped ? &p->free : &p->unmapped;
@@ -91,8 +97,8 @@ static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
   xs_freetree *t = pool_tree(p, b);
   size_t old = b->size;
   if (!xs_freetree_fits_at(t, b, old - size, b->addr + size)) {
-    xs_pool_unindex(p, b);
-    xs_pool_index(p, xs_segment_split(b->seg, b, size, spare));
+    pool_unindex(p, b);
+    pool_index(p, xs_segment_split(b->seg, b, size, spare));
     return;
   }
   size_t out = pool_split_bytes(b);
@@ -111,7 +117,7 @@ void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split) {
   if (spare != NULL)
     pool_take_split(p, b, size, spare);
   else
-    xs_pool_unindex(p, b);
+    pool_unindex(p, b);
   b->allocated = true;
 }
 
@@ -127,15 +133,15 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b) {
      with 10^6 blocks live (bench/callgrind.sh random 1000000). */
   if (pool_mergeable(b->prev, b)) {
     xs_block *prev = b->prev;
-    xs_pool_unindex(p, prev);
+    pool_unindex(p, prev);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
     b = prev;
   }
   if (pool_mergeable(b, b->next)) {
-    xs_pool_unindex(p, b->next);
+    pool_unindex(p, b->next);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
   }
-  xs_pool_index(p, b);
+  pool_index(p, b);
   return b;
 }
 
