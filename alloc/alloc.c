@@ -843,6 +843,7 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   }
   return alloc_free_any(a, ptr);
 }
+
 /* The walk is check.c's; the locks are taken here, with the other entry
    points, so that check.c stays below pairs.c (whose unlock runs the
    debug builds' check). */

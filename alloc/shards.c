@@ -167,8 +167,8 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
      the pool's scope and all). */
   xs_lock_take(&g->lock);
   int64_t count_kind = 0, count_all = 0, bytes_kind = 0, bytes_all = 0;
+  int in = kind + 1, out = 2 - kind;          /* the kinds' scopes */
   for (const xs_stats *t = g->first; t != NULL; t = t->next_shard) {
-    int in = kind + 1, out = 2 - kind;
     int64_t ck = xs_stats_cur_posted(t, XS_GAUGE_allocation, in) +
                  xs_stats_cur(t, XS_GAUGE_active, in);
     int64_t bk = xs_stats_cur_posted(t, XS_GAUGE_allocated_bytes, in) +
