@@ -336,7 +336,10 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   xs_pool *p = &sp->pool[kind];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return NULL;
-  xs_pool_take(p, b, rounded, xs_alloc_splits(a, kind, b->size, rounded));
+  if (b->size > rounded && xs_alloc_splits(a, kind, b->size, rounded))
+    xs_pool_take(p, b, rounded, true);
+  else
+    xs_pool_take_whole(p, &sp->stats, kind, b);
   xs_ptrtable_add(&sp->live, b);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held, false);
   return b;
@@ -614,7 +617,10 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
   if (!xs_pool_parkable(b)) {
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
     alloc_stamp(a, t, sp, b, slow);
-    xs_pool_give(p, b);
+    if (xs_pool_gives_alone(b))
+      xs_pool_give_alone(p, &sp->stats, kind, b);
+    else
+      xs_pool_give(p, b);
     return false;
   }
   /* A merge that would pass a threshold unseen counts now, crossing. */

@@ -23,23 +23,16 @@ void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
   p->safe_epoch = UINT64_MAX;
 }
 
-/* inactive_split counts a free mapped block while it is indexed: a block's
-   is_split can only change while it is out of the tree (a neighbour merged
-   into it, or it was split), so index and unindex see the same value. */
-static inline __attribute__((always_inline)) void pool_split_stat_kind(
-    xs_pool *p, const xs_block *b, int sign, xs_pool_kind kind) {
-  xs_stats_move(p->stats, XS_GAUGE_inactive_split, kind, sign);
-  xs_stats_move(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                sign * (int64_t)b->size);
-}
+/* inactive_split of a free mapped block (xs_pool_split_stat); unmapped
+   blocks count nothing. */
 static inline __attribute__((always_inline)) void pool_split_stat(
     xs_pool *p, const xs_block *b, int sign) {
-  if (!b->mapped || !xs_block_is_split(b)) return;
+  if (!b->mapped) return;
   /* The kind a constant in each copy: the stats' offsets fold. */
   if (p->kind == XS_POOL_SMALL)
-    pool_split_stat_kind(p, b, sign, XS_POOL_SMALL);
+    xs_pool_split_stat(p->stats, XS_POOL_SMALL, b, sign);
   else
-    pool_split_stat_kind(p, b, sign, XS_POOL_LARGE);
+    xs_pool_split_stat(p->stats, XS_POOL_LARGE, b, sign);
 }
 
 /* What inactive_split_bytes counts for b as it is now (0: nothing). */

@@ -76,6 +76,52 @@ void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split);
 /* Frees an allocated block: merges it with free neighbours of the same
    mapped state and indexes the result, which is returned. */
 xs_block *xs_pool_give(xs_pool *p, xs_block *b);
+
+/* The take and the give in the cached path's common shapes, inline there
+   (its frame is paid for already; out of line, each cost a frame of its
+   own): a take of a whole free mapped block, and the give of a block that
+   merges with nothing. They move the same as xs_pool_take and
+   xs_pool_give. `s` and `kind` are p's stats and kind, given apart so that
+   a caller that knows where they are folds the offsets. */
+
+/* inactive_split of free mapped block b as it enters (+1) or leaves (-1)
+   the index: its is_split can change only while it is out (a neighbour
+   merged into it, or a split), so both see the same value. */
+static inline __attribute__((always_inline)) void xs_pool_split_stat(
+    xs_stats *s, xs_pool_kind kind, const xs_block *b, int sign) {
+  if (!xs_block_is_split(b)) return;
+  xs_stats_move(s, XS_GAUGE_inactive_split, kind, sign);
+  xs_stats_move(s, XS_GAUGE_inactive_split_bytes, kind,
+                sign * (int64_t)b->size);
+}
+/* xs_pool_take(p, b, b->size, false). */
+static inline __attribute__((always_inline)) void xs_pool_take_whole(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b) {
+  assert(!b->allocated && b->mapped && s == p->stats && kind == p->kind);
+  p->retake_known = NULL;           /* a tree changes */
+  xs_freetree_remove(&p->free, b);
+  xs_pool_split_stat(s, kind, b, -1);
+  b->allocated = true;
+}
+/* Whether live block b's give merges it with nothing: no free neighbour
+   of its mapped state. */
+static inline bool xs_pool_gives_alone(const xs_block *b) {
+  const xs_block *prev = b->prev, *next = b->next;
+  assert(b->mapped);
+  return (prev == NULL || prev->allocated || !prev->mapped) &&
+         (next == NULL || next->allocated || !next->mapped);
+}
+/* xs_pool_give(p, b) when xs_pool_gives_alone(b). */
+static inline __attribute__((always_inline)) void xs_pool_give_alone(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b) {
+  assert(b->allocated && xs_pool_gives_alone(b) && s == p->stats &&
+         kind == p->kind);
+  b->allocated = false;
+  b->requested = 0;
+  p->retake_known = NULL;           /* a tree changes */
+  xs_freetree_insert(&p->free, b);
+  xs_pool_split_stat(s, kind, b, +1);
+}
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
 
