@@ -614,10 +614,13 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
-  if (!xs_pool_parkable(b)) {
+  /* Looked at once, before the stores that the compiler cannot tell from
+     the neighbours'. */
+  unsigned merges = xs_pool_merges(b);
+  if (merges != XS_MERGE_NEXT) {          /* not parkable */
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
     alloc_stamp(a, t, sp, b, slow);
-    if (xs_pool_gives_alone(b))
+    if (merges == 0)
       xs_pool_give_alone(p, &sp->stats, kind, b);
     else
       xs_pool_give(p, b);

@@ -139,6 +139,9 @@ void xs_freetree_insert(xs_freetree *t, xs_block *b) {
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0 && t->bytes >= b->size);
+  /* Apart from the count's update: together at the end, GCC joins them
+     in vector registers (nine instructions for two). */
+  t->bytes -= b->size;
   if (freetree_binned(t, b->size)) {
     freebin_remove(t, freetree_bin_index(t, b->size), b);
   } else {
@@ -146,7 +149,6 @@ void xs_freetree_remove(xs_freetree *t, xs_block *b) {
     RB_REMOVE(xs_freetree_rb, &t->root, b);
   }
   t->count--;
-  t->bytes -= b->size;
 }
 
 /* Sign of (size, addr) against b's key. */

@@ -103,18 +103,10 @@ static inline __attribute__((always_inline)) void xs_pool_take_whole(
   xs_pool_split_stat(s, kind, b, -1);
   b->allocated = true;
 }
-/* Whether live block b's give merges it with nothing: no free neighbour
-   of its mapped state. */
-static inline bool xs_pool_gives_alone(const xs_block *b) {
-  const xs_block *prev = b->prev, *next = b->next;
-  assert(b->mapped);
-  return (prev == NULL || prev->allocated || !prev->mapped) &&
-         (next == NULL || next->allocated || !next->mapped);
-}
-/* xs_pool_give(p, b) when xs_pool_gives_alone(b). */
+/* xs_pool_give(p, b) when b merges with nothing (xs_pool_merges 0). */
 static inline __attribute__((always_inline)) void xs_pool_give_alone(
     xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b) {
-  assert(b->allocated && xs_pool_gives_alone(b) && s == p->stats &&
+  assert(b->allocated && xs_pool_merges(b) == 0 && s == p->stats &&
          kind == p->kind);
   b->allocated = false;
   b->requested = 0;
@@ -138,12 +130,21 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
    other operation on it, and every pool before anything that looks at
    more than one). */
+/* Which neighbours live block b's give would merge it with: free ones of
+   its mapped state (a live block is mapped). */
+enum { XS_MERGE_PREV = 1, XS_MERGE_NEXT = 2 };
+static inline unsigned xs_pool_merges(const xs_block *b) {
+  const xs_block *prev = b->prev, *next = b->next;
+  assert(b->mapped);
+  return (prev != NULL && !prev->allocated && prev->mapped ? XS_MERGE_PREV
+                                                          : 0) |
+         (next != NULL && !next->allocated && next->mapped ? XS_MERGE_NEXT
+                                                          : 0);
+}
 /* Whether live block b's give would merge it with its next neighbour
    alone. */
 static inline bool xs_pool_parkable(const xs_block *b) {
-  const xs_block *prev = b->prev, *next = b->next;
-  return b->mapped && next != NULL && !next->allocated && next->mapped &&
-         (prev == NULL || prev->allocated || !prev->mapped);
+  return xs_pool_merges(b) == XS_MERGE_NEXT;
 }
 /* Frees parkable block b without merging it (p->parked: none yet). */
 static inline void xs_pool_park(xs_pool *p, xs_block *b) {
