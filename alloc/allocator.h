@@ -756,9 +756,8 @@ static inline xs_pool_kind xs_alloc_kind(size_t rounded) {
 static inline bool xs_alloc_fit_takes(const xseg_allocator *a, size_t size,
                                       size_t rounded) {
   size_t max_split = a->cfg.max_split_size;
-  if (rounded < max_split && size >= max_split) return false;
-  return rounded < max_split ||
-         size - rounded < a->cfg.max_non_split_rounding;
+  if (rounded < max_split) return size < max_split;
+  return size - rounded < a->cfg.max_non_split_rounding;
 }
 
 /* get_free_block: the best fit, if xs_alloc_fit_takes it. */
