@@ -77,6 +77,18 @@ void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split);
    mapped state and indexes the result, which is returned. */
 xs_block *xs_pool_give(xs_pool *p, xs_block *b);
 
+/* Which neighbours live block b's give would merge it with: free ones of
+   its mapped state (a live block is mapped). */
+enum { XS_MERGE_PREV = 1, XS_MERGE_NEXT = 2 };
+static inline unsigned xs_pool_merges(const xs_block *b) {
+  const xs_block *prev = b->prev, *next = b->next;
+  assert(b->mapped);
+  return (prev != NULL && !prev->allocated && prev->mapped ? XS_MERGE_PREV
+                                                          : 0) |
+         (next != NULL && !next->allocated && next->mapped ? XS_MERGE_NEXT
+                                                          : 0);
+}
+
 /* The take and the give in the cached path's common shapes, inline there
    (its frame is paid for already; out of line, each cost a frame of its
    own): a take of a whole free mapped block, and the give of a block that
@@ -130,17 +142,6 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
    other operation on it, and every pool before anything that looks at
    more than one). */
-/* Which neighbours live block b's give would merge it with: free ones of
-   its mapped state (a live block is mapped). */
-enum { XS_MERGE_PREV = 1, XS_MERGE_NEXT = 2 };
-static inline unsigned xs_pool_merges(const xs_block *b) {
-  const xs_block *prev = b->prev, *next = b->next;
-  assert(b->mapped);
-  return (prev != NULL && !prev->allocated && prev->mapped ? XS_MERGE_PREV
-                                                          : 0) |
-         (next != NULL && !next->allocated && next->mapped ? XS_MERGE_NEXT
-                                                          : 0);
-}
 /* Whether live block b's give would merge it with its next neighbour
    alone. */
 static inline bool xs_pool_parkable(const xs_block *b) {
