@@ -204,6 +204,84 @@ XSEG_TEST(segments, take_splits_and_give_merges_back) {
   fake_free(&f);
 }
 
+/* Every gauge of both fakes' stats, in every scope, and their free
+   indexes agree. */
+static bool fakes_agree(const fake *x, const fake *y) {
+  for (int g = 0; g < XS_GAUGE_COUNT; g++)
+    for (int scope = 0; scope < XS_STAT_SCOPES; scope++) {
+      xseg_stat a = xs_stats_get(&x->stats, (xs_gauge)g, scope);
+      xseg_stat b = xs_stats_get(&y->stats, (xs_gauge)g, scope);
+      if (a.current != b.current || a.peak != b.peak ||
+          a.allocated != b.allocated || a.freed != b.freed)
+        return false;
+    }
+  return x->pool.free.count == y->pool.free.count &&
+         x->pool.free.bytes == y->pool.free.bytes;
+}
+
+/* The cached path's inline take of a whole block and give of a block that
+   merges with nothing (pool.h) against the pool's own take and give, from
+   the same state: the same trees, blocks and stats, and the retake the
+   pool knew is forgotten (a tree changed). */
+XSEG_TEST(segments, whole_take_and_lone_give_move_as_the_pool_does) {
+  fake x, y;
+  const uint8_t map[2] = {1, 0};
+  fake_init(&x, 2, map);
+  fake_init(&y, 2, map);
+  xs_block *bx[4], *by[4];
+  for (int i = 0; i < 4; i++) {
+    bx[i] = xs_freetree_best_fit(&x.pool.free, 4096);
+    xs_pool_take(&x.pool, bx[i], 4096, true);
+    by[i] = xs_freetree_best_fit(&y.pool.free, 4096);
+    xs_pool_take(&y.pool, by[i], 4096, true);
+  }
+  /* Four live pieces, then the free rest of the granule. */
+  XSEG_EXPECT_EQ(xs_pool_merges(by[1]), 0);
+  XSEG_EXPECT_EQ(xs_pool_merges(by[3]), XS_MERGE_NEXT);
+  XSEG_EXPECT_TRUE(xs_pool_parkable(by[3]) && !xs_pool_parkable(by[1]));
+
+  xs_pool_give(&x.pool, bx[1]);
+  y.pool.retake_known = by[0];
+  xs_pool_give_alone(&y.pool, &y.stats, XS_POOL_LARGE, by[1]);
+  XSEG_EXPECT_TRUE(y.pool.retake_known == NULL);
+  XSEG_EXPECT_TRUE(fakes_agree(&x, &y));
+  XSEG_EXPECT_EQ(xs_stats_current(&y.stats, XS_GAUGE_inactive_split), 2);
+  /* Its neighbours are live: the piece is free on its own, and frees on
+     either side of it now merge with it. */
+  XSEG_EXPECT_TRUE(!by[1]->allocated && by[1]->size == 4096);
+  XSEG_EXPECT_EQ(xs_pool_merges(by[0]), XS_MERGE_NEXT);
+  XSEG_EXPECT_EQ(xs_pool_merges(by[2]), XS_MERGE_PREV);
+
+  xs_pool_take(&x.pool, bx[1], 4096, false);
+  y.pool.retake_known = by[0];
+  xs_pool_take_whole(&y.pool, &y.stats, XS_POOL_LARGE, by[1]);
+  XSEG_EXPECT_TRUE(y.pool.retake_known == NULL);
+  XSEG_EXPECT_TRUE(by[1]->allocated);
+  XSEG_EXPECT_TRUE(fakes_agree(&x, &y));
+  XSEG_EXPECT_EQ(xs_stats_current(&y.stats, XS_GAUGE_inactive_split), 1);
+  char msg[256];
+  XSEG_EXPECT_TRUE(fake_valid(&y, msg, sizeof msg));
+  fake_free(&x);
+  fake_free(&y);
+
+  /* A whole segment's block is no piece: inactive_split does not move. */
+  const uint8_t one[1] = {1};
+  fake_init(&x, 1, one);
+  fake_init(&y, 1, one);
+  xs_pool_take(&x.pool, x.seg.first, 2u << 20, false);
+  xs_pool_take_whole(&y.pool, &y.stats, XS_POOL_LARGE, y.seg.first);
+  XSEG_EXPECT_TRUE(fakes_agree(&x, &y));
+  XSEG_EXPECT_EQ(xs_pool_merges(y.seg.first), 0);
+  xs_pool_give(&x.pool, x.seg.first);
+  xs_pool_give_alone(&y.pool, &y.stats, XS_POOL_LARGE, y.seg.first);
+  XSEG_EXPECT_TRUE(fakes_agree(&x, &y));
+  XSEG_EXPECT_EQ(xs_stats_current(&y.stats, XS_GAUGE_inactive_split), 0);
+  XSEG_EXPECT_EQ(y.pool.free.count, 1);
+  XSEG_EXPECT_TRUE(fake_valid(&y, msg, sizeof msg));
+  fake_free(&x);
+  fake_free(&y);
+}
+
 XSEG_TEST(segments, take_without_split_keeps_the_slack) {
   fake f;
   const uint8_t map[2] = {1, 0};
