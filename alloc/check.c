@@ -249,6 +249,7 @@ static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
     xseg_stat s[XS_STAT_SCOPES];
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
       s[sc] = xs_stats_get(sum, (xs_gauge)g, sc);
+    /* (active's read is never below its current: xs_stats_get.) */
     bool peaks_ok = true;
     for (int sc = 0; sc < XS_STAT_SCOPES; sc++)
       peaks_ok = peaks_ok && s[sc].peak >= s[sc].current;

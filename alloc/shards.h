@@ -19,7 +19,12 @@
  *     long, so the excess is bounded by the other shards' thresholds, not
  *     by one operation each). It is always at least what any one shard
  *     reached (each threshold is at most P), and never more than a sum of
- *     values that each shard really had.
+ *     values that each shard really had. active and active_bytes (derived
+ *     from allocation and what deferred frees hold, segments/stats.h) have
+ *     the same bound: a malloc that runs at once with a free deferred on
+ *     another pair does not see the hold, and active's peak can miss what
+ *     that malloc added; a read then reports the current value as the
+ *     peak, never less.
  *
  * Slack (P less the sum of currents) goes to the crossing shard; when the
  * others' thresholds leave it too little, each shard that moves on the

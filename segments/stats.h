@@ -237,7 +237,13 @@ static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
    The peak stays exact: active >= allocation always, and equals it while
    nothing is held, so a peak reached then is allocation's peak, and one
    reached while something is held is recorded by xs_stats_held_peak at
-   the malloc that reached it (a malloc is the only way active rises). */
+   the malloc that reached it (a malloc is the only way active rises).
+   With several threads at once, a malloc on one pair reads whether
+   anything is held before its moves, and a free deferred on another pair
+   meanwhile is not seen: allocation's peak then misses active's new value
+   by what that malloc added (the bound of alloc/shards.h, for active).
+   A read never reports a peak below the current value it reports
+   (xs_stats_get): the current is one the allocator really had. */
 static inline int xs_stats_base(xs_gauge g) {
   return g == XS_GAUGE_active         ? XS_GAUGE_allocation
          : g == XS_GAUGE_active_bytes ? XS_GAUGE_allocated_bytes
@@ -286,6 +292,9 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
     out.current += b.current;
     out.allocated += b.allocated;
     if (b.peak > out.peak) out.peak = b.peak;
+    /* A peak missed by a malloc that ran at once with a deferred free
+       (above): the value now is at least a true one. */
+    if (out.current > out.peak) out.peak = out.current;
   }
   out.freed = out.allocated - out.current;
   return out;

@@ -270,6 +270,45 @@ XSEG_TEST(alloc_threads, peaks_of_threads_at_once_stay_within_the_bound) {
     XSEG_EXPECT_CU(cuStreamDestroy(w[i].stream));
 }
 
+/* The interleaving that runs at once on two pairs, taken apart on one
+   thread: a malloc on pair A reads that nothing is held, pair B defers a
+   free (allocation falls, what is held rises: active stays), then A's
+   malloc moves its stats without active's look. active_bytes is then 14
+   where its recorded peaks say 10 (the bound of alloc/shards.h); the read
+   reports 14, never a peak below the current. With the look
+   (xs_stats_held_peak, what A does when it sees the hold) the peak is
+   recorded and stays when active falls. */
+XSEG_TEST(alloc_threads, active_peak_read_is_never_below_its_current) {
+  xs_stats_group g;
+  xs_stats_group_init(&g);
+  xs_stats *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+  xs_stats_group_add(&g, a);
+  xs_stats_group_add(&g, b);
+  const xs_pool_kind k = XS_POOL_SMALL;
+  xs_stats_inc(b, XS_GAUGE_allocated_bytes, k, 10);   /* B's malloc */
+  xs_stats_dec(b, XS_GAUGE_allocated_bytes, k, 10);   /* B's deferral */
+  xs_stats_held_move(b, XS_GAUGE_active_bytes, k, -10, 0);
+  xs_stats_inc(a, XS_GAUGE_allocated_bytes, k, 4);    /* A's malloc */
+  xs_stats sum;
+  xs_stats_sum(&g, &sum);
+  XSEG_EXPECT_EQ(g.peak[XS_STAT_ALL][XS_GAUGE_allocated_bytes], 10);
+  XSEG_EXPECT_EQ(g.peak[XS_STAT_ALL][XS_GAUGE_active_bytes], 0);
+  for (int scope = 0; scope < 2; scope++) {   /* all, and the small pool */
+    xseg_stat act = xs_stats_get(&sum, XS_GAUGE_active_bytes, scope);
+    XSEG_EXPECT_EQ(act.current, 14);
+    XSEG_EXPECT_EQ(act.peak, 14);
+  }
+  /* The look records it; A's free lowers active, not its peak. */
+  xs_stats_held_peak(a, k);
+  xs_stats_dec(a, XS_GAUGE_allocated_bytes, k, 4);
+  xs_stats_sum(&g, &sum);
+  xseg_stat act = xs_stats_get(&sum, XS_GAUGE_active_bytes, XS_STAT_ALL);
+  XSEG_EXPECT_EQ(act.current, 10);
+  XSEG_EXPECT_EQ(act.peak, 14);
+  free(a);
+  free(b);
+}
+
 /* The calling thread keeps its last pair: an allocator made where a
    destroyed one was must not be handed the old one's. */
 XSEG_TEST(alloc_threads, a_new_allocator_never_gets_the_old_ones_pair) {
