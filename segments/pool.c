@@ -54,21 +54,16 @@ static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
                 (int64_t)out, (int64_t)in);
 }
 
-/* Any change of a tree may change which block is the best fit. */
-static inline void pool_trees_changed(xs_pool *p) {
-  p->retake_known = NULL;
-}
-
 /* xs_pool_index and _unindex, inline in the take and the coalesce. */
 static inline __attribute__((always_inline)) void pool_index(xs_pool *p,
                                                              xs_block *b) {
-  pool_trees_changed(p);
+  xs_pool_trees_changed(p);
   xs_freetree_insert(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, +1);
 }
 static inline __attribute__((always_inline)) void pool_unindex(xs_pool *p,
                                                                xs_block *b) {
-  pool_trees_changed(p);
+  xs_pool_trees_changed(p);
   xs_freetree_remove(b->mapped ? &p->free : &p->unmapped, b);
   pool_split_stat(p, b, -1);
 }
@@ -95,7 +90,7 @@ static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
     return;
   }
   size_t out = pool_split_bytes(b);
-  pool_trees_changed(p);
+  xs_pool_trees_changed(p);
   xs_segment_split(b->seg, b, size, spare);
   xs_freetree_replace(t, b, old, spare);
   pool_split_swap(p, out, pool_split_bytes(spare));
@@ -162,7 +157,7 @@ xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
-  pool_trees_changed(p);
+  xs_pool_trees_changed(p);
   /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
   xs_freetree_remove(&p->free, rest);
   xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));

@@ -51,7 +51,7 @@ typedef struct xs_pool {
   /* The parked block last found to be the best fit once merged (and
      taken by the allocator's policy; xs_pool_retake_fits), while neither tree
      has changed since: the retake then needs no tree walk. Every change
-     of either tree clears it (pool_trees_changed). */
+     of either tree clears it (xs_pool_trees_changed). */
   xs_block *retake_known;
   /* Whether the block retake_known merges into is a piece of a larger
      range (xs_pool_parked_merge_split), found with it: the neighbours
@@ -89,6 +89,12 @@ static inline unsigned xs_pool_merges(const xs_block *b) {
                                                           : 0);
 }
 
+/* Any change of a tree may change which block is the best fit: the
+   retake known before is known no more. */
+static inline void xs_pool_trees_changed(xs_pool *p) {
+  p->retake_known = NULL;
+}
+
 /* The take and the give in the cached path's common shapes, inline there
    (its frame is paid for already; out of line, each cost a frame of its
    own): a take of a whole free mapped block, and the give of a block that
@@ -110,7 +116,7 @@ static inline __attribute__((always_inline)) void xs_pool_split_stat(
 static inline __attribute__((always_inline)) void xs_pool_take_whole(
     xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b) {
   assert(!b->allocated && b->mapped && s == p->stats && kind == p->kind);
-  p->retake_known = NULL;           /* a tree changes */
+  xs_pool_trees_changed(p);
   xs_freetree_remove(&p->free, b);
   xs_pool_split_stat(s, kind, b, -1);
   b->allocated = true;
@@ -122,7 +128,7 @@ static inline __attribute__((always_inline)) void xs_pool_give_alone(
          kind == p->kind);
   b->allocated = false;
   b->requested = 0;
-  p->retake_known = NULL;           /* a tree changes */
+  xs_pool_trees_changed(p);
   xs_freetree_insert(&p->free, b);
   xs_pool_split_stat(s, kind, b, +1);
 }
