@@ -28,11 +28,12 @@ void xs_event_release_locked(struct CUevent_st *e) {
   assert(e->refs > 0 && "event released too often");
   if (--e->refs > 0) return;
   if (e->stream) xs_stream_release_locked(e->stream);
+  xs_ipc_event_free(e->ipc);
   e->magic = 0;
   free(e);
 }
 
-static bool xs_event_valid_locked(const struct CUevent_st *e) {
+bool xs_event_valid_locked(const struct CUevent_st *e) {
   return e && e->magic == XS_EVENT_MAGIC;
 }
 
@@ -55,6 +56,7 @@ static uint64_t xs_clock_ns(void) {
 }
 
 void xs_event_stamp_locked(struct CUevent_st *e, uint64_t gen) {
+  if (e->ipc != NULL) xs_ipc_event_retired(e->ipc, gen);
   if (e->gen != gen) return;   /* recorded again since: not this record */
   e->time_ns = xs_clock_ns();
   e->stamped = true;
@@ -80,16 +82,23 @@ static void xs_event_capture_locked(struct CUevent_st *e,
   e->cap_pos = s->cap_tail;
 }
 
+/* An interprocess event's generations are shared by every process that
+   holds it (the latest record wins, whoever made it); a record that did not
+   get queued completes its generation at once, so nobody waits for it. */
 CUresult xs_event_record_locked(struct CUevent_st *e, struct CUstream_st *s) {
-  xs_work w = {.kind = XS_WORK_RECORD, .u.record = {e, e->gen + 1}};
+  uint64_t gen = e->ipc != NULL && !s->capture ? xs_ipc_event_next_gen(e->ipc)
+                                               : e->gen + 1;
+  xs_work w = {.kind = XS_WORK_RECORD, .u.record = {e, gen}};
   xs_ticket ticket;
   CUresult r = xs_stream_submit_locked(s, &w, NULL, &ticket);
+  if (r != CUDA_SUCCESS && e->ipc != NULL && !s->capture)
+    xs_ipc_event_retired(e->ipc, gen);
   if (r != CUDA_SUCCESS) return r;
   if (ticket.captured) {
     xs_event_capture_locked(e, s);
     return CUDA_SUCCESS;
   }
-  e->gen++;
+  e->gen = gen;
   e->capture_id = 0;
   xs_event_point_locked(e, s, ticket.seq);
   return CUDA_SUCCESS;
@@ -107,20 +116,32 @@ static bool xs_event_flags_valid(unsigned flags) {
   return !(flags & CU_EVENT_INTERPROCESS) || (flags & CU_EVENT_DISABLE_TIMING);
 }
 
+CUresult xs_event_new(unsigned flags, struct xs_ipc_event *ipc,
+                      struct CUevent_st **out) {
+  struct CUevent_st *e = calloc(1, sizeof *e);
+  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+  *e = (struct CUevent_st){.magic = XS_EVENT_MAGIC, .flags = flags,
+                           .refs = 1, .ipc = ipc};
+  xs_sim_lock();
+  xs_events_live++;
+  xs_sim_unlock();
+  *out = e;
+  return CUDA_SUCCESS;
+}
+
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
   XSIM_ENTER("cuEventCreate");
   int device;
   CUresult r = xsim_current_device(&device);
   if (r != CUDA_SUCCESS) return r;
   if (!phEvent || !xs_event_flags_valid(Flags)) return CUDA_ERROR_INVALID_VALUE;
-  struct CUevent_st *e = calloc(1, sizeof *e);
-  if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
-  *e = (struct CUevent_st){.magic = XS_EVENT_MAGIC, .flags = Flags, .refs = 1};
-  xs_sim_lock();
-  xs_events_live++;
-  xs_sim_unlock();
-  *phEvent = e;
-  return CUDA_SUCCESS;
+  xs_ipc_event *ipc = NULL;
+  if ((Flags & CU_EVENT_INTERPROCESS) &&
+      (r = xs_ipc_event_create(&ipc)) != CUDA_SUCCESS)
+    return r;
+  r = xs_event_new(Flags, ipc, phEvent);
+  if (r != CUDA_SUCCESS) xs_ipc_event_free(ipc);
+  return r;
 }
 
 /* cuda.h: an event "may be destroyed before it is complete ... the call does
@@ -226,13 +247,35 @@ static void xs_event_block_locked(CUevent e) {
   xs_stream_release_locked(d.stream);
 }
 
+/* The record to wait for when the latest record of an interprocess event
+   was made elsewhere (then true), through the shared generations; false
+   when this process's own record (or none) is the latest. */
+static bool xs_event_remote_locked(const struct CUevent_st *e,
+                                   uint64_t *target) {
+  if (e->ipc == NULL || e->capture_id) return false;
+  *target = xs_ipc_event_latest(e->ipc);
+  return *target != 0 && *target != e->gen;
+}
+
 /* Waits for (wait) or polls (!wait) the event: cuEventSynchronize and
-   cuEventQuery differ in nothing else. */
+   cuEventQuery differ in nothing else. A wait for another process polls
+   without the lock. */
 static CUresult xs_event_finish(CUevent hEvent, bool wait) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   xs_sim_lock();
   r = xs_event_check_wait_locked(hEvent);
+  uint64_t target;
+  if (r == CUDA_SUCCESS && xs_event_remote_locked(hEvent, &target)) {
+    xs_event_retain_locked(hEvent);
+    xs_sim_unlock();
+    if (wait) xs_ipc_event_await(hEvent->ipc, target);
+    else if (!xs_ipc_event_done(hEvent->ipc, target)) r = CUDA_ERROR_NOT_READY;
+    xs_sim_lock();
+    xs_event_release_locked(hEvent);
+    xs_sim_unlock();
+    return r;
+  }
   if (r == CUDA_SUCCESS && wait) xs_event_block_locked(hEvent);
   else if (r == CUDA_SUCCESS && !xs_event_done_locked(hEvent))
     r = CUDA_ERROR_NOT_READY;
@@ -346,9 +389,28 @@ static CUresult xs_event_wait_outside_locked(struct CUstream_st *s,
   return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
 }
 
+/* s waits for a record another process made: a work item that polls the
+   shared generations on s's worker. Inside a capture that is a dependency
+   on work outside it. */
+static CUresult xs_event_wait_remote_locked(struct CUstream_st *s,
+                                            struct CUevent_st *e,
+                                            uint64_t target) {
+  if (xs_ipc_event_done(e->ipc, target)) return CUDA_SUCCESS;
+  if (s->capture) {
+    xs_capture_invalidate_locked(s);
+    return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+  }
+  xs_work w = {.kind = XS_WORK_WAIT_IPC, .u.wait_ipc = {e, target}};
+  xs_ticket ticket;
+  return xs_stream_submit_locked(s, &w, NULL, &ticket);
+}
+
 static CUresult xs_event_wait_locked(struct CUstream_st *s,
                                      struct CUevent_st *e, unsigned flags) {
+  uint64_t target;
   if (xs_event_captured_locked(e)) return xs_event_wait_captured_locked(s, e);
+  if (xs_event_remote_locked(e, &target))
+    return xs_event_wait_remote_locked(s, e, target);
   if (s->capture) return xs_event_wait_outside_locked(s, e, flags);
   if (flags & CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_ILLEGAL_STATE;
   if (!e->stream || xs_event_done_locked(e)) return CUDA_SUCCESS;

@@ -16,6 +16,8 @@
  *   sim_host.c     the one thread that runs every host function, one at a
  *                  time
  *   sim_event.c    events
+ *   sim_ipc_event.c  interprocess events: their state shared with other
+ *                  processes, cuIpcGetEventHandle / cuIpcOpenEventHandle
  *   sim_graph.c    stream capture, graphs, graph launch
  *
  * Every exported cu* function starts with XSIM_ENTER(name): it counts the

@@ -134,6 +134,9 @@ static void xs_work_run(const xs_work *w) {
   case XS_WORK_COPY:
     memmove(w->u.copy.dst, w->u.copy.src, w->u.copy.bytes);
     break;
+  case XS_WORK_WAIT_IPC:   /* the event's ipc state is fixed at creation */
+    xs_ipc_event_await(w->u.wait_ipc.event->ipc, w->u.wait_ipc.gen);
+    break;
   default:
     break;   /* NOP and RECORD act when retired; waits were made deps */
   }
@@ -142,11 +145,15 @@ static void xs_work_run(const xs_work *w) {
 void xs_work_retain_locked(const xs_work *w) {
   if (w->kind == XS_WORK_RECORD) xs_event_retain_locked(w->u.record.event);
   if (w->kind == XS_WORK_WAIT_EVENT) xs_event_retain_locked(w->u.wait.event);
+  if (w->kind == XS_WORK_WAIT_IPC)
+    xs_event_retain_locked(w->u.wait_ipc.event);
 }
 
 void xs_work_release_locked(const xs_work *w) {
   if (w->kind == XS_WORK_RECORD) xs_event_release_locked(w->u.record.event);
   if (w->kind == XS_WORK_WAIT_EVENT) xs_event_release_locked(w->u.wait.event);
+  if (w->kind == XS_WORK_WAIT_IPC)
+    xs_event_release_locked(w->u.wait_ipc.event);
 }
 
 /* ---- dependency lists -------------------------------------------------- */

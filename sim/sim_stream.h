@@ -51,7 +51,8 @@ typedef enum xs_work_kind {
   XS_WORK_SET,          /* cuMemsetD8 / D32: count elements of width bytes */
   XS_WORK_COPY,         /* cuMemcpy* */
   XS_WORK_RECORD,       /* cuEventRecord: stamps the event's time */
-  XS_WORK_WAIT_EVENT    /* captured wait on an event outside the capture */
+  XS_WORK_WAIT_EVENT,   /* captured wait on an event outside the capture */
+  XS_WORK_WAIT_IPC      /* wait for a record made in another process */
 } xs_work_kind;
 
 typedef struct xs_work {
@@ -62,6 +63,7 @@ typedef struct xs_work {
     struct { void *dst; const void *src; size_t bytes; } copy;
     struct { struct CUevent_st *event; uint64_t gen; } record;
     struct { struct CUevent_st *event; } wait;
+    struct { struct CUevent_st *event; uint64_t gen; } wait_ipc;
   } u;
 } xs_work;
 
@@ -183,7 +185,13 @@ struct CUevent_st {
   uint64_t capture_id;         /* last recorded in this capture (0: none) */
   struct CUstream_st *cap_stream;
   size_t cap_pos;              /* graph length after the recorded node */
+  struct xs_ipc_event *ipc;    /* CU_EVENT_INTERPROCESS: the shared state */
 };
+
+/* A new event (refs 1) with flags already checked; takes `ipc` over. */
+CUresult xs_event_new(unsigned flags, struct xs_ipc_event *ipc,
+                      struct CUevent_st **out);
+bool xs_event_valid_locked(const struct CUevent_st *e);
 
 /* Events created and not yet destroyed (xsim_get_live). */
 uint64_t xs_event_live_locked(void);
@@ -193,6 +201,25 @@ void xs_event_release_locked(struct CUevent_st *e);
 CUresult xs_event_record_locked(struct CUevent_st *e, struct CUstream_st *s);
 /* Called by the worker when a record operation completes. */
 void xs_event_stamp_locked(struct CUevent_st *e, uint64_t gen);
+
+/* ---- interprocess events (sim_ipc_event.c) ----------------------------- */
+
+/* The state of an interprocess event, shared with other processes. An
+   event whose local record is not the latest one (another process recorded
+   it since, or only another process ever did) is waited for here, through
+   the shared generations; see sim_ipc_event.c. */
+typedef struct xs_ipc_event xs_ipc_event;
+CUresult xs_ipc_event_create(xs_ipc_event **out);
+void     xs_ipc_event_free(xs_ipc_event *x);
+void     xs_ipc_event_handle(const xs_ipc_event *x, CUipcEventHandle *out);
+/* The generation of a new record, made the latest. */
+uint64_t xs_ipc_event_next_gen(xs_ipc_event *x);
+uint64_t xs_ipc_event_latest(const xs_ipc_event *x);
+/* The record `gen` retired (or was never queued). */
+void     xs_ipc_event_retired(xs_ipc_event *x, uint64_t gen);
+bool     xs_ipc_event_done(const xs_ipc_event *x, uint64_t target);
+/* Blocks the calling thread (no lock held) until done. */
+void     xs_ipc_event_await(const xs_ipc_event *x, uint64_t target);
 
 /* ---- capture and graphs ------------------------------------------------ */
 

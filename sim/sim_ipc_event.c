@@ -1,0 +1,260 @@
+/* sim_ipc_event.c: interprocess events (CU_EVENT_INTERPROCESS,
+ * cuIpcGetEventHandle, cuIpcOpenEventHandle).
+ *
+ * cuda.h: an exported event "may be copied into other processes and opened
+ * with cuIpcOpenEventHandle"; then "cuEventRecord, cuEventSynchronize,
+ * cuStreamWaitEvent and cuEventQuery may be used in either process". So
+ * the state those calls read must be visible to every process that holds
+ * the event: it lives in a small memfd, mapped shared by the creator and
+ * by every importer.
+ *
+ *     creator                                importer
+ *     memfd "xsim-ipc-event" ---- /proc/<creator pid>/fd/<fd> ---> mmap
+ *       recorded: generation of the latest record (any process)
+ *       completed: a generation whose record retired while it was the
+ *                  latest one
+ *
+ * The handle is 64 opaque bytes, as on the driver: the creator's pid, the
+ * memfd's number in the creator and a random nonce the memfd also holds.
+ * An importer opens the memfd through /proc (the way the kernel lets a
+ * process of the same user reach another's open file), then checks the
+ * nonce, so a handle whose event was destroyed and whose fd number was
+ * reused names nothing. The creator must still run at the open, as a
+ * real exporter must (its context holds the event).
+ *
+ * Waits. A process records gen = ++recorded and queues the record; when
+ * the record retires, completed becomes gen unless a later record was
+ * made meanwhile (then only that later one completes the event, as
+ * cuEventQuery reports the latest record). A wait for the record that is
+ * latest at the call (cuda.h: "the most recently captured state at the
+ * time of the API call") is done once completed reaches it: at worst it
+ * waits for a later record too, never for less. A stream waits through a
+ * work item that polls `completed` on the stream's worker; a host wait
+ * polls in the calling thread. An importer watches the creator with a
+ * pidfd: once the creator has exited its work is gone, and a wait for it
+ * ends (the driver tears the exporter's context down; the emulator must
+ * not hang its importers).
+ */
+#define _GNU_SOURCE
+#include "sim_stream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XS_IPC_EVENT_MAGIC "xsimevt"     /* 8 bytes with its NUL */
+
+/* The shared page. Only `recorded` and `completed` change after creation. */
+typedef struct xs_ipc_event_shared {
+  char magic[8];
+  uint64_t nonce;
+  int32_t creator_pid;
+  uint32_t pad;
+  _Atomic uint64_t recorded;
+  _Atomic uint64_t completed;
+} xs_ipc_event_shared;
+
+/* CUipcEventHandle's 64 bytes, as the emulator fills them. */
+typedef struct xs_ipc_event_wire {
+  char magic[8];
+  uint64_t nonce;
+  int32_t creator_pid;
+  int32_t fd;                  /* in the creator */
+} xs_ipc_event_wire;
+_Static_assert(sizeof(xs_ipc_event_wire) <= sizeof(CUipcEventHandle),
+               "the handle fits CUipcEventHandle");
+
+struct xs_ipc_event {
+  xs_ipc_event_shared *shared;
+  int fd;                      /* the memfd (creator) or the opened copy */
+  int creator_pidfd;           /* importer: watches the creator; else -1 */
+};
+
+static void xs_ipc_event_unmap(xs_ipc_event *x) {
+  if (x->shared != NULL) munmap(x->shared, sizeof *x->shared);
+  if (x->fd >= 0) close(x->fd);
+  if (x->creator_pidfd >= 0) close(x->creator_pidfd);
+  free(x);
+}
+
+void xs_ipc_event_free(xs_ipc_event *x) {
+  if (x != NULL) xs_ipc_event_unmap(x);
+}
+
+static xs_ipc_event *xs_ipc_event_new(int fd) {
+  xs_ipc_event *x = calloc(1, sizeof *x);
+  if (x == NULL) return NULL;
+  x->fd = fd;
+  x->creator_pidfd = -1;
+  x->shared = mmap(NULL, sizeof *x->shared, PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0);
+  if (x->shared == MAP_FAILED) {
+    x->shared = NULL;
+    xs_ipc_event_unmap(x);
+    return NULL;
+  }
+  return x;
+}
+
+CUresult xs_ipc_event_create(xs_ipc_event **out) {
+  int fd = memfd_create("xsim-ipc-event", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, sizeof(xs_ipc_event_shared)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  xs_ipc_event *x = xs_ipc_event_new(fd);
+  if (x == NULL) return CUDA_ERROR_OUT_OF_MEMORY;   /* fd closed with it */
+  uint64_t nonce = 0;
+  while (nonce == 0)
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+      nonce = (uint64_t)(uintptr_t)x ^ (uint64_t)time(NULL);
+  memcpy(x->shared->magic, XS_IPC_EVENT_MAGIC, sizeof x->shared->magic);
+  x->shared->nonce = nonce;
+  x->shared->creator_pid = (int32_t)getpid();
+  *out = x;
+  return CUDA_SUCCESS;
+}
+
+void xs_ipc_event_handle(const xs_ipc_event *x, CUipcEventHandle *out) {
+  xs_ipc_event_wire w = {.nonce = x->shared->nonce,
+                         .creator_pid = x->shared->creator_pid,
+                         .fd = x->fd};
+  memcpy(w.magic, XS_IPC_EVENT_MAGIC, sizeof w.magic);
+  memset(out, 0, sizeof *out);
+  memcpy(out->reserved, &w, sizeof w);
+}
+
+static int xs_pidfd_open(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+  (void)pid;
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+/* True once the process behind pidfd has exited (-1: cannot tell, alive). */
+static bool xs_pidfd_exited(int pidfd) {
+  if (pidfd < 0) return false;
+  struct pollfd p = {.fd = pidfd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
+
+/* The memfd the handle names, reopened through /proc and checked: the
+   creator's pidfd is taken first and must still be running after the
+   nonce matched, so it is the creator's own. */
+static CUresult xs_ipc_event_reach(const xs_ipc_event_wire *w,
+                                   xs_ipc_event **out) {
+  if (memcmp(w->magic, XS_IPC_EVENT_MAGIC, sizeof w->magic) != 0 ||
+      w->creator_pid <= 0 || w->fd < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  int pidfd = xs_pidfd_open(w->creator_pid);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w->creator_pid, w->fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      (size_t)st.st_size != sizeof(xs_ipc_event_shared)) {
+    if (fd >= 0) close(fd);
+    if (pidfd >= 0) close(pidfd);
+    return CUDA_ERROR_INVALID_HANDLE;   /* no such event (any longer) */
+  }
+  xs_ipc_event *x = xs_ipc_event_new(fd);
+  if (x == NULL) {
+    if (pidfd >= 0) close(pidfd);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  x->creator_pidfd = pidfd;
+  if (memcmp(x->shared->magic, XS_IPC_EVENT_MAGIC, 8) != 0 ||
+      x->shared->nonce != w->nonce ||
+      x->shared->creator_pid != w->creator_pid || xs_pidfd_exited(pidfd)) {
+    xs_ipc_event_unmap(x);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  *out = x;
+  return CUDA_SUCCESS;
+}
+
+uint64_t xs_ipc_event_next_gen(xs_ipc_event *x) {
+  return atomic_fetch_add(&x->shared->recorded, 1) + 1;
+}
+
+uint64_t xs_ipc_event_latest(const xs_ipc_event *x) {
+  return atomic_load(&x->shared->recorded);
+}
+
+void xs_ipc_event_retired(xs_ipc_event *x, uint64_t gen) {
+  if (atomic_load(&x->shared->recorded) != gen) return;  /* a later one */
+  uint64_t done = atomic_load(&x->shared->completed);
+  while (done < gen &&
+         !atomic_compare_exchange_weak(&x->shared->completed, &done, gen))
+    continue;
+}
+
+bool xs_ipc_event_done(const xs_ipc_event *x, uint64_t target) {
+  return atomic_load(&x->shared->completed) >= target ||
+         xs_pidfd_exited(x->creator_pidfd);
+}
+
+/* Polls until the record `target` completed: short sleeps first (a wait
+   across processes is usually short), up to a millisecond. */
+void xs_ipc_event_await(const xs_ipc_event *x, uint64_t target) {
+  long ns = 2000;
+  while (!xs_ipc_event_done(x, target)) {
+    struct timespec ts = {0, ns};
+    nanosleep(&ts, NULL);
+    if (ns < 1000000) ns *= 2;
+  }
+}
+
+/* ---- the driver's entry points ----------------------------------------- */
+
+/* cuda.h: the event "must have been created with the CU_EVENT_INTERPROCESS
+   and CU_EVENT_DISABLE_TIMING flags set": another event is
+   CUDA_ERROR_INVALID_VALUE (the argument error listed), a destroyed or
+   unknown one CUDA_ERROR_INVALID_HANDLE. */
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
+  XSIM_ENTER("cuIpcGetEventHandle");
+  CUresult r = xsim_require_init();
+  if (r != CUDA_SUCCESS) return r;
+  if (pHandle == NULL) return CUDA_ERROR_INVALID_VALUE;
+  xs_sim_lock();
+  if (!xs_event_valid_locked(event)) r = CUDA_ERROR_INVALID_HANDLE;
+  else if (event->ipc == NULL) r = CUDA_ERROR_INVALID_VALUE;
+  else xs_ipc_event_handle(event->ipc, pHandle);
+  xs_sim_unlock();
+  return r;
+}
+
+/* cuda.h: "returns a CUevent that behaves like a locally created event with
+   the CU_EVENT_DISABLE_TIMING flag specified. This event must be freed
+   with cuEventDestroy." Needs a current context. A handle that names no
+   live event (its creator exited, or destroyed it) is
+   CUDA_ERROR_INVALID_HANDLE; bytes that are no handle at all
+   CUDA_ERROR_INVALID_VALUE. */
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
+  XSIM_ENTER("cuIpcOpenEventHandle");
+  int device;
+  CUresult r = xsim_current_device(&device);
+  if (r != CUDA_SUCCESS) return r;
+  if (phEvent == NULL) return CUDA_ERROR_INVALID_VALUE;
+  xs_ipc_event_wire w;
+  memcpy(&w, handle.reserved, sizeof w);
+  xs_ipc_event *x;
+  if ((r = xs_ipc_event_reach(&w, &x)) != CUDA_SUCCESS) return r;
+  r = xs_event_new(CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, x,
+                   phEvent);
+  if (r != CUDA_SUCCESS) xs_ipc_event_free(x);
+  return r;
+}

@@ -1,0 +1,258 @@
+/* Conformance of the emulator's interprocess events (sim/sim_ipc_event.c)
+ * to cuda.h's cuIpcGetEventHandle and cuIpcOpenEventHandle: "After the
+ * event has been opened in the importing process, cuEventRecord,
+ * cuEventSynchronize, cuStreamWaitEvent and cuEventQuery may be used in
+ * either process." Pending work is forced with a latch that holds a stream
+ * back; the other process is a forked child that runs beside the test and
+ * reports each step through a pipe.
+ */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sim_helpers.h"
+#include "xseg_test.h"
+
+#define IE_FLAGS (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)
+
+/* A child running fn(arg, fds) beside the test; its pid, or -1. */
+static pid_t ie_spawn(void (*fn)(int to_parent, int from_parent),
+                      int *to_child, int *from_child) {
+  int up[2], down[2];
+  if (pipe(up) != 0) return -1;
+  if (pipe(down) != 0) return close(up[0]), close(up[1]), -1;
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    fn(up[1], down[0]);
+    _exit(0);
+  }
+  close(up[1]);
+  close(down[0]);
+  *to_child = down[1];
+  *from_child = up[0];
+  return pid;
+}
+
+/* The child's exit status (or 128 + signal). */
+static int ie_reap(pid_t pid) {
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) continue;
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+static bool ie_send(int fd, const void *p, size_t n) {
+  return write(fd, p, n) == (ssize_t)n;
+}
+
+static bool ie_recv(int fd, void *p, size_t n) {
+  return read(fd, p, n) == (ssize_t)n;
+}
+
+/* cuda.h: the event "must have been created with the CU_EVENT_INTERPROCESS
+   and CU_EVENT_DISABLE_TIMING flags set" (cuEventCreate refuses the first
+   without the second); any other event gives no handle. */
+XSEG_TEST(SimIpcEvent, handle_needs_an_interprocess_event) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUevent plain, ipc, gone;
+  CUipcEventHandle h;
+  XSEG_EXPECT_CU_ERR(cuEventCreate(&ipc, CU_EVENT_INTERPROCESS),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_ASSERT_CU(cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING));
+  XSEG_ASSERT_CU(cuEventCreate(&ipc, IE_FLAGS));
+  XSEG_ASSERT_CU(cuEventCreate(&gone, IE_FLAGS));
+  XSEG_EXPECT_CU_ERR(cuIpcGetEventHandle(&h, plain),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU_ERR(cuIpcGetEventHandle(NULL, ipc), CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuEventDestroy(gone));
+  XSEG_EXPECT_CU_ERR(cuIpcGetEventHandle(&h, gone),
+                     CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_CU(cuIpcGetEventHandle(&h, ipc));
+  XSEG_EXPECT_CU(cuEventDestroy(ipc));
+  XSEG_EXPECT_CU(cuEventDestroy(plain));
+}
+
+/* Bytes that are no handle are refused; so is the handle of a destroyed
+   event, even once its descriptor number names another event. */
+XSEG_TEST(SimIpcEvent, forged_or_stale_handles_are_refused) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUipcEventHandle junk, stale;
+  memset(&junk, 0x5a, sizeof junk);
+  CUevent e, again, out = NULL;
+  XSEG_EXPECT_CU_ERR(cuIpcOpenEventHandle(&out, junk),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_ASSERT_CU(cuEventCreate(&e, IE_FLAGS));
+  XSEG_ASSERT_CU(cuIpcGetEventHandle(&stale, e));
+  XSEG_EXPECT_CU_ERR(cuIpcOpenEventHandle(NULL, stale),
+                     CUDA_ERROR_INVALID_VALUE);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU_ERR(cuIpcOpenEventHandle(&out, stale),
+                     CUDA_ERROR_INVALID_HANDLE);
+  XSEG_ASSERT_CU(cuEventCreate(&again, IE_FLAGS));   /* likely the same fd */
+  XSEG_EXPECT_CU_ERR(cuIpcOpenEventHandle(&out, stale),
+                     CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_TRUE(out == NULL);
+  XSEG_EXPECT_CU(cuEventDestroy(again));
+}
+
+/* Opened in the same process, the event follows the creator's record: a
+   stream that waits on the opened event runs its work only after the held
+   stream's record. */
+XSEG_TEST(SimIpcEvent, opened_event_orders_a_stream_after_the_record) {
+  CUstream held, waiter;
+  CUevent e, opened;
+  XSEG_ASSERT_TRUE(st_stream_event(&held, &e, IE_FLAGS));
+  XSEG_ASSERT_CU(cuStreamCreate(&waiter, CU_STREAM_NON_BLOCKING));
+  st_buf buf;
+  XSEG_ASSERT_TRUE(st_buf_alloc(&buf));
+  XSEG_ASSERT_CU(cuMemsetD8(buf.ptr, 0, buf.size));
+  CUipcEventHandle h;
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));
+  XSEG_EXPECT_CU(cuEventRecord(e, held));
+  XSEG_ASSERT_CU(cuIpcGetEventHandle(&h, e));
+  XSEG_ASSERT_CU(cuIpcOpenEventHandle(&opened, h));
+  XSEG_EXPECT_CU_ERR(cuEventQuery(opened), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_CU(cuStreamWaitEvent(waiter, opened, 0));
+  XSEG_EXPECT_CU(cuEventDestroy(opened));   /* the queued wait keeps it */
+  XSEG_EXPECT_CU(cuMemsetD8Async(buf.ptr, 0x7e, buf.size, waiter));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(waiter), CUDA_ERROR_NOT_READY);
+  unsigned char byte = 1;
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&byte, buf.ptr + buf.size - 1, 1));
+  XSEG_EXPECT_EQ(byte, 0);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(waiter));
+  XSEG_EXPECT_CU(cuMemcpyDtoH(&byte, buf.ptr + buf.size - 1, 1));
+  XSEG_EXPECT_EQ(byte, 0x7e);
+  XSEG_EXPECT_CU(cuEventQuery(e));
+  st_buf_free(&buf);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(waiter));
+  xt_latch_free(l);
+}
+
+/* ---- across processes -------------------------------------------------- */
+
+/* The importer, in a child: opens the handle the test sends, checks that
+   the record is pending (query, a stream that waits on it), tells the
+   test, and after the test released its stream checks that both finish.
+   Then it records the event itself behind a stream of its own held by a
+   latch, for the test to wait on, and releases it when told. Exits with
+   the number of the step that failed. */
+static void ie_importer(int up, int down) {
+  CUipcEventHandle h;
+  CUevent e;
+  CUstream s;
+  char go;
+  if (!ie_recv(down, &h, sizeof h)) _exit(10);
+  if (xt_context(0) == NULL) _exit(11);
+  if (cuIpcOpenEventHandle(&e, h) != CUDA_SUCCESS) _exit(12);
+  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(13);
+  if (cuEventQuery(e) != CUDA_ERROR_NOT_READY) _exit(14);
+  if (cuStreamWaitEvent(s, e, 0) != CUDA_SUCCESS) _exit(15);
+  if (cuStreamQuery(s) != CUDA_ERROR_NOT_READY) _exit(16);
+  if (!ie_send(up, "p", 1) || !ie_recv(down, &go, 1)) _exit(17);
+  if (st_stream_drain(s) != CUDA_SUCCESS) _exit(18);
+  if (cuEventSynchronize(e) != CUDA_SUCCESS) _exit(19);
+  xt_latch *l = xt_latch_new();
+  if (xt_latch_hold(s, l) != CUDA_SUCCESS) _exit(20);
+  if (cuEventRecord(e, s) != CUDA_SUCCESS) _exit(21);
+  if (!ie_send(up, "r", 1) || !ie_recv(down, &go, 1)) _exit(22);
+  xt_latch_open(l);
+  if (cuStreamSynchronize(s) != CUDA_SUCCESS) _exit(23);
+  if (!ie_send(up, "d", 1)) _exit(24);
+  cuEventDestroy(e);
+  cuStreamDestroy(s);
+  xt_latch_free(l);
+}
+
+/* The creator and an importer in another process use one event both ways:
+   each one's waits (query, synchronize, a stream's wait) see the record
+   the other made, pending until it retires. */
+XSEG_TEST(SimIpcEvent, records_are_seen_across_processes_both_ways) {
+  XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
+  CUstream held, waiter;
+  CUevent e;
+  XSEG_ASSERT_TRUE(st_stream_event(&held, &e, IE_FLAGS));
+  XSEG_ASSERT_CU(cuStreamCreate(&waiter, CU_STREAM_NON_BLOCKING));
+  CUipcEventHandle h;
+  XSEG_ASSERT_CU(cuIpcGetEventHandle(&h, e));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));
+  XSEG_EXPECT_CU(cuEventRecord(e, held));
+  int to_child, from_child;
+  pid_t pid = ie_spawn(ie_importer, &to_child, &from_child);
+  XSEG_ASSERT_GT(pid, 0);
+  char step = 0;
+  XSEG_EXPECT_TRUE(ie_send(to_child, &h, sizeof h));
+  XSEG_EXPECT_TRUE(ie_recv(from_child, &step, 1) && step == 'p');
+  xt_latch_open(l);
+  XSEG_EXPECT_TRUE(ie_send(to_child, "g", 1));
+  XSEG_EXPECT_TRUE(ie_recv(from_child, &step, 1) && step == 'r');
+  /* The child's record is the latest now: ours waits for it. */
+  XSEG_EXPECT_CU_ERR(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_CU(cuStreamWaitEvent(waiter, e, 0));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(waiter), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_TRUE(ie_send(to_child, "g", 1));
+  XSEG_EXPECT_CU(cuEventSynchronize(e));
+  XSEG_EXPECT_CU(st_stream_drain(waiter));
+  XSEG_EXPECT_TRUE(ie_recv(from_child, &step, 1) && step == 'd');
+  XSEG_EXPECT_EQ(ie_reap(pid), 0);
+  close(to_child);
+  close(from_child);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(waiter));
+  xt_latch_free(l);
+}
+
+/* The creator, in a child: records behind a latch it never opens, sends
+   the handle, and exits when told (its pending work dies with it). */
+static void ie_dying_creator(int up, int down) {
+  CUstream s;
+  CUevent e;
+  CUipcEventHandle h;
+  char go;
+  if (!st_stream_event(&s, &e, IE_FLAGS)) _exit(10);
+  xt_latch *l = xt_latch_new();
+  if (xt_latch_hold(s, l) != CUDA_SUCCESS) _exit(11);
+  if (cuEventRecord(e, s) != CUDA_SUCCESS) _exit(12);
+  if (cuIpcGetEventHandle(&h, e) != CUDA_SUCCESS) _exit(13);
+  if (!ie_send(up, &h, sizeof h) || !ie_recv(down, &go, 1)) _exit(14);
+  _exit(0);
+}
+
+/* A stream waiting for a record of a process that exits before the record
+   retires is released: the emulator does not hang an importer forever.
+   The handle then names no event. */
+XSEG_TEST(SimIpcEvent, wait_ends_when_the_creator_exits) {
+  XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  int to_child, from_child;
+  pid_t pid = ie_spawn(ie_dying_creator, &to_child, &from_child);
+  XSEG_ASSERT_GT(pid, 0);
+  CUipcEventHandle h;
+  XSEG_ASSERT_TRUE(ie_recv(from_child, &h, sizeof h));
+  CUevent e;
+  CUstream s;
+  XSEG_ASSERT_CU(cuIpcOpenEventHandle(&e, h));
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuStreamWaitEvent(s, e, 0));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_TRUE(ie_send(to_child, "x", 1));
+  XSEG_EXPECT_EQ(ie_reap(pid), 0);
+  XSEG_EXPECT_CU(st_stream_drain(s));
+  XSEG_EXPECT_CU(cuEventQuery(e));
+  CUevent again = NULL;
+  XSEG_EXPECT_CU_ERR(cuIpcOpenEventHandle(&again, h),
+                     CUDA_ERROR_INVALID_HANDLE);
+  close(to_child);
+  close(from_child);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
