@@ -194,6 +194,9 @@ typedef struct xs_ipc {
   xs_ipc_peer *peers;
   xs_ipc_mapping *mappings;
   int64_t opened_total;
+  /* Interprocess events of xseg_ipc_record / xseg_ipc_wait (ipc_event.c);
+     NULL until the first. */
+  struct xs_ipc_events *events;
 } xs_ipc;
 
 /* a->ipc, made on first use; NULL (message set) on host OOM. */
@@ -209,6 +212,9 @@ void xs_ipc_reap_locked(xseg_allocator *a);
    exported (parked blocks go with their segments). Context current when
    `entered`. */
 void xs_ipc_destroy_locked(xseg_allocator *a, bool entered);
+/* xseg_destroy: destroys the events of xseg_ipc_record / xseg_ipc_wait
+   (driver calls only when `entered`). */
+void xs_ipc_events_destroy_locked(xseg_allocator *a, bool entered);
 /* Counts for xseg_ipc_get_stats and xseg_stats_json. */
 void xs_ipc_stats_locked(xseg_allocator *a, xseg_ipc_stats *out);
 /* Empties every export slot (a late open fails cleanly) and lets go of

@@ -263,6 +263,7 @@ void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
     if (close_mapping(a, ipc, m, entered) != XSEG_OK && ipc->mappings == m)
       close_mapping(a, ipc, m, false);       /* forget what cannot go */
   }
+  xs_ipc_events_destroy_locked(a, entered);
   xs_ipc_withdraw_locked(ipc);
   free(ipc);
   a->ipc = NULL;

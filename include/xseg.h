@@ -225,6 +225,39 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h, void **pt
 /* Drops one open of ptr; the last unmaps it and releases the hold. */
 xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr);
 
+/* A hold on the exported block at ptr for a consumer that has not opened
+   it yet (a handle waiting in a queue): until the ticket is given back,
+   the producer's xseg_free leaves the block pending as it does while a
+   consumer has it open. A ticket never given back keeps its block until
+   the producer exits or destroys its allocator. XSEG_ERR_UNKNOWN_POINTER
+   unless ptr is a live block exported with xseg_ipc_export. */
+xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
+                                 uint64_t *ticket);
+/* Gives a ticket back: the consumer, once xseg_ipc_open gave it the block
+   at ptr (its own hold keeps the block now), or the producer, for a
+   handle it never sent (ptr: the block it exported, even freed since). A
+   ticket given back already, or of another block, is
+   XSEG_ERR_INVALID_ARGUMENT and frees nothing. */
+xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
+                                 uint64_t ticket);
+
+/* Ordering the consumer after the producer's work on a block, without the
+   producer's host waiting: the producer records, on the stream that wrote
+   the block, an interprocess event (cuEventCreate with INTERPROCESS |
+   DISABLE_TIMING; one per stream, kept until xseg_destroy, as the driver
+   requires an exported event to outlive its imports) and sends its
+   XSEG_IPC_EVENT_BYTES-byte handle along; the consumer's xseg_ipc_wait
+   makes its stream wait for that work on the device. A late consumer
+   waits for the stream's latest record, which follows the one it was
+   sent with: perhaps longer than needed, never too short. */
+enum { XSEG_IPC_EVENT_BYTES = 64 };
+xseg_status xseg_ipc_record(xseg_allocator *a, struct CUstream_st *stream,
+                            void *event_handle);
+/* Fails, with the driver's error named, when the producer has exited or
+   the bytes are no event handle. */
+xseg_status xseg_ipc_wait(xseg_allocator *a, const void *event_handle,
+                          struct CUstream_st *stream);
+
 typedef struct xseg_ipc_stats {
   int64_t exported_blocks;   /* blocks of this allocator with an export now
                                 (live, or freed and held by others) */

@@ -46,7 +46,7 @@
   X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamGetCaptureInfo)            \
   X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)                \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)    \
-  X(cuEventDestroy)
+  X(cuEventDestroy) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)
 
 typedef enum xs_driver_fn {
 #define XS_DRIVER_ENUM_(name) XS_DRIVER_FN_##name,

@@ -1,0 +1,104 @@
+/* ipc_ticket.c: a hold on an exported block for a consumer that has not
+ * opened it yet: xseg_ipc_ticket_take and xseg_ipc_ticket_give.
+ *
+ * A handle that waits in a queue (torch.multiprocessing's case) has no
+ * holder yet, so a producer that frees the block at once would give it
+ * back before the consumer can open it. A ticket is a holder slot of the
+ * producer's reference table claimed in the producer's own name (its pid
+ * and start time: alive as long as the producer is, so never reaped), and
+ * tagged with a number unique to it in the slot's spare word:
+ *
+ *     ticket = serial * XS_IPC_HOLDERS + slot
+ *
+ * The consumer gives it back once its own hold (xseg_ipc_open) keeps the
+ * block, through the table it mapped with the block. A ticket never given
+ * back keeps its block until the producer exits or destroys its allocator.
+ */
+#include <stdatomic.h>
+
+#include "alloc/ipc.h"
+#include "vmm/error.h"
+
+/* Tickets of this process, counted: with the slot, a ticket names one hold
+   only, so giving one back twice cannot free another's. */
+static _Atomic uint64_t ticket_serial;
+
+/* The export record of the block at addr (live, or freed and parked). */
+static const xs_ipc_export *ticket_export(const xs_ipc *ipc, uint64_t addr) {
+  for (size_t i = 0; ipc != NULL && i < ipc->n_exports; i++)
+    if (ipc->exports[i].block->addr == addr) return &ipc->exports[i];
+  return NULL;
+}
+
+xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
+                                 uint64_t *ticket) {
+  if (a == NULL || ticket == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_take(%p): "
+                    "%s is NULL", ptr, a == NULL ? "allocator" : "ticket");
+  xs_alloc_lock(a);
+  size_t where;
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  const xs_ipc_export *e = xs_alloc_find_live_locked(a, addr, &where) != NULL
+                               ? ticket_export(a->ipc, addr)
+                               : NULL;
+  size_t slot = 0;
+  xseg_status st =
+      e != NULL ? xs_ipc_table_hold(a->ipc->table, e->id, &slot)
+                : xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                           "xseg_ipc_ticket_take(%p): not a live block of "
+                           "device %d exported with xseg_ipc_export", ptr,
+                           a->vmm.device);
+  if (st == XSEG_OK) {
+    uint64_t serial = atomic_fetch_add(&ticket_serial, 1) + 1;
+    *ticket = serial * XS_IPC_HOLDERS + slot;
+    a->ipc->table->holders[slot].pad = *ticket;
+  }
+  xs_alloc_unlock(a);
+  return st;
+}
+
+/* The table and block id that `ptr` names here: a block of another process
+   opened at ptr, else one this allocator exported at ptr. */
+static bool ticket_block(xs_ipc *ipc, uint64_t ptr, xs_ipc_table **table,
+                         uint64_t *id) {
+  for (xs_ipc_mapping *m = ipc != NULL ? ipc->mappings : NULL; m != NULL;
+       m = m->next)
+    if (m->ptr == ptr) return *table = m->peer->table, *id = m->id, true;
+  const xs_ipc_export *e = ticket_export(ipc, ptr);
+  if (e != NULL) *table = ipc->table, *id = e->id;
+  return e != NULL;
+}
+
+/* Frees slot `ticket` names if it still is that ticket's hold on id. */
+static bool ticket_release(xs_ipc_table *t, uint64_t id, uint64_t ticket) {
+  xs_ipc_holder *h = &t->holders[ticket % XS_IPC_HOLDERS];
+  if (atomic_load(&h->state) != XS_IPC_HOLDER_HELD ||
+      atomic_load(&h->id) != id || atomic_load(&h->pid) != t->producer_pid ||
+      atomic_load(&h->start) != t->producer_start || h->pad != ticket)
+    return false;
+  uint32_t held = XS_IPC_HOLDER_HELD;
+  return atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
+}
+
+xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
+                                 uint64_t ticket) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_give(%p): "
+                    "allocator is NULL", ptr);
+  xs_alloc_lock(a);
+  xs_ipc_table *table = NULL;
+  uint64_t id = 0;
+  xseg_status st = XSEG_OK;
+  if (!ticket_block(a->ipc, (uint64_t)(uintptr_t)ptr, &table, &id))
+    st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                  "xseg_ipc_ticket_give(%p): neither a block opened with "
+                  "xseg_ipc_open nor one exported by the allocator of "
+                  "device %d", ptr, a->vmm.device);
+  else if (!ticket_release(table, id, ticket))
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_ipc_ticket_give(%p): ticket %llu is no hold on this "
+                  "block (given back already, of another block, or forged)",
+                  ptr, (unsigned long long)ticket);
+  xs_alloc_unlock(a);
+  return st;
+}

@@ -1,0 +1,181 @@
+/* What sharing through a queue adds to xseg's IPC (alloc/ipc_ticket.c,
+ * alloc/ipc_event.c): a ticket holds a block for a consumer that has not
+ * opened it yet, and an interprocess event orders the consumer's stream
+ * after the producer's work without the producer waiting.
+ *
+ * The consumer here is a second allocator of the same process, which
+ * opens the handle like another process would (the holds name this pid);
+ * the same calls across real processes are tested by
+ * tests/python/test_xseg_multiprocessing.py.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "alloc/ipc.h"
+#include "alloc_helpers.h"
+#include "sim_helpers.h"
+
+#define XT_OK(call) XSEG_EXPECT_OK(call)
+
+static xseg_ipc_stats qt_ipc(xseg_allocator *a) {
+  xseg_ipc_stats s;
+  memset(&s, 0, sizeof s);
+  XT_OK(xseg_ipc_get_stats(a, &s));
+  return s;
+}
+
+/* The producer frees the block while its only hold is a ticket: the block
+   stays pending; the consumer opens it, gives the ticket back, closes, and
+   the producer's next malloc frees it. */
+XSEG_TEST(ipc_queue, ticket_keeps_a_freed_block_until_the_consumer_opens) {
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  const size_t size = 2 * MiB;
+  void *p = NULL, *q = NULL, *r = NULL;
+  XT_OK(xseg_malloc(a, size, NULL, &p));
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  XSEG_EXPECT_CU(cuMemsetD8(at_dptr(p), 0x33, size));
+  xseg_ipc_handle *h = NULL;
+  uint64_t ticket = 0;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_ticket_take(a, p, &ticket));
+  XT_OK(xseg_free(a, p));                     /* "del" before the consumer */
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
+  XSEG_EXPECT_EQ(qt_ipc(a).pending_on_others, 1);
+  XT_OK(xseg_malloc(a, 512, NULL, &r));       /* settles: a ticket is alive */
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XT_OK(xseg_ipc_ticket_give(b, q, ticket));
+  XSEG_EXPECT_EQ(qt_ipc(a).open_by_others, 1);   /* b's own hold */
+  XSEG_EXPECT_TRUE(at_bytes_are(q, size, 0x33));
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_give(b, q, ticket),
+                 XSEG_ERR_INVALID_ARGUMENT);     /* not twice */
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "given back already") != NULL);
+  XT_OK(xseg_ipc_close(b, q));
+  XT_OK(xseg_free(a, r));
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(qt_ipc(a).exported_blocks, 0);
+  XT_OK(xseg_free(a, r));
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
+/* A handle that was never sent: the producer gives its ticket back itself,
+   even after freeing the block, which then goes at the next malloc. */
+XSEG_TEST(ipc_queue, producer_gives_back_an_unsent_ticket) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p = NULL, *r = NULL;
+  XT_OK(xseg_malloc(a, MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  uint64_t t1 = 0, t2 = 0;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_ticket_take(a, p, &t1));
+  XT_OK(xseg_ipc_ticket_take(a, p, &t2));
+  XSEG_EXPECT_NE(t1, t2);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_ipc_ticket_give(a, p, t1));
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)MiB);  /* t2 */
+  XT_OK(xseg_ipc_ticket_give(a, p, t2));
+  XT_OK(xseg_free(a, r));
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XT_OK(xseg_free(a, r));
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* Bad input names its cause and changes nothing. */
+XSEG_TEST(ipc_queue, bad_tickets_are_refused) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p = NULL;
+  uint64_t t = 0;
+  XT_OK(xseg_malloc(a, MiB, NULL, &p));
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_take(a, p, &t), XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "exported") != NULL);
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_take(a, p, NULL),
+                 XSEG_ERR_INVALID_ARGUMENT);
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_ticket_take(a, p, &t));
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_give(a, p, t + XS_IPC_HOLDERS),
+                 XSEG_ERR_INVALID_ARGUMENT);     /* same slot, not it */
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_give(a, p, t + 1),
+                 XSEG_ERR_INVALID_ARGUMENT);     /* another slot */
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_give(a, (char *)p + 512, t),
+                 XSEG_ERR_UNKNOWN_POINTER);
+  XSEG_EXPECT_EQ(qt_ipc(a).open_by_others, 1);   /* the ticket still holds */
+  XT_OK(xseg_ipc_ticket_give(a, p, t));
+  XSEG_EXPECT_EQ(qt_ipc(a).open_by_others, 0);
+  XT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* The consumer's stream waits for the work the producer queued before
+   xseg_ipc_record, on the device: the producer's stream is held by a
+   latch, the consumer's copy behind the wait does not run until the latch
+   opens, and the producer never waited. */
+XSEG_TEST(ipc_queue, consumer_stream_waits_for_the_recorded_work) {
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream ps = at_stream_new(), cs = at_stream_new();
+  XSEG_ASSERT_TRUE(ps != NULL && cs != NULL);
+  const size_t size = MiB;
+  void *p = NULL, *q = NULL, *dst = NULL;
+  XT_OK(xseg_malloc(a, size, ps, &p));
+  XT_OK(xseg_malloc(b, size, cs, &dst));
+  XSEG_EXPECT_CU(cuMemsetD8(at_dptr(dst), 0, size));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(ps, l));
+  XSEG_EXPECT_CU(cuMemsetD8Async(at_dptr(p), 0x5c, size, ps));
+  unsigned char ev[XSEG_IPC_EVENT_BYTES];
+  XT_OK(xseg_ipc_record(a, ps, ev));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XT_OK(xseg_ipc_wait(b, ev, cs));
+  XSEG_EXPECT_CU(cuMemcpyDtoDAsync(at_dptr(dst), at_dptr(q), size, cs));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(cs), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_TRUE(at_bytes_are(dst, size, 0));  /* nothing copied yet */
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(cs));
+  XSEG_EXPECT_TRUE(at_bytes_are(dst, size, 0x5c));
+  XT_OK(xseg_ipc_close(b, q));
+  XT_OK(xseg_ipc_record(a, ps, ev));             /* the same event again */
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_free(b, dst));
+  xseg_ipc_handle_free(h);
+  XSEG_EXPECT_CU(cuStreamSynchronize(ps));
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(ps));
+  XSEG_EXPECT_CU(cuStreamDestroy(cs));
+  xt_latch_free(l);
+}
+
+/* Bytes that are no event handle: the driver's error, named. */
+XSEG_TEST(ipc_queue, wait_on_junk_names_the_driver_call) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  unsigned char junk[XSEG_IPC_EVENT_BYTES];
+  memset(junk, 0x33, sizeof junk);
+  XSEG_EXPECT_EQ(xseg_ipc_wait(a, junk, NULL), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuIpcOpenEventHandle") != NULL);
+  XSEG_EXPECT_EQ(xseg_ipc_wait(a, NULL, NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_EQ(xseg_ipc_record(a, NULL, NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
