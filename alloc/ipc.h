@@ -147,6 +147,10 @@ bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id);
    publishing it, that the block is still exported (LIVE or PARKED).
    Returns the slot, or SIZE_MAX with a message. */
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot);
+/* The same in the name of process (pid, start), e.g. a ticket's hold
+   (ipc_ticket.c), which names the producer: never reaped while it runs. */
+xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
+                                 uint64_t start, size_t *slot);
 void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot);
 
 /* ---- the allocator's side ---------------------------------------------- */

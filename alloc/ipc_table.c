@@ -247,14 +247,20 @@ static size_t table_claim(xs_ipc_table *t) {
 }
 
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
+  return xs_ipc_table_hold_as(t, id, xs_ipc_self_pid(), xs_ipc_self_start(),
+                              slot);
+}
+
+xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
+                                 uint64_t start, size_t *slot) {
   size_t i = table_claim(t);
   if (i == SIZE_MAX)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "xseg_ipc_open: producer pid %d's reference table is "
                     "full (%d holds)", (int)t->producer_pid, XS_IPC_HOLDERS);
   xs_ipc_holder *h = &t->holders[i];
-  atomic_store_explicit(&h->pid, xs_ipc_self_pid(), memory_order_relaxed);
-  atomic_store_explicit(&h->start, xs_ipc_self_start(), memory_order_relaxed);
+  atomic_store_explicit(&h->pid, pid, memory_order_relaxed);
+  atomic_store_explicit(&h->start, start, memory_order_relaxed);
   atomic_store_explicit(&h->id, id, memory_order_relaxed);
   atomic_store(&h->state, XS_IPC_HOLDER_HELD);
   xs_ipc_export_slot *e = table_export(t, id);

@@ -20,41 +20,22 @@
 #include "vmm/error.h"
 
 /* Tickets of this process, counted: with the slot, a ticket names one hold
-   only, so giving one back twice cannot free another's. */
-static _Atomic uint64_t ticket_serial;
+   only, so giving one back twice cannot free another's. The pid spreads
+   the serials of the processes that take tickets in one table (a producer
+   and those that send its blocks on); only equality matters, so the
+   arithmetic may wrap (XS_IPC_HOLDERS divides 2^64: the slot survives). */
+static _Atomic uint64_t ticket_count;
+
+static uint64_t ticket_serial(void) {
+  return atomic_fetch_add(&ticket_count, 1) + 1 +
+         (uint64_t)xs_ipc_self_pid() * 0x9e3779b97f4a7c15u;
+}
 
 /* The export record of the block at addr (live, or freed and parked). */
 static const xs_ipc_export *ticket_export(const xs_ipc *ipc, uint64_t addr) {
   for (size_t i = 0; ipc != NULL && i < ipc->n_exports; i++)
     if (ipc->exports[i].block->addr == addr) return &ipc->exports[i];
   return NULL;
-}
-
-xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
-                                 uint64_t *ticket) {
-  if (a == NULL || ticket == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_take(%p): "
-                    "%s is NULL", ptr, a == NULL ? "allocator" : "ticket");
-  xs_alloc_lock(a);
-  size_t where;
-  uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  const xs_ipc_export *e = xs_alloc_find_live_locked(a, addr, &where) != NULL
-                               ? ticket_export(a->ipc, addr)
-                               : NULL;
-  size_t slot = 0;
-  xseg_status st =
-      e != NULL ? xs_ipc_table_hold(a->ipc->table, e->id, &slot)
-                : xs_error(XSEG_ERR_UNKNOWN_POINTER,
-                           "xseg_ipc_ticket_take(%p): not a live block of "
-                           "device %d exported with xseg_ipc_export", ptr,
-                           a->vmm.device);
-  if (st == XSEG_OK) {
-    uint64_t serial = atomic_fetch_add(&ticket_serial, 1) + 1;
-    *ticket = serial * XS_IPC_HOLDERS + slot;
-    a->ipc->table->holders[slot].pad = *ticket;
-  }
-  xs_alloc_unlock(a);
-  return st;
 }
 
 /* The table and block id that `ptr` names here: a block of another process
@@ -67,6 +48,35 @@ static bool ticket_block(xs_ipc *ipc, uint64_t ptr, xs_ipc_table **table,
   const xs_ipc_export *e = ticket_export(ipc, ptr);
   if (e != NULL) *table = ipc->table, *id = e->id;
   return e != NULL;
+}
+
+xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
+                                 uint64_t *ticket) {
+  if (a == NULL || ticket == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_take(%p): "
+                    "%s is NULL", ptr, a == NULL ? "allocator" : "ticket");
+  xs_alloc_lock(a);
+  size_t where, slot = 0;
+  uint64_t addr = (uint64_t)(uintptr_t)ptr, id = 0;
+  xs_ipc_table *t = NULL;
+  /* A block exported here must still be live (not freed and parked); one
+     opened here is held by this very process. */
+  bool found = ticket_block(a->ipc, addr, &t, &id) &&
+               (t != a->ipc->table ||
+                xs_alloc_find_live_locked(a, addr, &where) != NULL);
+  xseg_status st =
+      found ? xs_ipc_table_hold_as(t, id, t->producer_pid, t->producer_start,
+                                   &slot)
+            : xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                       "xseg_ipc_ticket_take(%p): neither a live block of "
+                       "device %d exported with xseg_ipc_export nor one "
+                       "opened with xseg_ipc_open", ptr, a->vmm.device);
+  if (st == XSEG_OK) {
+    *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
+    t->holders[slot].pad = *ticket;
+  }
+  xs_alloc_unlock(a);
+  return st;
 }
 
 /* Frees slot `ticket` names if it still is that ticket's hold on id. */

@@ -91,6 +91,46 @@ XSEG_TEST(ipc_queue, producer_gives_back_an_unsent_ticket) {
   xseg_destroy(a);
 }
 
+/* A consumer sends the block on: its ticket, taken in the producer's
+   table, keeps the block after the consumer closed and the producer freed
+   it, until a third consumer opens it and gives the ticket back. */
+XSEG_TEST(ipc_queue, ticket_of_a_consumer_keeps_the_block_for_the_next) {
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL),
+                 *c = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL && c != NULL);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  const size_t size = MiB;
+  void *p = NULL, *q = NULL, *s = NULL, *r = NULL;
+  XT_OK(xseg_malloc(a, size, NULL, &p));
+  XSEG_EXPECT_CU(cuMemsetD8(at_dptr(p), 0x42, size));
+  xseg_ipc_handle *h = NULL;
+  uint64_t t1 = 0, t2 = 0;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_ticket_take(a, p, &t1));
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XT_OK(xseg_ipc_ticket_give(b, q, t1));
+  XT_OK(xseg_ipc_ticket_take(b, q, &t2));     /* b sends it on */
+  XT_OK(xseg_ipc_close(b, q));
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_take(b, q, &t1), XSEG_ERR_UNKNOWN_POINTER);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)size);
+  XT_OK(xseg_ipc_open(c, h, &s));
+  XT_OK(xseg_ipc_ticket_give(c, s, t2));
+  XSEG_EXPECT_TRUE(at_bytes_are(s, size, 0x42));
+  XT_OK(xseg_ipc_close(c, s));
+  XT_OK(xseg_free(a, r));
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(qt_ipc(a).exported_blocks, 0);
+  XT_OK(xseg_free(a, r));
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  xseg_destroy(c);
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
 /* Bad input names its cause and changes nothing. */
 XSEG_TEST(ipc_queue, bad_tickets_are_refused) {
   xseg_allocator *a = at_create(NULL);
