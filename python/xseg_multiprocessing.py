@@ -1,0 +1,430 @@
+"""torch.multiprocessing shares CUDA tensors through xseg.
+
+PyTorch shares a CUDA tensor by asking its allocator for a CUDA IPC handle
+(torch/multiprocessing/reductions.py: reduce_tensor -> storage._share_cuda_
+-> CUDACachingAllocator::shareIpcHandle), which a pluggable allocator
+refuses. install(lib), which xseg_torch.install() calls, replaces the
+reductions torch registers on multiprocessing.reduction.ForkingPickler for
+CUDA tensors and untyped storages (and the module functions
+torch.multiprocessing.reductions.reduce_tensor / reduce_storage, which
+libraries call directly) with ones that, for a block xseg allocated:
+
+- export it (xseg_ipc_export) and send the handle (xseg_ipc_send) into one
+  end of a Unix socket pair, whose other end travels the way
+  multiprocessing carries any fd (multiprocessing.reduction.DupFd: the
+  resource sharer, or the spawning process's fd list), so one fd carries
+  all of the handle's;
+- take a ticket (xseg_ipc_ticket_take): the block stays pending after the
+  producer frees it until the consumer has it open;
+- record an interprocess event on the current stream (xseg_ipc_record):
+  the consumer's current stream waits for it (xseg_ipc_wait), so the
+  consumer sees the producer's queued work without the producer waiting.
+
+The consumer opens the block (xseg_ipc_open), gives the ticket back, and
+wraps it as a DLPack capsule whose deleter synchronizes the consumer's
+current stream (as PyTorch's does) and closes it (xseg_ipc_close); the
+tensor gets the sender's dtype, shape, strides and storage offset. Tensors
+of one storage share one storage (one open) in the consumer. A consumer
+may send a received tensor on: the producer's handle goes with it, with a
+new ticket and the consumer's own event. Everything else (CPU tensors,
+CUDA tensors of another allocator) keeps torch's own reductions.
+
+What this lifts of PyTorch's rules for CUDA sharing: the producer need not
+keep the tensor alive while consumers use it (its free leaves the block
+pending until the last consumer closed it, or died: SIGKILL included); a
+received tensor can be sent on. Like every fd that multiprocessing sends,
+the sender must run until the receiver has unpickled the tensor.
+"""
+
+import atexit
+import ctypes
+import os
+import socket
+import threading
+import weakref
+from multiprocessing import context as _mp_context
+from multiprocessing import reduction as _mp_reduction
+
+__all__ = ["install", "installed", "ShareError"]
+
+XSEG_OK = 0
+XSEG_ERR_UNKNOWN_POINTER = 3
+EVENT_BYTES = 64
+_CUDA = 2                     # DLPack's kDLCUDA
+
+
+class ShareError(RuntimeError):
+    """An xseg IPC call failed while sharing or receiving a tensor."""
+
+
+# ---- the library ------------------------------------------------------------
+
+class _Lib:
+    """libxseg.so's IPC entry points, typed for ctypes (one per path)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.c = lib = ctypes.CDLL(path)
+        vp, u64, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
+        pvp = ctypes.POINTER(ctypes.c_void_p)
+        sigs = {
+            "xseg_torch_allocator": (vp, [i]),
+            "xseg_torch_has_allocator": (i, [i]),
+            "xseg_torch_last_error": (ctypes.c_char_p, []),
+            "xseg_last_error": (ctypes.c_char_p, []),
+            "xseg_status_name": (ctypes.c_char_p, [i]),
+            "xseg_ipc_export": (i, [vp, vp, pvp]),
+            "xseg_ipc_send": (i, [i, vp]),
+            "xseg_ipc_recv": (i, [i, pvp]),
+            "xseg_ipc_handle_free": (None, [vp]),
+            "xseg_ipc_open": (i, [vp, vp, pvp]),
+            "xseg_ipc_close": (i, [vp, vp]),
+            "xseg_ipc_ticket_take": (i, [vp, vp, ctypes.POINTER(u64)]),
+            "xseg_ipc_ticket_give": (i, [vp, vp, u64]),
+            "xseg_ipc_record": (i, [vp, vp, ctypes.c_char_p]),
+            "xseg_ipc_wait": (i, [vp, ctypes.c_char_p, vp]),
+        }
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+
+    def check(self, status, what):
+        if status != XSEG_OK:
+            raise ShareError("%s: %s: %s" % (
+                what, self.c.xseg_status_name(status).decode(),
+                self.c.xseg_last_error().decode()))
+
+    def allocator(self, device, create=True):
+        """xseg's allocator of `device` (None if not created and not
+        `create`)."""
+        if not create and not self.c.xseg_torch_has_allocator(device):
+            return None
+        a = self.c.xseg_torch_allocator(device)
+        if not a:
+            raise ShareError("xseg allocator of device %d: %s" % (
+                device, self.c.xseg_torch_last_error().decode()))
+        return a
+
+
+_libs = {}
+_lock = threading.Lock()
+_shutting_down = []
+
+
+def _lib_at(path):
+    with _lock:
+        if path not in _libs:
+            _libs[path] = _Lib(path)
+        return _libs[path]
+
+
+# ---- the consumer's imports -------------------------------------------------
+
+def _stream_of(device):
+    import torch
+    return torch.cuda.current_stream(device)
+
+
+class _Import:
+    """A block of another process open here: the handle (kept to send the
+    block on), the pointer, and the close that the tensor's storage deleter
+    runs once torch frees the storage."""
+
+    def __init__(self, lib, device, allocator, handle, ptr, nbytes):
+        self.lib, self.device, self.allocator = lib, device, allocator
+        self.handle, self.ptr, self.nbytes = handle, ptr, nbytes
+        self.storage_ref = None          # StorageWeakRef of its storage
+
+    def close(self):
+        if self.handle is None or _shutting_down:
+            return                       # at exit the process unmaps all
+        try:
+            # The consumer's queued work may still use the block: PyTorch's
+            # receiver synchronizes its current stream here too.
+            _stream_of(self.device).synchronize()
+        finally:
+            self.lib.c.xseg_ipc_close(self.allocator, self.ptr)
+            self.lib.c.xseg_ipc_handle_free(self.handle)
+            self.handle = None
+            with _lock:
+                if _imports.get(self.ptr) is self:
+                    del _imports[self.ptr]
+
+
+_imports = {}          # pointer -> _Import, while its storage lives
+
+
+def _import_of(ptr):
+    with _lock:
+        imp = _imports.get(ptr)
+    if imp is None or imp.storage_ref is None or imp.storage_ref.expired():
+        return None
+    return imp
+
+
+# DLPack (dlpack.h), as torch.utils.dlpack.from_dlpack takes it: the
+# managed tensor's deleter runs when torch frees the storage.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice),
+                ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DLDeleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor),
+                             ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DLDeleter)]
+
+_managed = {}          # address of a managed tensor -> (it, shape, _Import)
+
+
+def _dl_delete(managed):
+    entry = _managed.pop(ctypes.addressof(managed.contents), None)
+    if entry is not None:
+        entry[2].close()
+
+
+_dl_deleter = _DLDeleter(_dl_delete)
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _storage_of(imp):
+    """A CUDA storage over the whole block, whose deleter closes imp."""
+    import torch
+    import torch.utils.dlpack
+    shape = (ctypes.c_int64 * 1)(imp.nbytes)
+    m = _DLManagedTensor()
+    m.dl_tensor.data = imp.ptr
+    m.dl_tensor.device = _DLDevice(_CUDA, imp.device)
+    m.dl_tensor.ndim = 1
+    m.dl_tensor.dtype = _DLDataType(1, 8, 1)         # kDLUInt, 8 bits
+    m.dl_tensor.shape = shape
+    m.dl_tensor.strides = None
+    m.dl_tensor.byte_offset = 0
+    m.deleter = _dl_deleter
+    _managed[ctypes.addressof(m)] = (m, shape, imp)
+    capsule = _capsule_new(ctypes.addressof(m), b"dltensor", None)
+    base = torch.utils.dlpack.from_dlpack(capsule)
+    return base.untyped_storage()
+
+
+def _receive(path, device, carried, ticket, event, nbytes):
+    """The storage a producer sent: opened (or the one already open here),
+    its ticket given back, and the current stream made to wait for the
+    producer's work on it."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    lib = _lib_at(path)
+    a = lib.allocator(device)
+    fd = carried.detach()
+    handle = ctypes.c_void_p()
+    try:
+        lib.check(lib.c.xseg_ipc_recv(fd, ctypes.byref(handle)),
+                  "xseg_ipc_recv")
+    finally:
+        os.close(fd)
+    ptr = ctypes.c_void_p()
+    status = lib.c.xseg_ipc_open(a, handle, ctypes.byref(ptr))
+    if status != XSEG_OK:
+        lib.c.xseg_ipc_handle_free(handle)
+        lib.check(status, "xseg_ipc_open")
+    ptr = ptr.value
+    failure = lib.c.xseg_ipc_ticket_give(a, ptr, ticket)
+    if failure == XSEG_OK:
+        stream = _stream_of(device)
+        failure = lib.c.xseg_ipc_wait(a, event, stream.cuda_stream)
+    if failure != XSEG_OK:
+        message = lib.c.xseg_last_error().decode()
+        lib.c.xseg_ipc_close(a, ptr)
+        lib.c.xseg_ipc_handle_free(handle)
+        raise ShareError("receiving a CUDA tensor: %s" % message)
+    imp = _import_of(ptr)
+    if imp is not None:
+        storage = torch.UntypedStorage._new_with_weak_ptr(imp.storage_ref.cdata)
+        if storage is not None:          # one storage, one open
+            lib.c.xseg_ipc_close(a, ptr)
+            lib.c.xseg_ipc_handle_free(handle)
+            return storage
+    imp = _Import(lib, device, a, handle, ptr, nbytes)
+    storage = _storage_of(imp)
+    imp.storage_ref = StorageWeakRef(storage)
+    with _lock:
+        _imports[ptr] = imp
+    return storage
+
+
+# ---- the producer's side ----------------------------------------------------
+
+def _carry(lib, handle):
+    """A picklable carrier of the handle's fds: the handle is sent into one
+    end of a socket pair, the other end travels as multiprocessing.DupFd."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        lib.check(lib.c.xseg_ipc_send(ours.fileno(), handle), "xseg_ipc_send")
+    finally:
+        ours.close()
+    carried = _mp_reduction.DupFd(theirs.fileno())
+    if _mp_context.get_spawning_popen() is None:
+        theirs.close()                   # the resource sharer has a dup
+    else:
+        _spawn_fds.append(theirs)        # the child inherits this very fd
+    return carried
+
+
+_spawn_fds = []
+
+
+def _share(storage):
+    """The rebuild arguments of a CUDA storage xseg allocated (or received),
+    or None to leave it to torch."""
+    ptr, nbytes = storage.data_ptr(), storage.nbytes()
+    device = storage.device.index
+    if ptr == 0 or nbytes == 0 or _lib is None:
+        return None
+    lib = _lib
+    imp = _import_of(ptr)
+    if imp is not None:                  # received here: send it on
+        a, handle, own = imp.allocator, imp.handle, False
+    else:
+        a = lib.allocator(device, create=False)
+        if a is None:
+            return None
+        handle = ctypes.c_void_p()
+        status = lib.c.xseg_ipc_export(a, ptr, ctypes.byref(handle))
+        if status == XSEG_ERR_UNKNOWN_POINTER:
+            return None                  # not xseg's: torch's own way
+        lib.check(status, "xseg_ipc_export")
+        own = True
+    ticket = ctypes.c_uint64()
+    event = ctypes.create_string_buffer(EVENT_BYTES)
+    try:
+        lib.check(lib.c.xseg_ipc_ticket_take(a, ptr, ctypes.byref(ticket)),
+                  "xseg_ipc_ticket_take")
+        try:
+            stream = _stream_of(device)
+            lib.check(lib.c.xseg_ipc_record(a, stream.cuda_stream, event),
+                      "xseg_ipc_record")
+            carried = _carry(lib, handle)
+        except BaseException:
+            lib.c.xseg_ipc_ticket_give(a, ptr, ticket.value)
+            raise
+    finally:
+        if own:
+            lib.c.xseg_ipc_handle_free(handle)
+    return (lib.path, device, carried, ticket.value, event.raw, nbytes)
+
+
+def _rebuild_storage(storage_cls, path, device, carried, ticket, event,
+                     nbytes):
+    return _receive(path, device, carried, ticket, event, nbytes)
+
+
+def _rebuild_tensor(tensor_cls, size, stride, offset, dtype, requires_grad,
+                    path, device, carried, ticket, event, nbytes):
+    import torch
+    storage = _receive(path, device, carried, ticket, event, nbytes)
+    t = torch.empty((0,), dtype=dtype, device=storage.device)
+    t = t.set_(storage, offset, size, stride)
+    # As torch's rebuild_cuda_tensor: integer parameters need
+    # requires_grad=False in the constructor.
+    if tensor_cls == torch.nn.parameter.Parameter:
+        return torch.nn.parameter.Parameter(t, requires_grad=requires_grad)
+    t.requires_grad = requires_grad
+    return t
+
+
+def _xseg_storage(tensor):
+    """The untyped CUDA storage of a tensor we may share, else None."""
+    if tensor.is_nested or tensor.device.type != "cuda":
+        return None
+    return tensor.untyped_storage()
+
+
+def _reduce_tensor_with(torch_reduce):
+    def reduce_tensor(tensor):
+        storage = _xseg_storage(tensor)
+        if storage is not None:
+            if tensor.requires_grad and not tensor.is_leaf:
+                # torch's own refusal, with its words.
+                return torch_reduce(tensor)
+            shared = _share(storage)
+            if shared is not None:
+                return (_rebuild_tensor,
+                        (type(tensor), tuple(tensor.size()),
+                         tuple(tensor.stride()), tensor.storage_offset(),
+                         tensor.dtype, tensor.requires_grad) + shared)
+        return torch_reduce(tensor)
+    reduce_tensor.xseg_wraps = torch_reduce
+    return reduce_tensor
+
+
+def _reduce_storage_with(torch_reduce):
+    def reduce_storage(storage):
+        if storage.device.type == "cuda":
+            shared = _share(storage)
+            if shared is not None:
+                return (_rebuild_storage, (type(storage),) + shared)
+        return torch_reduce(storage)
+    reduce_storage.xseg_wraps = torch_reduce
+    return reduce_storage
+
+
+# ---- install ----------------------------------------------------------------
+
+_lib = None
+
+
+def installed():
+    """True once install() has run in this process."""
+    return _lib is not None
+
+
+def _wrap(reducers, cls, make):
+    current = reducers.get(cls)
+    if current is not None and not hasattr(current, "xseg_wraps"):
+        _mp_reduction.ForkingPickler.register(cls, make(current))
+
+
+def install(lib):
+    """Makes torch.multiprocessing share CUDA tensors (and untyped storages)
+    that xseg allocated through xseg's IPC. `lib`: the path of libxseg.so,
+    or an object with a `path` (xseg_torch.Library). Idempotent."""
+    global _lib
+    import torch
+    import torch.multiprocessing.reductions as reductions
+    _lib = _lib_at(getattr(lib, "path", lib))
+    reducers = _mp_reduction.ForkingPickler._extra_reducers
+    tensor_classes = {torch.Tensor, torch.nn.parameter.Parameter}
+    tensor_classes.update(getattr(torch, "_tensor_classes", ()))
+    for cls in tensor_classes:
+        _wrap(reducers, cls, _reduce_tensor_with)
+    _wrap(reducers, torch.UntypedStorage, _reduce_storage_with)
+    for name, make in (("reduce_tensor", _reduce_tensor_with),
+                       ("reduce_storage", _reduce_storage_with)):
+        current = getattr(reductions, name)
+        if not hasattr(current, "xseg_wraps"):
+            setattr(reductions, name, make(current))
+
+
+@atexit.register
+def _at_exit():
+    _shutting_down.append(True)
+    for f in _spawn_fds:
+        f.close()
