@@ -1,0 +1,4 @@
+"""torch.multiprocessing: importing it registers torch's reductions."""
+from . import reductions
+
+reductions.init_reductions()
