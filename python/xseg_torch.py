@@ -149,6 +149,8 @@ def install(path=None):
     allocator = torch.cuda.memory.CUDAPluggableAllocator(
         lib.path, "xseg_torch_malloc", "xseg_torch_free")
     torch.cuda.memory.change_current_allocator(allocator)
+    import xseg_multiprocessing          # CUDA tensors through xseg's IPC
+    xseg_multiprocessing.install(lib)
     return allocator
 
 
