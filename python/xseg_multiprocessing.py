@@ -45,7 +45,7 @@ import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
 
-__all__ = ["install", "installed", "ShareError"]
+__all__ = ["install", "installed", "stats", "ShareError"]
 
 XSEG_OK = 0
 XSEG_ERR_UNKNOWN_POINTER = 3
@@ -83,6 +83,8 @@ class _Lib:
             "xseg_ipc_ticket_give": (i, [vp, vp, u64]),
             "xseg_ipc_record": (i, [vp, vp, ctypes.c_char_p]),
             "xseg_ipc_wait": (i, [vp, ctypes.c_char_p, vp]),
+            "xseg_get_stats": (i, [vp, vp]),
+            "xseg_ipc_get_stats": (i, [vp, vp]),
         }
         for name, (res, args) in sigs.items():
             fn = getattr(lib, name)
@@ -104,6 +106,33 @@ class _Lib:
             raise ShareError("xseg allocator of device %d: %s" % (
                 device, self.c.xseg_torch_last_error().decode()))
         return a
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in
+                ("current", "peak", "allocated", "freed")]
+
+
+class _Stats(ctypes.Structure):
+    """xseg.h's xseg_stats."""
+    _fields_ = [(n, _Stat) for n in
+                ("allocation", "segment", "active", "inactive_split",
+                 "allocated_bytes", "reserved_bytes", "active_bytes",
+                 "inactive_split_bytes", "requested_bytes")] + \
+               [(n, ctypes.c_int64) for n in
+                ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
+                 "num_device_alloc", "num_device_free", "mapped_bytes",
+                 "pending_free_bytes", "handles_awaiting_release")]
+
+
+_IPC_STATS = ("exported_blocks", "exported_total", "open_by_others",
+              "pending_on_others", "reclaimed", "opened_blocks",
+              "opened_total")
+
+
+class _IpcStats(ctypes.Structure):
+    """xseg.h's xseg_ipc_stats."""
+    _fields_ = [(n, ctypes.c_int64) for n in _IPC_STATS]
 
 
 _libs = {}
@@ -421,6 +450,26 @@ def install(lib):
         current = getattr(reductions, name)
         if not hasattr(current, "xseg_wraps"):
             setattr(reductions, name, make(current))
+
+
+def stats(device=0):
+    """What sharing leaves on `device`: xseg's pending_free_bytes (freed
+    blocks waiting, here for other processes to close them) and the
+    counts of xseg_ipc_get_stats (exported_blocks, open_by_others,
+    pending_on_others, reclaimed, opened_blocks, ...). Zeros before the
+    device's allocator exists."""
+    out = dict.fromkeys(("pending_free_bytes",) + _IPC_STATS, 0)
+    lib = _lib
+    a = lib.allocator(device, create=False) if lib is not None else None
+    if a is None:
+        return out
+    raw, ipc = _Stats(), _IpcStats()
+    lib.check(lib.c.xseg_get_stats(a, ctypes.byref(raw)), "xseg_get_stats")
+    lib.check(lib.c.xseg_ipc_get_stats(a, ctypes.byref(ipc)),
+              "xseg_ipc_get_stats")
+    out["pending_free_bytes"] = raw.pending_free_bytes
+    out.update((n, getattr(ipc, n)) for n in _IPC_STATS)
+    return out
 
 
 @atexit.register

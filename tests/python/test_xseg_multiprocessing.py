@@ -18,7 +18,6 @@ PYTHONPATH=python/ and tests/python/standin.
 """
 import ctypes
 import gc
-import json
 import multiprocessing
 import os
 import signal
@@ -75,41 +74,8 @@ def bytes_of(t, n=None):
     return bytes(buf)
 
 
-class _Stat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int64) for n in
-                ("current", "peak", "allocated", "freed")]
-
-
-class _Stats(ctypes.Structure):
-    """xseg.h's xseg_stats."""
-    _fields_ = [(n, _Stat) for n in
-                ("allocation", "segment", "active", "inactive_split",
-                 "allocated_bytes", "reserved_bytes", "active_bytes",
-                 "inactive_split_bytes", "requested_bytes")] + \
-               [(n, ctypes.c_int64) for n in
-                ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
-                 "num_device_alloc", "num_device_free", "mapped_bytes",
-                 "pending_free_bytes", "handles_awaiting_release")]
-
-
 def stats():
-    """The IPC counts of xseg_stats_json (ipc.*) and pending_free_bytes
-    (xseg_get_stats) of device 0's allocator."""
-    lib = ctypes.CDLL(os.environ["XSEG_LIBRARY"])
-    lib.xseg_torch_stats_json.restype = ctypes.c_void_p
-    lib.xseg_torch_string_free.argtypes = [ctypes.c_void_p]
-    lib.xseg_torch_allocator.restype = ctypes.c_void_p
-    lib.xseg_get_stats.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    text = lib.xseg_torch_stats_json(0)
-    try:
-        out = json.loads(ctypes.string_at(text).decode())
-    finally:
-        lib.xseg_torch_string_free(text)
-    raw = _Stats()
-    if lib.xseg_get_stats(lib.xseg_torch_allocator(0), ctypes.byref(raw)):
-        raise RuntimeError("xseg_get_stats failed")
-    out["pending_free_bytes"] = raw.pending_free_bytes
-    return out
+    return xseg_multiprocessing.stats(0)
 
 
 def settle():
@@ -154,7 +120,7 @@ def round_trip_consumer(inbox, outbox):
             for x in (t, strided, as_int)]
     s = stats()
     outbox.put(("received", same, meta, stream().query(),
-                s["ipc.opened_blocks"], s["ipc.opened_total"]))
+                s["opened_blocks"], s["opened_total"]))
     inbox.get(timeout=TIMEOUT)                      # the producer let go
     outbox.put(("read", bytes_of(t, 16), bytes_of(as_int, 16)))
     fill(t, 0x22)
@@ -162,7 +128,7 @@ def round_trip_consumer(inbox, outbox):
     inbox.get(timeout=TIMEOUT)
     del t, strided, as_int
     gc.collect()
-    outbox.put(("closed", stats()["ipc.opened_blocks"]))
+    outbox.put(("closed", stats()["opened_blocks"]))
 
 
 def holding_consumer(inbox, outbox, tensors=None):
@@ -191,7 +157,7 @@ def relay_consumer(inbox, outbox, onward):
     onward.join_thread()                            # pickled and sent
     del t
     gc.collect()
-    outbox.put(("relayed", stats()["ipc.opened_blocks"]))
+    outbox.put(("relayed", stats()["opened_blocks"]))
     inbox.get(timeout=TIMEOUT)
     outbox.put(("done",))
 
@@ -254,7 +220,7 @@ def case_round_trip(ctx):
     expect(not done, "the consumer's stream waits for the producer's held "
                      "work (the interprocess event)")
     s = stats()
-    expect(s["ipc.open_by_others"] == 1, "the consumer holds the block")
+    expect(s["open_by_others"] == 1, "the consumer holds the block")
     latch.open()
     inbox.put("go")
     _, head, head_int = get(outbox, "read")
@@ -270,7 +236,7 @@ def case_round_trip(ctx):
                             "tensor")
     p.join(TIMEOUT)
     expect(p.exitcode == 0, "round-trip consumer exit %r" % p.exitcode)
-    expect(stats()["ipc.open_by_others"] == 0, "no hold left")
+    expect(stats()["open_by_others"] == 0, "no hold left")
     del t, strided, as_int
 
 
@@ -294,7 +260,7 @@ def case_producer_frees_first(ctx):
                                 "freed: %r" % head)
     settle()
     s = stats()
-    expect(s["pending_free_bytes"] == nbytes and s["ipc.open_by_others"] == 1,
+    expect(s["pending_free_bytes"] == nbytes and s["open_by_others"] == 1,
            "held by the consumer, still pending")
     inbox.put("drop")
     get(outbox, "closed")
@@ -302,7 +268,7 @@ def case_producer_frees_first(ctx):
     expect(p.exitcode == 0, "consumer exit %r" % p.exitcode)
     settle()
     s = stats()
-    expect(s["pending_free_bytes"] == 0 and s["ipc.exported_blocks"] == 0,
+    expect(s["pending_free_bytes"] == 0 and s["exported_blocks"] == 0,
            "given back once the consumer closed (%d pending)" %
            s["pending_free_bytes"])
 
@@ -315,7 +281,7 @@ def case_consumer_killed(ctx):
     inbox.put(t)
     _, head = get(outbox, "received")
     expect(head == b"\x7b" * 8, "consumer read the bytes")
-    reclaimed = stats()["ipc.reclaimed"]
+    reclaimed = stats()["reclaimed"]
     del t
     settle()
     expect(stats()["pending_free_bytes"] == 6 << 20, "pending while held")
@@ -324,10 +290,10 @@ def case_consumer_killed(ctx):
     expect(p.exitcode == -signal.SIGKILL, "killed (%r)" % p.exitcode)
     settle()
     s = stats()
-    expect(s["pending_free_bytes"] == 0 and s["ipc.open_by_others"] == 0,
+    expect(s["pending_free_bytes"] == 0 and s["open_by_others"] == 0,
            "the killed consumer's hold is taken back (%d pending)" %
            s["pending_free_bytes"])
-    expect(s["ipc.reclaimed"] == reclaimed + 1, "counted as reclaimed")
+    expect(s["reclaimed"] == reclaimed + 1, "counted as reclaimed")
 
 
 def case_relay(ctx):
@@ -389,7 +355,7 @@ def case_not_xseg():
     except RuntimeError as err:
         expect("does not yet support shareIPcHandle" in str(err),
                "torch's own reduction ran: %s" % err)
-    expect(stats()["ipc.exported_blocks"] == 0, "nothing exported")
+    expect(stats()["exported_blocks"] == 0, "nothing exported")
     del t, inner
 
 
@@ -403,7 +369,7 @@ def main():
     case_not_xseg()
     settle()
     s = stats()
-    expect(s["pending_free_bytes"] == 0 and s["ipc.open_by_others"] == 0,
+    expect(s["pending_free_bytes"] == 0 and s["open_by_others"] == 0,
            "nothing pending or held at the end")
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
