@@ -41,7 +41,6 @@ import ctypes
 import os
 import socket
 import threading
-import weakref
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
 

@@ -297,7 +297,7 @@ def case_consumer_killed(ctx):
 
 
 def case_relay(ctx):
-    inbox, outbox = ctx.Queue(), ctx.Queue()
+    outbox = ctx.Queue()
     relay_in, onward = ctx.Queue(), ctx.Queue()
     third_in, third_out = ctx.Queue(), ctx.Queue()
     relay = start(ctx, relay_consumer, relay_in, outbox, onward)
