@@ -42,6 +42,7 @@ foreach(pc xseg xseg-sim)
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endforeach()
 
-# The PyTorch module: it finds ../../libxseg.so.0 from here.
-install(FILES python/xseg_torch.py
+# The PyTorch modules: xseg_torch finds ../../libxseg.so.0 from here;
+# its install() imports xseg_multiprocessing.
+install(FILES python/xseg_torch.py python/xseg_multiprocessing.py
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)
