@@ -379,8 +379,11 @@ def _rebuild_tensor(tensor_cls, size, stride, offset, dtype, requires_grad,
 
 
 def _xseg_storage(tensor):
-    """The untyped CUDA storage of a tensor we may share, else None."""
-    if tensor.is_nested or tensor.device.type != "cuda":
+    """The untyped CUDA storage of a strided tensor we may share, else None
+    (sparse and nested tensors keep torch's reductions, which take them
+    apart into strided ones)."""
+    if tensor.is_nested or getattr(tensor, "is_sparse", False) or \
+            tensor.device.type != "cuda":
         return None
     return tensor.untyped_storage()
 
