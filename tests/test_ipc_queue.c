@@ -24,6 +24,16 @@ static xseg_ipc_stats qt_ipc(xseg_allocator *a) {
   return s;
 }
 
+/* The producer's next malloc settles its pending frees: the shared block
+   is given back, nothing pending or exported is left. */
+static void qt_expect_given_back(xseg_allocator *a) {
+  void *r = NULL;
+  XT_OK(xseg_malloc(a, 512, NULL, &r));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(qt_ipc(a).exported_blocks, 0);
+  XT_OK(xseg_free(a, r));
+}
+
 /* The producer frees the block while its only hold is a ticket: the block
    stays pending; the consumer opens it, gives the ticket back, closes, and
    the producer's next malloc frees it. */
@@ -53,10 +63,7 @@ XSEG_TEST(ipc_queue, ticket_keeps_a_freed_block_until_the_consumer_opens) {
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "given back already") != NULL);
   XT_OK(xseg_ipc_close(b, q));
   XT_OK(xseg_free(a, r));
-  XT_OK(xseg_malloc(a, 512, NULL, &r));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_EXPECT_EQ(qt_ipc(a).exported_blocks, 0);
-  XT_OK(xseg_free(a, r));
+  qt_expect_given_back(a);
   xseg_ipc_handle_free(h);
   XT_OK(xseg_check(a));
   XT_OK(xseg_check(b));
@@ -120,10 +127,7 @@ XSEG_TEST(ipc_queue, ticket_of_a_consumer_keeps_the_block_for_the_next) {
   XSEG_EXPECT_TRUE(at_bytes_are(s, size, 0x42));
   XT_OK(xseg_ipc_close(c, s));
   XT_OK(xseg_free(a, r));
-  XT_OK(xseg_malloc(a, 512, NULL, &r));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_EXPECT_EQ(qt_ipc(a).exported_blocks, 0);
-  XT_OK(xseg_free(a, r));
+  qt_expect_given_back(a);
   xseg_ipc_handle_free(h);
   XT_OK(xseg_check(a));
   xseg_destroy(c);
