@@ -52,10 +52,13 @@ void xs_sim_broadcast_locked(void) { pthread_cond_broadcast(&xs_progress); }
    The lock is held across fork so the child gets it in a consistent state;
    the child forgets its parent's legacy streams (their workers do not exist
    there) and makes new ones on first use. Streams created by the parent are
-   unusable in the child, as on a real GPU. */
+   unusable in the child, as on a real GPU. The condition variable is made
+   anew: the parent's waiters (its workers) are counted in it, and a
+   broadcast in the child would wait for them to wake forever. */
 static void xs_fork_prepare(void) { xs_sim_lock(); }
 static void xs_fork_parent(void) { xs_sim_unlock(); }
 static void xs_fork_child(void) {
+  pthread_cond_init(&xs_progress, NULL);
   memset(xs_legacy, 0, sizeof xs_legacy);
   xs_registry = NULL;
   xs_host_queued = 0;

@@ -8,6 +8,8 @@
  */
 #define _GNU_SOURCE
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,20 +19,32 @@
 
 #define IE_FLAGS (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)
 
-/* A child running fn(arg, fds) beside the test; its pid, or -1. */
-static pid_t ie_spawn(void (*fn)(int to_parent, int from_parent),
-                      int *to_child, int *from_child) {
+/* A child that runs `role` (its roles are below) beside the test: this
+ * program started again (fork + exec, XSEG_IE_CHILD names the role and its
+ * pipes), so that it inherits no threads and no locks held by threads of
+ * the test (an allocator's, a sanitizer's). Its pid, or -1. */
+static pid_t ie_spawn(char role, int *to_child, int *from_child) {
   int up[2], down[2];
   if (pipe(up) != 0) return -1;
   if (pipe(down) != 0) return close(up[0]), close(up[1]), -1;
+  char spec[64], self[4096];
+  snprintf(spec, sizeof spec, "XSEG_IE_CHILD=%c,%d,%d", role, up[1], down[0]);
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = '\0';
+  size_t envc = 0;
+  while (environ[envc] != NULL) envc++;
+  char **envp = calloc(envc + 2, sizeof *envp);
+  if (envp == NULL) return -1;
+  memcpy(envp, environ, envc * sizeof *envp);
+  envp[envc] = spec;
+  char *argv[] = {self, NULL};
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
-    close(up[0]);
-    close(down[1]);
-    fn(up[1], down[0]);
-    _exit(0);
+    execve(self, argv, envp);
+    _exit(127);
   }
+  free(envp);
   close(up[1]);
   close(down[0]);
   *to_child = down[1];
@@ -183,7 +197,7 @@ XSEG_TEST(SimIpcEvent, records_are_seen_across_processes_both_ways) {
   XSEG_EXPECT_CU(xt_latch_hold(held, l));
   XSEG_EXPECT_CU(cuEventRecord(e, held));
   int to_child, from_child;
-  pid_t pid = ie_spawn(ie_importer, &to_child, &from_child);
+  pid_t pid = ie_spawn('i', &to_child, &from_child);
   XSEG_ASSERT_GT(pid, 0);
   char step = 0;
   XSEG_EXPECT_TRUE(ie_send(to_child, &h, sizeof h));
@@ -215,12 +229,27 @@ static void ie_dying_creator(int up, int down) {
   CUevent e;
   CUipcEventHandle h;
   char go;
-  if (!st_stream_event(&s, &e, IE_FLAGS)) _exit(10);
+  if (xt_context(0) == NULL ||
+      cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      cuEventCreate(&e, IE_FLAGS) != CUDA_SUCCESS)
+    _exit(10);
   xt_latch *l = xt_latch_new();
   if (xt_latch_hold(s, l) != CUDA_SUCCESS) _exit(11);
   if (cuEventRecord(e, s) != CUDA_SUCCESS) _exit(12);
   if (cuIpcGetEventHandle(&h, e) != CUDA_SUCCESS) _exit(13);
   if (!ie_send(up, &h, sizeof h) || !ie_recv(down, &go, 1)) _exit(14);
+  _exit(0);
+}
+
+/* The child's entry, before main, when started as one. */
+__attribute__((constructor)) static void ie_child_main(void) {
+  const char *spec = getenv("XSEG_IE_CHILD");
+  char role;
+  int up, down;
+  if (spec == NULL || sscanf(spec, "%c,%d,%d", &role, &up, &down) != 3)
+    return;
+  if (role == 'i') ie_importer(up, down);
+  if (role == 'd') ie_dying_creator(up, down);
   _exit(0);
 }
 
@@ -231,7 +260,7 @@ XSEG_TEST(SimIpcEvent, wait_ends_when_the_creator_exits) {
   XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   int to_child, from_child;
-  pid_t pid = ie_spawn(ie_dying_creator, &to_child, &from_child);
+  pid_t pid = ie_spawn('d', &to_child, &from_child);
   XSEG_ASSERT_GT(pid, 0);
   CUipcEventHandle h;
   XSEG_ASSERT_TRUE(ie_recv(from_child, &h, sizeof h));
