@@ -458,3 +458,40 @@ XSEG_TEST(SimStream, legacy_synchronize_covers_blocking_streams) {
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   xt_latch_free(l);
 }
+
+/* ---- a forked child ----------------------------------------------------- */
+
+static void CUDA_CB fork_child_mark(void *arg) { *(int *)arg = 1; }
+
+/* The child of a process whose stream workers wait runs streams of its
+   own: a host function on a new stream runs and the stream synchronizes
+   (the parent's waiters must not be counted in the child's condition
+   variable). */
+static void fork_child_uses_a_stream(void *arg) {
+  (void)arg;
+  CUstream s;
+  int ran = 0;
+  if (xt_context(0) == NULL ||
+      cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    _exit(10);
+  if (cuLaunchHostFunc(s, fork_child_mark, &ran) != CUDA_SUCCESS) _exit(11);
+  if (st_stream_drain(s) != CUDA_SUCCESS || !ran) _exit(12);
+  if (cuStreamDestroy(s) != CUDA_SUCCESS) _exit(13);
+}
+
+XSEG_TEST(SimStream, forked_child_runs_streams_of_its_own) {
+  XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
+  CUstream held, idle;
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  XSEG_ASSERT_CU(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING));
+  xt_latch *l = xt_latch_new();
+  XSEG_EXPECT_CU(xt_latch_hold(held, l));   /* workers wait meanwhile */
+  XSEG_EXPECT_TRUE(xt_latch_wait_for_holders(l, 1));
+  XSEG_EXPECT_EQ(st_child_run(fork_child_uses_a_stream, NULL), 0);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(idle));
+  xt_latch_free(l);
+}
