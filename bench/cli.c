@@ -76,15 +76,16 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env) {
 }
 
 size_t xb_cli_policies(const char *mode, const xb_policy **out) {
-  size_t n = 0;
-  bool all = strcmp(mode, "all") == 0;
-  for (size_t i = 0; i < sizeof xb_modes / sizeof xb_modes[0]; i++)
-    if (all || strcmp(mode, xb_modes[i]) == 0)
-      out[n++] = xb_policy_find(xb_modes[i]);
-  if (n == 0)
-    fprintf(stderr, "xseg-bench: unknown mode '%s' (expandable, classic, "
-            "exact or all)\n", mode);
-  return n;
+  if (strcmp(mode, "all") == 0) {
+    for (size_t i = 0; i < XB_N_MODES; i++) out[i] = xb_policy_find(xb_modes[i]);
+    return XB_N_MODES;
+  }
+  out[0] = xb_policy_find(mode);
+  if (out[0] != NULL) return 1;
+  fprintf(stderr, "xseg-bench: unknown mode '%s' (xseg, pytorch-expandable, "
+          "pytorch-native, exact or all; expandable and classic are xseg's "
+          "and pytorch-native's old names)\n", mode);
+  return 0;
 }
 
 static bool json_write(const char *path, const xb_result *r, size_t n) {

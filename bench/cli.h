@@ -46,7 +46,7 @@ void xb_cli_defaults(xb_cli *c);
 int xb_cli_option(xb_cli *c, int opt, const char *arg);
 /* Opens the driver and applies --device-memory; prints why on failure. */
 bool xb_cli_env_open(const xb_cli *c, xb_env *env);
-/* The policies --mode names, in report order: all three for "all".
+/* The policies --mode names, in report order: every mode for "all".
    Prints why and returns 0 for an unknown mode. */
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
 /* Where tables and summaries go: stderr when --json - takes stdout. */

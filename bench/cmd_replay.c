@@ -38,7 +38,7 @@ static void progress(bool tty, size_t k, size_t n, const char *trace,
 
 typedef struct xb_batch {
   xb_env env;
-  const xb_policy *policies[3];
+  const xb_policy *policies[XB_N_MODES];
   size_t n_policies;
   xb_replay_opts opts;
   uint64_t lags[2];                 /* replayed at each, in this order */
@@ -281,7 +281,7 @@ static void replay_usage(FILE *out) {
 int xb_cmd_replay(int argc, char **argv) {
   xb_cli c;
   xb_cli_defaults(&c);
-  c.mode = "expandable";
+  c.mode = "xseg";
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
       return replay_usage(stdout), 0;

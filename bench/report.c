@@ -12,7 +12,7 @@
 #include "bench.h"
 
 void xb_report_table_header(FILE *out) {
-  fprintf(out, "%-22s %-10s %7s %14s %14s %7s %10s %9s %9s %5s %10s\n",
+  fprintf(out, "%-22s %-18s %7s %14s %14s %7s %10s %9s %9s %5s %10s\n",
           "trace", "mode", "lag us", "peak alloc", "peak reserved", "frag",
           "VMM calls", "malloc ns", "free ns", "OOMs", "host waits");
 }
@@ -31,7 +31,7 @@ static const char *ns_cell(uint64_t ns, uint64_t calls, char *buf, size_t n) {
 
 void xb_report_table_row(FILE *out, const xb_result *r) {
   char a[32], b[32], m[32], f[32];
-  fprintf(out, "%-22s %-10s %7llu %14s %14s %7.3f %10llu %9s %9s %5llu %10llu\n",
+  fprintf(out, "%-22s %-18s %7llu %14s %14s %7.3f %10llu %9s %9s %5llu %10llu\n",
           r->trace, r->mode, (unsigned long long)r->gpu_lag_us,
           mib(r->peak_allocated, a, sizeof a),
           mib(r->peak_reserved, b, sizeof b), r->fragmentation,
