@@ -41,6 +41,12 @@ void xb_report_table_row(FILE *out, const xb_result *r) {
           (unsigned long long)r->ooms, (unsigned long long)r->host_waits);
 }
 
+const char *xb_result_label(const xb_result *r, char *buf, size_t size) {
+  snprintf(buf, size, "%s, lag %llu us", r->mode,
+           (unsigned long long)r->gpu_lag_us);
+  return buf;
+}
+
 void xb_json_string(FILE *out, const char *s) {
   fputc('"', out);
   for (; *s; s++) {

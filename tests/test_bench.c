@@ -145,16 +145,21 @@ XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
   xb_env_close(&env);
 }
 
-/* The allocator's modes see the same workload: the same peak allocated, no
-   OOM, and every byte they map is at least what is live. */
+/* The caching modes see the same workload: the same peak allocated, no
+   OOM, and every byte they map is at least what is live. The old names
+   stay aliases of xseg's two modes. */
 XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
   xb_trace t;
   XSEG_ASSERT_TRUE(load_small_trace(&t));
   xb_error err;
-  const char *modes[2] = {"expandable", "classic"};
-  for (int i = 0; i < 2; i++) {
+  XSEG_EXPECT_TRUE(xb_policy_find("expandable") == xb_policy_find("xseg"));
+  XSEG_EXPECT_TRUE(xb_policy_find("classic") ==
+                   xb_policy_find("pytorch-native"));
+  XSEG_EXPECT_TRUE(xb_policy_find("nosuch") == NULL);
+  const char *modes[3] = {"xseg", "pytorch-native", "pytorch-expandable"};
+  for (int i = 0; i < 3; i++) {
     const xb_policy *p = xb_policy_find(modes[i]);
     XSEG_ASSERT_TRUE(p != NULL);
     xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = false};
@@ -369,8 +374,9 @@ XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
   XSEG_EXPECT_TRUE(j != NULL && json_valid(j));
   XSEG_EXPECT_TRUE(j != NULL && strncmp(j, "{\"runs\": [", 10) == 0 &&
                    strstr(j, "\"mode\": \"exact\"") != NULL);
-  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"expandable\"") &&
-                   strstr(j, "\"mode\": \"classic\""));
+  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"xseg\"") &&
+                   strstr(j, "\"mode\": \"pytorch-native\"") &&
+                   strstr(j, "\"mode\": \"pytorch-expandable\""));
   /* Each trace without and with the default lag (on the emulator, whose
      clock models it), never a host wait. */
   XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"gpu_lag_us\": 0,"));
@@ -446,7 +452,7 @@ XSEG_TEST(bench, snapshot_of_a_replay_reads_back) {
   xb_error err;
   xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = true};
   xb_result r;
-  XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("expandable"), &o, &r,
+  XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("xseg"), &o, &r,
                              &err));
   XSEG_ASSERT_TRUE(r.snapshot != NULL);
   xb_snapshot s;
@@ -487,7 +493,7 @@ XSEG_TEST(bench, svg_draws_the_segment_map_by_state) {
   xb_result r;
   memset(&r, 0, sizeof r);
   snprintf(r.trace, sizeof r.trace, "hand");
-  snprintf(r.mode, sizeof r.mode, "expandable");
+  snprintf(r.mode, sizeof r.mode, "xseg");
   r.peak_allocated = r.peak_reserved = 5 * MIB;
   r.events = 1;
   r.snapshot = (char *)hand_snapshot;
@@ -522,9 +528,14 @@ XSEG_TEST(bench, replay_svg_has_a_map_per_allocator_mode) {
   unlink(svg);
   XSEG_ASSERT_TRUE(s != NULL);
   XSEG_EXPECT_EQ(count_of(s, "segment map at the allocated peak"), 1);
-  XSEG_EXPECT_TRUE(strstr(s, "font-weight=\"bold\">expandable</text>") &&
-                   strstr(s, "font-weight=\"bold\">classic</text>"));
-  XSEG_EXPECT_FALSE(strstr(s, "font-weight=\"bold\">exact</text>"));
+  /* Labels name the mode and the lag (the default run has two lags). */
+  XSEG_EXPECT_TRUE(strstr(s, "font-weight=\"bold\">xseg, lag 0 us</text>") &&
+                   strstr(s, "font-weight=\"bold\">pytorch-native, lag 0 us"
+                             "</text>"));
+  XSEG_EXPECT_TRUE(strstr(s, ">xseg, lag 0 us: reserved ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(s, ">pytorch-expandable, lag 0 us: reserved ") !=
+                   NULL);
+  XSEG_EXPECT_FALSE(strstr(s, "font-weight=\"bold\">exact"));
   XSEG_EXPECT_GE(count_of(s, "class=\"seg-allocated\""), 2);
   XSEG_EXPECT_TRUE(strstr(s, "mapped in 1 segment") != NULL ||
                    strstr(s, "segments</text>") != NULL);
@@ -695,7 +706,7 @@ XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
   XSEG_ASSERT_TRUE(loaded);
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
-  for (size_t m = 0; m < 3; m++) {
+  for (size_t m = 0; m < XB_N_MODES; m++) {
     const xb_policy *p = xb_policy_find(xb_modes[m]);
     xb_replay_opts o = {.max_points = 0, .gpu_lag_us = 500};
     xb_result r[2];
