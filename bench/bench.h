@@ -262,10 +262,12 @@ bool xb_fn_is_vmm(xs_driver_fn fn);
 /* ---- report.c: table and JSON ----------------------------------------- */
 
 void xb_report_table_header(FILE *out);
+/* What the table's columns and modes mean, for after it. */
+void xb_report_legend(FILE *out);
 void xb_report_table_row(FILE *out, const xb_result *r);
 /* "xseg, lag 5000 us": what a chart calls a result, into buf. */
 const char *xb_result_label(const xb_result *r, char *buf, size_t size);
-/* One JSON object per result; with n > 1, {"runs": [...]}. */
+/* {"runs": [...]}: one JSON object per result, whatever n. */
 void xb_report_json(FILE *out, const xb_result *r, size_t n);
 void xb_json_string(FILE *out, const char *s);
 

@@ -17,6 +17,27 @@ void xb_report_table_header(FILE *out) {
           "VMM calls", "malloc ns", "free ns", "OOMs", "host waits");
 }
 
+void xb_report_legend(FILE *out) {
+  fputs("lag us         how far the device runs behind the host, in trace "
+        "microseconds (0: not at all)\n"
+        "peak alloc     most bytes live at once (requests rounded up to "
+        "512 B)\n"
+        "peak reserved  most physical bytes mapped at once\n"
+        "frag           peak reserved / peak alloc (1.000: nothing wasted)\n"
+        "VMM calls      cuMemAddressReserve/Free, cuMemCreate/Release, "
+        "cuMemMap/Unmap, cuMemSetAccess\n"
+        "malloc/free ns median host time per call, on this machine\n"
+        "OOMs           allocations that failed (the replay goes on)\n"
+        "host waits     cuStreamSynchronize, cuCtxSynchronize and "
+        "cuEventSynchronize calls\n"
+        "modes          xseg: this allocator; pytorch-expandable: PyTorch's "
+        "caching allocator with\n"
+        "               expandable_segments:True; pytorch-native: PyTorch's "
+        "default (xseg's classic\n"
+        "               mode, which reproduces it); exact: a mapping per "
+        "request, nothing cached\n", out);
+}
+
 static const char *mib(uint64_t n, char *buf, size_t size) {
   snprintf(buf, size, "%.1f MiB", (double)n / (1024.0 * 1024.0));
   return buf;
@@ -117,11 +138,6 @@ static void json_object(FILE *out, const xb_result *r) {
 }
 
 void xb_report_json(FILE *out, const xb_result *r, size_t n) {
-  if (n == 1) {
-    json_object(out, r);
-    fprintf(out, "\n");
-    return;
-  }
   fprintf(out, "{\"runs\": [\n");
   for (size_t i = 0; i < n; i++) {
     json_object(out, &r[i]);

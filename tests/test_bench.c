@@ -346,6 +346,8 @@ XSEG_TEST(bench, replay_json_parses_and_has_contract_fields) {
   XSEG_EXPECT_EQ(rc, 0);
   XSEG_ASSERT_TRUE(text != NULL);
   XSEG_EXPECT_TRUE(json_valid(text));
+  /* One replay has the shape of many: a list of runs. */
+  XSEG_EXPECT_TRUE(strncmp(text, "{\"runs\": [\n{", 12) == 0);
   for (size_t i = 0; i < sizeof contract_fields / sizeof *contract_fields; i++)
     if (strstr(text, contract_fields[i]) == NULL)
       XSEG_FAIL("JSON lacks %s:\n%s", contract_fields[i], text);
@@ -731,4 +733,125 @@ XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
   }
   xb_trace_release(&t);
   xb_env_close(&env);
+}
+
+/* ---- the command line as a user meets it ------------------------------- */
+
+/* What a command printed: stdout, stderr and its exit code. */
+typedef struct captured {
+  char *out, *err;
+  int rc;
+} captured;
+
+/* Runs cmd with stdout and stderr sent to temporary files. */
+static captured run_captured(int (*cmd)(int, char **), int argc,
+                             char **argv) {
+  captured c = {NULL, NULL, -1};
+  char out[256], err[256];
+  if (!temp_write(out, sizeof out, ".out", "", false) ||
+      !temp_write(err, sizeof err, ".err", "", false))
+    return c;
+  fflush(stdout);
+  fflush(stderr);
+  int saved_out = dup(1), saved_err = dup(2);
+  FILE *fo = fopen(out, "w"), *fe = fopen(err, "w");
+  if (fo != NULL && fe != NULL && saved_out >= 0 && saved_err >= 0) {
+    dup2(fileno(fo), 1);
+    dup2(fileno(fe), 2);
+    c.rc = cmd(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+  }
+  if (fo != NULL) fclose(fo);
+  if (fe != NULL) fclose(fe);
+  if (saved_out >= 0) close(saved_out);
+  if (saved_err >= 0) close(saved_err);
+  c.out = file_read(out);
+  c.err = file_read(err);
+  unlink(out);
+  unlink(err);
+  return c;
+}
+
+static void captured_release(captured *c) {
+  free(c->out);
+  free(c->err);
+}
+
+/* A replay prints a legend after its table and a line of progress per
+   replay on stderr, also when stderr is not a terminal (as here); --quiet
+   prints neither. */
+XSEG_TEST(bench_cli, legend_after_the_table_and_progress_per_replay) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *argv[] = {"replay", "--trace", trace, "--mode", "all", "--driver",
+                  (char *)test_driver(), "--quiet", NULL};
+  captured loud = run_captured(xb_cmd_replay, 7, argv);
+  captured quiet = run_captured(xb_cmd_replay, 8, argv);
+  unlink(trace);
+  XSEG_ASSERT_TRUE(loud.out != NULL && loud.err != NULL);
+  XSEG_ASSERT_TRUE(quiet.out != NULL && quiet.err != NULL);
+  XSEG_EXPECT_EQ(loud.rc, 0);
+  XSEG_EXPECT_EQ(quiet.rc, 0);
+  const char *table = strstr(loud.out, "4 replays in ");
+  const char *legend = strstr(loud.out, "frag           peak reserved / peak");
+  XSEG_EXPECT_TRUE(table != NULL && legend != NULL && legend > table);
+  XSEG_EXPECT_TRUE(strstr(loud.out, "median host time") != NULL);
+  XSEG_EXPECT_EQ(count_of(loud.err, "\n"), XB_N_MODES);
+  XSEG_EXPECT_TRUE(strncmp(loud.err, "[1/4] xseg_bench_", 17) == 0);
+  XSEG_EXPECT_TRUE(strstr(loud.err, ", xseg, lag 0 us\n[2/4] ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(loud.err, ", exact, lag 0 us\n") != NULL);
+  XSEG_EXPECT_TRUE(strstr(quiet.out, "4 replays in ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(quiet.out, "peak reserved / peak") == NULL);
+  XSEG_EXPECT_STREQ(quiet.err, "");
+  captured_release(&loud);
+  captured_release(&quiet);
+}
+
+/* --json that cannot be written fails before the first replay. */
+XSEG_TEST(bench_cli, unwritable_json_fails_before_the_run) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *argv[] = {"replay", "--trace", trace, "--json",
+                  "/nonexistent-dir/out.json", "--driver",
+                  (char *)test_driver(), NULL};
+  captured c = run_captured(xb_cmd_replay, 7, argv);
+  unlink(trace);
+  XSEG_ASSERT_TRUE(c.out != NULL && c.err != NULL);
+  XSEG_EXPECT_EQ(c.rc, 1);
+  XSEG_EXPECT_TRUE(strstr(c.err, "--json /nonexistent-dir/out.json: No such "
+                                 "file or directory") != NULL);
+  XSEG_EXPECT_TRUE(strstr(c.err, "[1/") == NULL);
+  XSEG_EXPECT_TRUE(strstr(c.out, "peak alloc") == NULL);
+  captured_release(&c);
+}
+
+/* Help lists what README documents; a bad value is named. */
+XSEG_TEST(bench_cli, help_lists_options_and_errors_name_the_value) {
+  char *help[] = {"replay", "--help", NULL};
+  captured h = run_captured(xb_cmd_replay, 2, help);
+  XSEG_ASSERT_TRUE(h.out != NULL);
+  XSEG_EXPECT_EQ(h.rc, 0);
+  const char *want[] = {"--gpu-lag US", "--json OUT", "{\"runs\": [",
+                        "--quiet", "pytorch-expandable", "--points N"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    if (strstr(h.out, want[i]) == NULL)
+      XSEG_FAIL("replay --help lacks %s:\n%s", want[i], h.out);
+  captured_release(&h);
+  char *micro[] = {"micro", "--only", "nosuch", NULL};
+  captured m = run_captured(xb_cmd_micro, 3, micro);
+  XSEG_ASSERT_TRUE(m.err != NULL);
+  XSEG_EXPECT_EQ(m.rc, 2);
+  XSEG_EXPECT_TRUE(strstr(m.err, "--only 'nosuch'") != NULL);
+  captured_release(&m);
+  char *mode[] = {"replay", "--trace", "x.csv", "--mode", "nosuch", NULL};
+  captured r = run_captured(xb_cmd_replay, 5, mode);
+  XSEG_ASSERT_TRUE(r.err != NULL);
+  XSEG_EXPECT_EQ(r.rc, 2);
+  XSEG_EXPECT_TRUE(strstr(r.err, "unknown mode 'nosuch'") != NULL);
+  captured_release(&r);
 }
