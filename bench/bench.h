@@ -4,8 +4,9 @@
  * policy and reports what the policy reserved against what the workload had
  * live. A workload comes from an RMM replay-log CSV (trace_csv.c, built with
  * trace.c) or a synthetic generator (varbatch.c); a policy is exact mode on
- * vmm/ (policy_exact.c) or the allocator through the public API
- * (policy_xseg.c). Everything driver-specific goes through env.c, so one
+ * vmm/ (policy_exact.c), PyTorch's caching allocator with expandable
+ * segments on vmm/ (policy_pytorch.c, pytorch.h) or the allocator through
+ * the public API (policy_xseg.c: xseg, and pytorch-native). Everything driver-specific goes through env.c, so one
  * binary runs on the emulator and on a real GPU.
  */
 #ifndef XB_BENCH_H

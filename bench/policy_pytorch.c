@@ -265,6 +265,11 @@ static xseg_status try_allocate_expandable(xb_pytorch *x, pt_pool *pool,
   while (st == XSEG_OK && c->size < size) {
     pt_block *next = c->next;       /* free -> unmapped -> ... */
     uint64_t rest = size - c->size;
+    /* Only a request beyond 9/8 of the device runs off the segment's end,
+       and the device ran out before that. */
+    if (next == NULL)
+      return xs_error(XSEG_ERR_OUT_OF_MEMORY, "%llu bytes exceed a segment",
+                      (unsigned long long)size);
     st = map_block(x, next, rest < next->size ? rest : next->size, &c);
   }
   if (st != XSEG_OK) return st;
