@@ -230,17 +230,24 @@ static void mapped_add(xb_pytorch *x, uint64_t bytes) {
 static xseg_status map_block(xb_pytorch *x, pt_block *b, uint64_t size,
                              pt_block **merged) {
   assert(!b->mapped && size <= b->size);
+  /* What stays unmapped after the pages, made first: nothing can fail
+     once they are mapped. */
+  pt_block *rest = NULL;
+  if (xb_round_up(size, b->seg->page) < b->size &&
+      (rest = block_new(b->pool, b->seg, 0, 0, false)) == NULL)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
   uint64_t mapped;
   xseg_status st = xb_pt_segment_map(b->seg, b->ptr, size, &mapped);
-  if (st != XSEG_OK) return st;
-  assert(mapped >= size);
+  if (st != XSEG_OK) {
+    free(rest);
+    return st;
+  }
+  assert(mapped >= size && (mapped < b->size) == (rest != NULL));
   pool_remove(b);
   b->mapped = true;
-  if (mapped < b->size) {
-    pt_block *rest = block_new(b->pool, b->seg, b->ptr + mapped,
-                               b->size - mapped, false);
-    if (rest == NULL) return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                                      "out of host memory");
+  if (rest != NULL) {
+    rest->ptr = b->ptr + mapped;
+    rest->size = b->size - mapped;
     block_splice(rest, b, b->next);
     b->size = mapped;
     pool_insert(rest);
@@ -282,8 +289,10 @@ static xseg_status try_allocate_expandable(xb_pytorch *x, pt_pool *pool,
    pages at its ends stay free and mapped beside it. */
 static xseg_status unmap_block(xb_pytorch *x, pt_block *b) {
   uint64_t addr, size;
-  xseg_status st = xb_pt_segment_unmap(b->seg, b->ptr, b->size, &addr, &size);
-  if (st != XSEG_OK || size == 0) return st;
+  xb_pt_segment_inner(b->seg, b->ptr, b->size, &addr, &size);
+  if (size == 0) return XSEG_OK;
+  /* The partial pages' blocks are made first: nothing can fail once the
+     pages are gone. */
   pt_block *before = NULL, *after = NULL;
   uint64_t before_size = addr - b->ptr;
   uint64_t after_size = b->size - before_size - size;
@@ -291,11 +300,14 @@ static xseg_status unmap_block(xb_pytorch *x, pt_block *b) {
     before = block_new(b->pool, b->seg, b->ptr, before_size, true);
   if (after_size > 0)
     after = block_new(b->pool, b->seg, addr + size, after_size, true);
-  if ((before_size > 0 && before == NULL) ||
-      (after_size > 0 && after == NULL)) {
+  xseg_status st = (before_size > 0 && before == NULL) ||
+                           (after_size > 0 && after == NULL)
+                       ? xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory")
+                       : xb_pt_segment_unmap(b->seg, addr, size);
+  if (st != XSEG_OK) {
     free(before);
     free(after);
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+    return st;
   }
   pool_remove(b);
   if (before != NULL) {

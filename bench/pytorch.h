@@ -45,13 +45,17 @@ xseg_status xb_pt_segment_create(xs_vmm *v, CUstream stream, uint64_t page,
    and XSEG_ERR_OUT_OF_MEMORY returned with nothing mapped. */
 xseg_status xb_pt_segment_map(xb_pt_segment *s, uint64_t addr, uint64_t size,
                               uint64_t *mapped);
-/* Unmaps the whole pages inside [addr, addr + size): when there is one, a
-   cuStreamSynchronize of the segment's stream (PyTorch's: cuMemUnmap does
-   not wait for the device), then per page cuMemUnmap and cuMemRelease.
-   *out_addr and *out_size get the range unmapped (size 0: none). */
+/* The whole pages inside [addr, addr + size): *inner_addr and *inner_size
+   (0: none). */
+void xb_pt_segment_inner(const xb_pt_segment *s, uint64_t addr,
+                         uint64_t size, uint64_t *inner_addr,
+                         uint64_t *inner_size);
+/* Unmaps the mapped pages [addr, addr + size), page-aligned and not empty:
+   a cuStreamSynchronize of the segment's stream first (PyTorch's:
+   cuMemUnmap does not wait for the device), then per page cuMemUnmap and
+   cuMemRelease. */
 xseg_status xb_pt_segment_unmap(xb_pt_segment *s, uint64_t addr,
-                                uint64_t size, uint64_t *out_addr,
-                                uint64_t *out_size);
+                                uint64_t size);
 /* Unmaps what is mapped (with the stream synchronised first) and frees the
    range (cuMemAddressFree). */
 void xb_pt_segment_destroy(xb_pt_segment *s);

@@ -81,20 +81,20 @@ static xseg_status segment_unmap_pages(xb_pt_segment *s, size_t begin,
   return XSEG_OK;
 }
 
-xseg_status xb_pt_segment_unmap(xb_pt_segment *s, uint64_t addr,
-                                uint64_t size, uint64_t *out_addr,
-                                uint64_t *out_size) {
+void xb_pt_segment_inner(const xb_pt_segment *s, uint64_t addr,
+                         uint64_t size, uint64_t *inner_addr,
+                         uint64_t *inner_size) {
   uint64_t off = addr - s->base;
-  size_t begin = (size_t)((off + s->page - 1) / s->page);
-  size_t end = (size_t)((off + size) / s->page);
-  *out_addr = addr;
-  *out_size = 0;
-  if (begin >= end) return XSEG_OK;
-  xseg_status st = segment_unmap_pages(s, begin, end);
-  if (st != XSEG_OK) return st;
-  *out_addr = s->base + begin * s->page;
-  *out_size = (end - begin) * s->page;
-  return XSEG_OK;
+  uint64_t begin = (off + s->page - 1) / s->page, end = (off + size) / s->page;
+  *inner_addr = s->base + begin * s->page;
+  *inner_size = begin < end ? (end - begin) * s->page : 0;
+}
+
+xseg_status xb_pt_segment_unmap(xb_pt_segment *s, uint64_t addr,
+                                uint64_t size) {
+  assert((addr - s->base) % s->page == 0 && size % s->page == 0 && size > 0);
+  size_t begin = (size_t)((addr - s->base) / s->page);
+  return segment_unmap_pages(s, begin, begin + (size_t)(size / s->page));
 }
 
 void xb_pt_segment_destroy(xb_pt_segment *s) {
