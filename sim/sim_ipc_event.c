@@ -10,7 +10,8 @@
  *
  *     creator                                importer
  *     memfd "xsim-ipc-event" ---- /proc/<creator pid>/fd/<fd> ---> mmap
- *       recorded: generation of the latest record (any process)
+ *       recorded: generation of the latest record, and the pid of the
+ *                 process that made it (one word, so both change at once)
  *       completed: a generation whose record retired while it was the
  *                  latest one
  *
@@ -30,10 +31,11 @@
  * time of the API call") is done once completed reaches it: at worst it
  * waits for a later record too, never for less. A stream waits through a
  * work item that polls `completed` on the stream's worker; a host wait
- * polls in the calling thread. An importer watches the creator with a
- * pidfd: once the creator has exited its work is gone, and a wait for it
- * ends (the driver tears the exporter's context down; the emulator must
- * not hang its importers).
+ * polls in the calling thread. A process that exits takes its queued work
+ * with it (the driver tears its context down), so a wait also ends once
+ * the process that made the awaited record has exited (or is a zombie),
+ * and an importer watches the creator with a pidfd: the emulator must not
+ * hang the processes that outlive another.
  */
 #define _GNU_SOURCE
 #include "sim_stream.h"
@@ -59,9 +61,13 @@ typedef struct xs_ipc_event_shared {
   uint64_t nonce;
   int32_t creator_pid;
   uint32_t pad;
-  _Atomic uint64_t recorded;
+  _Atomic uint64_t recorded;   /* generation << XS_PID_BITS | recorder */
   _Atomic uint64_t completed;
 } xs_ipc_event_shared;
+
+/* Linux pids are below PID_MAX_LIMIT (2^22). */
+#define XS_PID_BITS 22
+#define XS_PID_MASK ((UINT64_C(1) << XS_PID_BITS) - 1)
 
 /* CUipcEventHandle's 64 bytes, as the emulator fills them. */
 typedef struct xs_ipc_event_wire {
@@ -187,24 +193,47 @@ static CUresult xs_ipc_event_reach(const xs_ipc_event_wire *w,
 }
 
 uint64_t xs_ipc_event_next_gen(xs_ipc_event *x) {
-  return atomic_fetch_add(&x->shared->recorded, 1) + 1;
+  uint64_t old = atomic_load(&x->shared->recorded), next;
+  do next = ((old >> XS_PID_BITS) + 1) << XS_PID_BITS |
+            ((uint64_t)getpid() & XS_PID_MASK);
+  while (!atomic_compare_exchange_weak(&x->shared->recorded, &old, next));
+  return next >> XS_PID_BITS;
 }
 
 uint64_t xs_ipc_event_latest(const xs_ipc_event *x) {
-  return atomic_load(&x->shared->recorded);
+  return atomic_load(&x->shared->recorded) >> XS_PID_BITS;
 }
 
 void xs_ipc_event_retired(xs_ipc_event *x, uint64_t gen) {
-  if (atomic_load(&x->shared->recorded) != gen) return;  /* a later one */
+  if (xs_ipc_event_latest(x) != gen) return;  /* a later one */
   uint64_t done = atomic_load(&x->shared->completed);
   while (done < gen &&
          !atomic_compare_exchange_weak(&x->shared->completed, &done, gen))
     continue;
 }
 
+/* True once process pid has exited or is a zombie (from /proc). */
+static bool xs_process_gone(pid_t pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');    /* "pid (comm) S ..." */
+  return p != NULL && (p[2] == 'Z' || p[2] == 'X');
+}
+
 bool xs_ipc_event_done(const xs_ipc_event *x, uint64_t target) {
-  return atomic_load(&x->shared->completed) >= target ||
-         xs_pidfd_exited(x->creator_pidfd);
+  if (atomic_load(&x->shared->completed) >= target ||
+      xs_pidfd_exited(x->creator_pidfd))
+    return true;
+  uint64_t latest = atomic_load(&x->shared->recorded);
+  pid_t recorder = (pid_t)(latest & XS_PID_MASK);
+  return latest >> XS_PID_BITS == target && recorder != getpid() &&
+         xs_process_gone(recorder);
 }
 
 /* Polls until the record `target` completed: short sleeps first (a wait

@@ -241,6 +241,24 @@ static void ie_dying_creator(int up, int down) {
   _exit(0);
 }
 
+/* An importer, in a child: records the event behind a latch it never
+   opens, says so, and exits when told. */
+static void ie_dying_recorder(int up, int down) {
+  CUipcEventHandle h;
+  CUevent e;
+  CUstream s;
+  char go;
+  if (!ie_recv(down, &h, sizeof h)) _exit(10);
+  if (xt_context(0) == NULL) _exit(11);
+  if (cuIpcOpenEventHandle(&e, h) != CUDA_SUCCESS) _exit(12);
+  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(13);
+  xt_latch *l = xt_latch_new();
+  if (xt_latch_hold(s, l) != CUDA_SUCCESS) _exit(14);
+  if (cuEventRecord(e, s) != CUDA_SUCCESS) _exit(15);
+  if (!ie_send(up, "r", 1) || !ie_recv(down, &go, 1)) _exit(16);
+  _exit(0);
+}
+
 /* The child's entry, before main, when started as one. */
 __attribute__((constructor)) static void ie_child_main(void) {
   const char *spec = getenv("XSEG_IE_CHILD");
@@ -250,6 +268,7 @@ __attribute__((constructor)) static void ie_child_main(void) {
     return;
   if (role == 'i') ie_importer(up, down);
   if (role == 'd') ie_dying_creator(up, down);
+  if (role == 'r') ie_dying_recorder(up, down);
   _exit(0);
 }
 
@@ -281,4 +300,32 @@ XSEG_TEST(SimIpcEvent, wait_ends_when_the_creator_exits) {
   close(from_child);
   XSEG_EXPECT_CU(cuEventDestroy(e));
   XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* The creator's waits for a record an importer made end once that
+   importer has exited, reaped or not: its work went with it. */
+XSEG_TEST(SimIpcEvent, wait_ends_when_the_recorder_exits) {
+  XT_REQUIRE_SIM_FOR("uses the emulator in another process");
+  CUstream waiter;
+  CUevent e;
+  XSEG_ASSERT_TRUE(st_stream_event(&waiter, &e, IE_FLAGS));
+  CUipcEventHandle h;
+  XSEG_ASSERT_CU(cuIpcGetEventHandle(&h, e));
+  int to_child, from_child;
+  pid_t pid = ie_spawn('r', &to_child, &from_child);
+  XSEG_ASSERT_GT(pid, 0);
+  char step = 0;
+  XSEG_EXPECT_TRUE(ie_send(to_child, &h, sizeof h));
+  XSEG_EXPECT_TRUE(ie_recv(from_child, &step, 1) && step == 'r');
+  XSEG_EXPECT_CU_ERR(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_CU(cuStreamWaitEvent(waiter, e, 0));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(waiter), CUDA_ERROR_NOT_READY);
+  XSEG_EXPECT_TRUE(ie_send(to_child, "x", 1));
+  XSEG_EXPECT_CU(st_stream_drain(waiter));      /* a zombie, not reaped */
+  XSEG_EXPECT_CU(cuEventSynchronize(e));
+  XSEG_EXPECT_EQ(ie_reap(pid), 0);
+  close(to_child);
+  close(from_child);
+  XSEG_EXPECT_CU(cuEventDestroy(e));
+  XSEG_EXPECT_CU(cuStreamDestroy(waiter));
 }
