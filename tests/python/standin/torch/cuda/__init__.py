@@ -1,5 +1,11 @@
 """torch.cuda: lazy initialisation and the current stream."""
-from .streams import Stream, current_stream, _lazy_init  # noqa: F401
+from . import streams
+from .streams import Stream, current_stream  # noqa: F401
+
+
+def _lazy_init():
+    """The primary context, current in the calling thread."""
+    streams._context()
 
 
 def current_device():

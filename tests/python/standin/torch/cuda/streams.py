@@ -1,7 +1,7 @@
-"""torch.cuda.Stream and current_stream over the emulator ($XSEG_TEST_SIM).
-Lazy initialisation makes device 0's primary context current, as torch's
-does; the current stream is one non-blocking stream per process (torch's
-is per thread and device; the tests use one of each)."""
+"""torch.cuda.Stream and current_stream over the emulator ($XSEG_TEST_SIM):
+device 0's primary context is made current first, as torch's lazy
+initialisation does; the current stream is one non-blocking stream per
+process (torch's is per thread and device; the tests use one of each)."""
 import ctypes
 import os
 
@@ -21,7 +21,7 @@ def _check(name, *args):
         raise RuntimeError("CUDA error: %s returned %d" % (name, r))
 
 
-def _lazy_init():
+def _context():
     """The primary context, current in the calling thread."""
     if "ctx" not in _state:
         _check("cuInit", 0)
@@ -36,11 +36,11 @@ class Stream:
         self.cuda_stream = handle
 
     def synchronize(self):
-        _lazy_init()
+        _context()
         _check("cuStreamSynchronize", ctypes.c_void_p(self.cuda_stream))
 
     def query(self):
-        _lazy_init()
+        _context()
         r = _cu().cuStreamQuery(ctypes.c_void_p(self.cuda_stream))
         if r not in (0, 600):              # CUDA_ERROR_NOT_READY
             raise RuntimeError("CUDA error: cuStreamQuery returned %d" % r)
@@ -48,7 +48,7 @@ class Stream:
 
 
 def current_stream(device=None):
-    _lazy_init()
+    _context()
     if "stream" not in _state:
         s = ctypes.c_void_p()
         _check("cuStreamCreate", ctypes.byref(s), 1)   # NON_BLOCKING
