@@ -15,6 +15,7 @@ typedef struct xb_micro {
   xb_env env;
   const char *only;                 /* one benchmark, or NULL for all */
   uint64_t pairs, live_min, live_max, rounds, seed;
+  uint64_t mixed_live;              /* cached-mixed's live set */
   uint64_t other_streams;           /* cached-*: pairs of other streams the
                                        allocator holds meanwhile */
   /* deferred: wait for the side stream after each deferred free (outside
@@ -29,7 +30,8 @@ typedef struct xb_micro {
 
 /* Cached path: ns per malloc+free pair, median over rounds. */
 typedef struct xb_cached_row {
-  const char *name;                 /* "cached-repeat", "cached-random" */
+  const char *name;                 /* "cached-repeat", "cached-layers",
+                                       "cached-random", "cached-mixed" */
   uint64_t live, pairs;
   double xseg_ns, glibc_ns;
 } xb_cached_row;
