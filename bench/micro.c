@@ -336,19 +336,24 @@ static void print_cached(const xb_micro_out *o) {
   }
 }
 
-/* n threads on n streams against one; a speedup is claimed only for as
-   many threads as the machine has cores (more threads than cores share
-   them, and their ratio says nothing about the allocator). */
+/* n threads on n streams against one, and glibc's malloc+free in the
+   same loops: its scaling says what the machine allows (a shared cache,
+   a loaded or throttled core). A speedup is claimed only for as many
+   threads as the machine has cores (more threads than cores share them,
+   and their ratio says nothing about the allocator). */
 static void print_threads(const xb_threads_row *t) {
-  printf("threads        %d cores%s; 1 thread %.2f M pairs/s\n", t->cores,
+  printf("threads        %d cores%s; 1 thread %.2f M pairs/s (glibc %.2f)\n",
+         t->cores,
          t->record ? ", each block recorded on a side stream of its thread's"
                    : "",
-         t->pairs_per_s[0] * 1e-6);
+         t->pairs_per_s[0] * 1e-6, t->glibc_pairs_per_s[0] * 1e-6);
   for (int i = 1; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
     printf("               %d threads on %d streams %.2f M pairs/s: "
-           "%.2fx%s\n", n, n, t->pairs_per_s[i] * 1e-6,
-           t->pairs_per_s[i] / t->pairs_per_s[0],
+           "%.2fx, glibc %.2f M pairs/s: %.2fx%s\n", n, n,
+           t->pairs_per_s[i] * 1e-6, t->pairs_per_s[i] / t->pairs_per_s[0],
+           t->glibc_pairs_per_s[i] * 1e-6,
+           t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0],
            n > t->cores ? " (more threads than cores: no scaling claimed)"
                         : "");
   }
@@ -414,13 +419,17 @@ static void json_threads(FILE *f, const xb_micro_out *o) {
           t->record ? "true" : "false");
   for (int i = 0; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
-    fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i]);
+    fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f, "
+            "\"glibc_threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i],
+            n, t->glibc_pairs_per_s[i]);
     if (i == 0) continue;
     if (n > t->cores)
-      fprintf(f, ", \"speedup_%d\": null", n);
+      fprintf(f, ", \"speedup_%d\": null, \"glibc_speedup_%d\": null", n,
+              n);
     else
-      fprintf(f, ", \"speedup_%d\": %.3f", n,
-              t->pairs_per_s[i] / t->pairs_per_s[0]);
+      fprintf(f, ", \"speedup_%d\": %.3f, \"glibc_speedup_%d\": %.3f", n,
+              t->pairs_per_s[i] / t->pairs_per_s[0], n,
+              t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0]);
   }
   fputs("}", f);
 }

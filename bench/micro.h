@@ -59,6 +59,7 @@ typedef struct xb_threads_row {
   int cores;                          /* online CPUs: no claim beyond */
   bool record;                        /* --record: cross-stream frees */
   double pairs_per_s[XB_THREAD_COUNTS];
+  double glibc_pairs_per_s[XB_THREAD_COUNTS];   /* the same loop, glibc */
 } xb_threads_row;
 
 /* A fresh allocator in the micro's mode; prints why on failure. */
