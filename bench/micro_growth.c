@@ -172,6 +172,16 @@ bool xb_micro_threads(xb_micro *m, xb_threads_row *row) {
     ok = xb_env_stream_create(&m->env, &streams[i]) == XSEG_OK &&
          (!m->record || xb_env_stream_create(&m->env, &sides[i]) == XSEG_OK);
   ok = ok && xb_micro_allocator(m, &a);
+  /* Every stream's pair made before any run: the first one-thread run
+     would otherwise be the only one with a single pair in the allocator,
+     whose cached path does less (no stats to publish to other pairs'
+     crossings: bench/README.md), and the best of three would compare
+     that with two threads beside other pairs. */
+  for (int i = 0; ok && i < XB_THREADS_MAX; i++) {
+    void *p;
+    ok = xseg_malloc(a, 4096, streams[i], &p) == XSEG_OK &&
+         xseg_free(a, p) == XSEG_OK;
+  }
   ok = ok && threads_measure(m, a, streams, m->record ? sides : NULL, row);
   if (!ok)
     fprintf(stderr, "xseg-bench micro: threads failed: %s\n",
