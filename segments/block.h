@@ -91,7 +91,8 @@ static inline uint64_t xs_block_end(const xs_block *b) {
 }
 
 /* Host memory on cache lines of its own, as malloc (freed with free()), for
-   what one pair's cached path writes (block slabs, segments): a heap
+   what one pair's cached path writes (block slabs, segments, the pointer
+   table): a heap
    neighbour could be another pair's, written by another thread at the
    same time, and a line both write goes back and forth between their
    cores. */
