@@ -12,8 +12,9 @@ enum { XS_PTRTABLE_INITIAL_BITS = 12 };
 
 static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
   /* On lines of its own: the cached path writes it (segments/block.h). */
-  if (((size_t)1 << bits) > SIZE_MAX / sizeof(xs_ptrtable_slot)) return false;
-  size_t bytes = ((size_t)1 << bits) * sizeof(xs_ptrtable_slot);
+  size_t n = (size_t)1 << bits;
+  if (n > SIZE_MAX / sizeof(xs_ptrtable_slot)) return false;
+  size_t bytes = n * sizeof(xs_ptrtable_slot);
   xs_ptrtable_slot *s = xs_lines_alloc(bytes);
   if (s == NULL) return false;
   memset(s, 0, bytes);

@@ -90,16 +90,15 @@ static inline uint64_t xs_block_end(const xs_block *b) {
   return b->addr + b->size;
 }
 
-/* Host memory on cache lines of its own, as malloc (freed with free()), for
-   what one pair's cached path writes (block slabs, segments, the pointer
-   table): a heap
-   neighbour could be another pair's, written by another thread at the
-   same time, and a line both write goes back and forth between their
-   cores. */
+/* Host memory on cache lines of its own, as malloc (freed with free()),
+   for what one pair's cached path writes (block slabs, segments, the
+   pointer table): a heap neighbour could be another pair's, written by
+   another thread at the same time, and a line both write goes back and
+   forth between their cores. */
 static inline void *xs_lines_alloc(size_t size) {
   enum { XS_LINE = 64 };
-  size_t rounded = (size + XS_LINE - 1) / XS_LINE * XS_LINE;
-  return aligned_alloc(XS_LINE, rounded);
+  if (size > SIZE_MAX - XS_LINE) return NULL;
+  return aligned_alloc(XS_LINE, (size + XS_LINE - 1) / XS_LINE * XS_LINE);
 }
 
 /* A cache of block structs, so that the cached path allocates no host
