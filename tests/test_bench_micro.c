@@ -43,30 +43,33 @@ static char *micro_json(const char *const *args, int n_args) {
   return text;
 }
 
+/* The JSON of `micro ARGS` has the cached row that starts with `row`, and
+   no row of the case named `absent` (not selected by --only). */
+static void expect_row(const char *const *args, int n_args, const char *row,
+                       const char *absent) {
+  char *text = micro_json(args, n_args);
+  XSEG_ASSERT_TRUE(text != NULL);
+  if (strstr(text, row) == NULL) XSEG_FAIL("no row %s in:\n%s", row, text);
+  XSEG_EXPECT_TRUE(strstr(text, absent) == NULL);
+  free(text);
+}
+
 /* A batch of 8 tensors: 83 pairs are 10 whole batches, 80 pairs. */
 XSEG_TEST(bench_micro, layers_counts_whole_batches) {
   const char *args[] = {"--only", "cached-layers", "--pairs", "83",
                         "--rounds", "1"};
-  char *text = micro_json(args, 6);
-  XSEG_ASSERT_TRUE(text != NULL);
-  if (strstr(text, "{\"name\": \"cached-layers\", \"live\": 8, "
-                   "\"pairs\": 80, ") == NULL)
-    XSEG_FAIL("no cached-layers row of 80 pairs:\n%s", text);
-  XSEG_EXPECT_TRUE(strstr(text, "cached-repeat") == NULL);
-  free(text);
+  expect_row(args, 6,
+             "{\"name\": \"cached-layers\", \"live\": 8, \"pairs\": 80, ",
+             "cached-repeat");
 }
 
+/* cached-random's live sets are not run with --only cached-mixed. */
 XSEG_TEST(bench_micro, mixed_keeps_its_own_live_set) {
   const char *args[] = {"--only", "cached-mixed", "--mixed-live", "300",
                         "--pairs", "500", "--rounds", "1"};
-  char *text = micro_json(args, 8);
-  XSEG_ASSERT_TRUE(text != NULL);
-  if (strstr(text, "{\"name\": \"cached-mixed\", \"live\": 300, "
-                   "\"pairs\": 500, ") == NULL)
-    XSEG_FAIL("no cached-mixed row of 300 live:\n%s", text);
-  /* cached-random's live sets are not run with --only cached-mixed. */
-  XSEG_EXPECT_TRUE(strstr(text, "cached-random") == NULL);
-  free(text);
+  expect_row(args, 8,
+             "{\"name\": \"cached-mixed\", \"live\": 300, \"pairs\": 500, ",
+             "cached-random");
 }
 
 XSEG_TEST(bench_micro, mixed_live_of_zero_is_refused) {
