@@ -254,6 +254,38 @@ XSEG_TEST(alloc_flow, a_failed_growth_keeps_counting_what_it_had_lent) {
   lend_teardown(&f);
 }
 
+/* The snapshot shows what reserved_bytes counts: after a growth failed
+   having lent a busy free block's handles, they stay mapped at their old
+   address (the driver holds them) until the held work has run; each is a
+   segment of its own ("retiring"), so the segments' total_size adds up to
+   reserved_bytes before and after. */
+XSEG_TEST(alloc_flow, snapshot_shows_what_a_failed_growth_had_lent) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  lend_fixture f = {0};
+  lend_setup(&f);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a),
+                 at_stats(f.a).reserved_bytes.current);
+  xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
+  void *big = NULL;
+  XSEG_EXPECT_EQ(xseg_malloc(f.a, 56 * MiB, f.s, &big), XSEG_ERR_DRIVER);
+  xsim_fail_call("cuMemCreate", 0, CUDA_SUCCESS);
+  XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 48 * MiB);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a), 48 * MiB);
+  char *json = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&json, &len);
+  XSEG_EXPECT_OK(xseg_snapshot_json(f.a, out));
+  fclose(out);
+  XSEG_EXPECT_TRUE(strstr(json, "\"retiring\": true") != NULL);
+  free(json);
+  xt_latch_open(f.l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(f.s));
+  XSEG_EXPECT_OK(xseg_empty_cache(f.a));
+  XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 8 * MiB);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a), 8 * MiB);
+  lend_teardown(&f);
+}
+
 /* ---- destroy waits for the work that still uses its memory ------------- */
 
 typedef struct destroy_run {
