@@ -2,7 +2,9 @@
  *
  * A seeded random walk over xseg_malloc, xseg_free, xseg_record_stream,
  * xseg_empty_cache(_blocking), xseg_set_memory_fraction, private pools
- * (begin / end / release) and streams created and destroyed, while streams
+ * (begin / end / release), graph captures (announced or found by the
+ * allocator) whose stream is destroyed after they end or while they run,
+ * and streams created and destroyed, while streams
  * are held back by latches, so that work queued before a free really is
  * late. A shadow model keeps every live block, the byte it should hold,
  * the counters of every call and the state of every pool, and after each
@@ -12,6 +14,8 @@
  *     are bounded by it (rounded bytes), and agree with each other and with
  *     the emulator's physical bytes;
  *   - xseg_check is OK;
+ *   - the snapshot's segments add up to reserved_bytes (PyTorch's memory
+ *     viewer takes their total_size for it);
  *   - whenever no stream is held, every live block holds its bytes (written
  *     on its own stream, and on the streams it was recorded on, read back
  *     through the driver): a late write into a reused block shows here.
@@ -253,6 +257,10 @@ static void fz_check_stats(fz *f) {
     if (em[i].emulator != em[i].xseg)
       fz_fail(f, "the emulator holds %lld %s, xseg's stats say %lld",
               (long long)em[i].emulator, em[i].what, (long long)em[i].xseg);
+  int64_t shown = at_snapshot_total(f->a);
+  if (shown != s.reserved_bytes.current)
+    fz_fail(f, "the snapshot's segments total %lld bytes, reserved_bytes "
+            "is %lld", (long long)shown, (long long)s.reserved_bytes.current);
 }
 
 static void fz_check(fz *f) {
@@ -482,6 +490,87 @@ static void fz_stream_turn(fz *f) {
     if (f->live[k].stream == i) f->live[k].stream = -1;
 }
 
+/* One malloc (and its free at once) on stream slot si for the model:
+   counted as fz_malloc and fz_free count. */
+static void fz_malloc_free(fz *f, int si, size_t size) {
+  void *p = NULL;
+  fz_call_begin(f);
+  xseg_status st = xseg_malloc(f->a, size, f->streams[si].s, &p);
+  fz_call_end(f);
+  if (st == XSEG_ERR_OUT_OF_MEMORY || (st == XSEG_ERR_DRIVER && f->faults)) {
+    f->ooms += st == XSEG_ERR_OUT_OF_MEMORY;
+    return;
+  }
+  if (st != XSEG_OK) {
+    fz_fail(f, "malloc(%zu) on stream slot %d: %s: %s", size, si,
+            xseg_status_name(st), xseg_last_error());
+    return;
+  }
+  f->mallocs++;
+  f->requested_total += (int64_t)size;
+  while ((st = xseg_free(f->a, p)) == XSEG_ERR_DRIVER && f->faults) continue;
+  if (st != XSEG_OK) fz_fail(f, "free(%p): %s", p, xseg_last_error());
+  f->frees++;
+}
+
+/* A graph capture on an idle stream with no private pool, announced
+   (pool 3) or not (the allocator finds it on its slow path), with a few
+   mallocs and frees in it; then the stream is destroyed, after the
+   capture ended or while it runs (which ends it). The allocator goes on
+   as after any capture: mallocs on other streams, cached or not, and
+   empty_cache work, and the capture's pool is released. */
+static void fz_capture(fz *f) {
+  int i = 1 + (int)fz_rand(f, MAX_STREAMS);
+  fz_stream *st = &f->streams[i];
+  if (!st->alive || st->latch != NULL || st->pool != 0) return;
+  bool announce = fz_rand(f, 2), end_first = fz_rand(f, 3) != 0;
+  fz_call_begin(f);                     /* may wait on a held stream */
+  XSEG_EXPECT_CU(cuStreamSynchronize(st->s));
+  fz_call_end(f);
+  if (announce)
+    fz_expect(f, "begin_allocate_to_pool",
+              xseg_begin_allocate_to_pool(f->a, 3, st->s), XSEG_OK);
+  if (!XSEG_EXPECT_CU(cuStreamBeginCapture(st->s,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL)))
+    return;
+  cuuint64_t id = 0;
+  CUstreamCaptureStatus status;
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(st->s, &status, &id, NULL, NULL, NULL,
+                                        NULL));
+  for (int n = (int)fz_rand(f, 4); n >= 0 && !f->failed; n--)
+    fz_malloc_free(f, i, fz_size(f));
+  CUgraph g = NULL;
+  if (end_first) XSEG_EXPECT_CU(cuStreamEndCapture(st->s, &g));
+  if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuStreamDestroy(st->s));
+  st->alive = false;
+  for (int k = 0; k < f->n_live; k++)
+    if (f->live[k].stream == i) f->live[k].stream = -1;
+  if (announce)
+    fz_expect(f, "end_allocate_to_pool", xseg_end_allocate_to_pool(f->a, 3),
+              XSEG_OK);
+  /* The allocator hears of the end from a malloc elsewhere or a release
+     pass; the pool may go only then. */
+  if (fz_rand(f, 2)) {
+    fz_malloc_free(f, 0, fz_size(f));
+  } else {
+    fz_call_begin(f);
+    xseg_status e = xseg_empty_cache(f->a);
+    fz_call_end(f);
+    if (e != XSEG_OK && !(e == XSEG_ERR_DRIVER && f->faults))
+      fz_fail(f, "empty_cache after a capture's stream went: %s",
+              xseg_last_error());
+  }
+  xseg_pool_id pool = announce ? 3 : XSEG_CAPTURE_POOL(id);
+  xseg_status r = xseg_release_pool(f->a, pool);
+  /* A capture that no malloc's slow path saw made no pool; under driver
+     faults the malloc that would have refreshed it may have failed. */
+  if (r != XSEG_OK && !(r == XSEG_ERR_INVALID_ARGUMENT && !announce) &&
+      !(r == XSEG_ERR_CAPTURE && f->faults))
+    fz_fail(f, "release_pool(%llu) after its capture: %s: %s",
+            (unsigned long long)pool, xseg_status_name(r), xseg_last_error());
+}
+
 /* Arms one failing call of a driver function that only the allocator
    calls (the test's own calls never fail). */
 static void fz_fault(fz *f) {
@@ -509,7 +598,8 @@ static void fz_step(fz *f) {
     if (f->streams[i].latch != NULL) fz_unhold(f, i);
   } else if (r < 87) fz_empty_cache(f);
   else if (r < 89) fz_fraction(f);
-  else if (r < 97) fz_pool(f);
+  else if (r < 96) fz_pool(f);
+  else if (r < 98) fz_capture(f);
   else fz_stream_turn(f);
 }
 
