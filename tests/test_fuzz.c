@@ -88,16 +88,21 @@ static size_t fz_round(size_t size) {
 }
 
 /* Records a failure with the step it happened at; the walk stops there. */
+static void fz_vfail(bool *failed, const char *walk, uint64_t step,
+                     const char *fmt, va_list ap) {
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  XSEG_FAIL("%sstep %llu: %s", walk, (unsigned long long)step, msg);
+  *failed = true;
+}
+
 static void fz_fail(fz *f, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void fz_fail(fz *f, const char *fmt, ...) {
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  fz_vfail(&f->failed, "", f->step, fmt, ap);
   va_end(ap);
-  XSEG_FAIL("step %llu: %s", (unsigned long long)f->step, msg);
-  f->failed = true;
 }
 
 /* ---- latches and the watchdog ------------------------------------------ */
@@ -762,13 +767,10 @@ typedef struct fi {
 static void fi_fail(fi *f, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void fi_fail(fi *f, const char *fmt, ...) {
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  fz_vfail(&f->failed, "ipc ", f->step, fmt, ap);
   va_end(ap);
-  XSEG_FAIL("ipc step %llu: %s", (unsigned long long)f->step, msg);
-  f->failed = true;
 }
 
 static uint64_t fi_rand(fi *f, uint64_t n) { return at_rand(&f->rng) % n; }

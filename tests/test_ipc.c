@@ -525,6 +525,36 @@ XSEG_TEST(ipc, blocks_of_two_allocators_of_one_process_are_told_apart) {
 
 /* ---- consumers killed inside xseg_ipc_open ------------------------------- */
 
+/* A producer a with an exported block p (handle h), a consumer b, and
+   a's table mapped here to look at its holder slots. */
+typedef struct ipc_slots {
+  xseg_allocator *a, *b;
+  void *p;
+  xseg_ipc_handle *h;
+  xs_ipc_table *t;
+} ipc_slots;
+
+static bool ipc_slots_setup(ipc_slots *f) {
+  f->a = at_create(NULL);
+  f->b = at_create(NULL);
+  if (f->a == NULL || f->b == NULL) return false;
+  if (!XT_OK(xseg_malloc(f->a, 1 * MiB, NULL, &f->p)) ||
+      !XT_OK(xseg_ipc_export(f->a, f->p, &f->h)))
+    return false;
+  return XT_OK(xs_ipc_table_map(f->h->table_fd, &f->h->wire, &f->t));
+}
+
+/* Frees p (unless the test did), checks a, and destroys both. */
+static void ipc_slots_teardown(ipc_slots *f) {
+  xs_ipc_table_unmap(f->t);
+  xseg_ipc_handle_free(f->h);
+  if (f->p != NULL) XT_OK(xseg_free(f->a, f->p));
+  XSEG_EXPECT_EQ(at_stats(f->a).pending_free_bytes, 0);
+  XT_OK(xseg_check(f->a));
+  xseg_destroy(f->b);
+  xseg_destroy(f->a);
+}
+
 /* Holder slots in use (not FREE) in t. */
 static size_t ipc_slots_in_use(xs_ipc_table *t) {
   size_t n = 0, used = atomic_load(&t->holders_used);
@@ -540,40 +570,30 @@ static size_t ipc_slots_in_use(xs_ipc_table *t) {
    consumer holding it), the one live holder's slot is the only one in
    use: no claim of a dead consumer is left behind. */
 XSEG_TEST(ipc, slots_of_consumers_killed_inside_open_are_reclaimed) {
-  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
-  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
-  void *p = NULL, *q = NULL;
-  XT_OK(xseg_malloc(a, 1 * MiB, NULL, &p));
-  xseg_ipc_handle *h = NULL;
-  XT_OK(xseg_ipc_export(a, p, &h));
-  xs_ipc_table *t = NULL;
-  XT_OK(xs_ipc_table_map(h->table_fd, &h->wire, &t));
-  XSEG_ASSERT_TRUE(t != NULL);
+  ipc_slots f = {0};
+  XSEG_ASSERT_TRUE(ipc_slots_setup(&f));
+  void *q = NULL;
   uint64_t rng = 0x5eed;
   enum { KILLS = 40 };
   for (int k = 0; k < KILLS; k++) {
     ipc_child c = ipc_spawn(-1);
     XSEG_ASSERT_GT(c.pid, 0);
-    XSEG_ASSERT_EQ(ipc_give(c, h), 0);
+    XSEG_ASSERT_EQ(ipc_give(c, f.h), 0);
     XSEG_ASSERT_EQ(ipc_ask(c, 'c', 0, 0), 0);
     XSEG_ASSERT_EQ(ipc_ask(c, 'l', 0, 0), 0);    /* looping now */
     usleep((useconds_t)(at_rand(&rng) % 3000));
     kill(c.pid, SIGKILL);
     XSEG_EXPECT_EQ(ipc_finish(c), 128 + SIGKILL);
   }
-  XT_OK(xseg_ipc_open(b, h, &q));
-  XT_OK(xseg_free(a, p));                           /* b holds it */
-  XT_OK(xseg_empty_cache(a));                       /* reaps the dead */
-  XSEG_EXPECT_EQ(ipc_slots_in_use(t), 1);
-  XT_OK(xseg_ipc_close(b, q));
-  XT_OK(xseg_empty_cache(a));
-  XSEG_EXPECT_EQ(ipc_slots_in_use(t), 0);
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  xs_ipc_table_unmap(t);
-  xseg_ipc_handle_free(h);
-  XT_OK(xseg_check(a));
-  xseg_destroy(b);
-  xseg_destroy(a);
+  XT_OK(xseg_ipc_open(f.b, f.h, &q));
+  XT_OK(xseg_free(f.a, f.p));                       /* b holds it */
+  f.p = NULL;
+  XT_OK(xseg_empty_cache(f.a));                     /* reaps the dead */
+  XSEG_EXPECT_EQ(ipc_slots_in_use(f.t), 1);
+  XT_OK(xseg_ipc_close(f.b, q));
+  XT_OK(xseg_empty_cache(f.a));
+  XSEG_EXPECT_EQ(ipc_slots_in_use(f.t), 0);
+  ipc_slots_teardown(&f);
 }
 
 /* Deterministically: every slot of a table claimed by a consumer that
@@ -581,15 +601,9 @@ XSEG_TEST(ipc, slots_of_consumers_killed_inside_open_are_reclaimed) {
    table is not full for the next consumer: it takes a dead claimant's
    slot. */
 XSEG_TEST(ipc, a_table_full_of_dead_claims_still_opens) {
-  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
-  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
-  void *p = NULL, *q = NULL;
-  XT_OK(xseg_malloc(a, 1 * MiB, NULL, &p));
-  xseg_ipc_handle *h = NULL;
-  XT_OK(xseg_ipc_export(a, p, &h));
-  xs_ipc_table *t = NULL;
-  XT_OK(xs_ipc_table_map(h->table_fd, &h->wire, &t));
-  XSEG_ASSERT_TRUE(t != NULL);
+  ipc_slots f = {0};
+  XSEG_ASSERT_TRUE(ipc_slots_setup(&f));
+  void *q = NULL;
   int fds[2];
   XSEG_ASSERT_EQ(pipe(fds), 0);
   pid_t dead = fork();
@@ -608,30 +622,24 @@ XSEG_TEST(ipc, a_table_full_of_dead_claims_still_opens) {
   uint64_t claim =
       xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING, dead, start);
   for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
-    atomic_store(&t->holders[i].word, claim);
-  atomic_store(&t->holders_used, XS_IPC_HOLDERS);
-  XT_OK(xseg_ipc_open(b, h, &q));
+    atomic_store(&f.t->holders[i].word, claim);
+  atomic_store(&f.t->holders_used, XS_IPC_HOLDERS);
+  XT_OK(xseg_ipc_open(f.b, f.h, &q));
   XSEG_EXPECT_TRUE(q != NULL);
-  XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
+  XSEG_EXPECT_EQ(ipc_stats(f.a).open_by_others, 1);
   /* A live claimant's slot is not taken: this process's own claims. */
   uint64_t mine = xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING,
                                      xs_ipc_self_pid(), xs_ipc_self_start());
-  XT_OK(xseg_ipc_close(b, q));
+  XT_OK(xseg_ipc_close(f.b, q));
   for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
-    atomic_store(&t->holders[i].word, mine);
+    atomic_store(&f.t->holders[i].word, mine);
   q = (void *)1;
-  XSEG_EXPECT_EQ(xseg_ipc_open(b, h, &q), XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_EQ(xseg_ipc_open(f.b, f.h, &q), XSEG_ERR_OUT_OF_MEMORY);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "is full") != NULL);
   XSEG_EXPECT_TRUE(q == NULL);
   for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
-    atomic_store(&t->holders[i].word, XS_IPC_HOLDER_FREE);
-  xs_ipc_table_unmap(t);
-  xseg_ipc_handle_free(h);
-  XT_OK(xseg_free(a, p));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XT_OK(xseg_check(a));
-  xseg_destroy(b);
-  xseg_destroy(a);
+    atomic_store(&f.t->holders[i].word, XS_IPC_HOLDER_FREE);
+  ipc_slots_teardown(&f);
 }
 
 /* A producer in another PID namespace: its pid means nothing here, so
