@@ -126,6 +126,39 @@ static void alloc_destroy_pending(xseg_allocator *a, bool entered) {
           xs_stream_set_clear(&b->uses);
 }
 
+/* Work a stream queued before freeing a block on that same stream (a
+   stream-ordered free: the block went back to the stream's cache at once)
+   may still use it, and the old mapping of a handle lent to a newer block
+   (an alias, segments/release.c) is its old work's until the pair's guard
+   passes it. So before the pools unmap anything, each pair's guard waits
+   for its newest free (on one event; a stream the caller destroyed proves
+   itself idle, streams/guard.h). A guard that cannot be advanced leaves
+   the whole context to wait for. Captures are over: a dying allocator
+   serves none. */
+static void alloc_destroy_guards(xseg_allocator *a) {
+  bool failed = false;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (sp->guard.safe >= sp->clock) continue;
+    CUstreamCaptureMode mode;
+    xseg_status st = xs_capture_mode_relax(a, &mode);
+    if (st != XSEG_OK) {
+      failed = true;
+      continue;
+    }
+    st = xs_guard_advance(&sp->guard, &a->events, sp->stream, sp->clock,
+                          sp->clock, true);
+    xs_capture_mode_restore(a, mode);
+    failed |= st != XSEG_OK;
+  }
+  if (!failed) return;
+  CUresult r = XS_DRV(a->vmm.drv, cuCtxSynchronize);
+  if (r == CUDA_SUCCESS) return;
+  xs_driver_error(a->vmm.drv, r, "cuCtxSynchronize (xseg_destroy, device %d)",
+                  a->vmm.device);
+  fprintf(stderr, "xseg_destroy: %s; unmapping without knowing that queued "
+          "work is done\n", xseg_last_error());
+}
+
 void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_lock(a);
@@ -133,6 +166,7 @@ void xseg_destroy(xseg_allocator *a) {
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   alloc_destroy_pending(a, entered);
+  if (entered) alloc_destroy_guards(a);
   xs_ipc_destroy_locked(a, entered);
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
@@ -387,11 +421,17 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
                                 held);
 }
 
-/* xs_config_round_size, with its common case inline: every size up to
-   1 MiB falls in the first roundup_power2_divisions interval, and without
-   divisions there it is rounded to 512 bytes. */
+/* xs_config_round_size, with its common case inline: a size whose
+   roundup_power2_divisions interval (floor(log2(size)) - 20, clamped to
+   [0, XS_ROUNDUP_INTERVALS - 1]: every size under 2 MiB in the first) has
+   no divisions is rounded to 512 bytes, which cannot overflow up to
+   XS_MAX_REQUEST. */
 static inline bool alloc_rounds_plain(const xs_config *c, size_t size) {
-  return size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1;
+  if (__builtin_expect(size < ((size_t)2 << 20), 1))
+    return c->roundup_power2_divisions[0] <= 1;
+  unsigned idx = 43u - (unsigned)__builtin_clzll(size);   /* log2 - 20 */
+  if (idx > XS_ROUNDUP_INTERVALS - 1) idx = XS_ROUNDUP_INTERVALS - 1;
+  return size <= XS_MAX_REQUEST && c->roundup_power2_divisions[idx] <= 1;
 }
 static inline size_t alloc_round_plain(size_t size) {
   return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
@@ -539,9 +579,9 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
 }
 
-/* A small size on the thread's last stream, its pair lock free: the
-   repeated size's retake (alloc_retake_again), else alloc_malloc_pair with
-   that lock; anything else is alloc_malloc_any's. */
+/* A size on the thread's last stream, its pair lock free: the repeated
+   size's retake (alloc_retake_again), else alloc_malloc_pair with that
+   lock; anything else is alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   /* One test each: joined by ||, the compiler computes them as flags. */
