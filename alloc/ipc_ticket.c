@@ -73,7 +73,7 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
                        "opened with xseg_ipc_open", ptr, a->vmm.device);
   if (st == XSEG_OK) {
     *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
-    t->holders[slot].pad = *ticket;
+    t->holders[slot].pad[0] = *ticket;
   }
   xs_alloc_unlock(a);
   return st;
@@ -82,12 +82,12 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
 /* Frees slot `ticket` names if it still is that ticket's hold on id. */
 static bool ticket_release(xs_ipc_table *t, uint64_t id, uint64_t ticket) {
   xs_ipc_holder *h = &t->holders[ticket % XS_IPC_HOLDERS];
-  if (atomic_load(&h->state) != XS_IPC_HOLDER_HELD ||
-      atomic_load(&h->id) != id || atomic_load(&h->pid) != t->producer_pid ||
-      atomic_load(&h->start) != t->producer_start || h->pad != ticket)
+  uint64_t held = xs_ipc_holder_word(XS_IPC_HOLDER_HELD, t->producer_pid,
+                                     t->producer_start);
+  if (atomic_load(&h->word) != held || atomic_load(&h->id) != id ||
+      h->pad[0] != ticket)
     return false;
-  uint32_t held = XS_IPC_HOLDER_HELD;
-  return atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
+  return atomic_compare_exchange_strong(&h->word, &held, XS_IPC_HOLDER_FREE);
 }
 
 xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
