@@ -175,7 +175,7 @@ XSEG_TEST(torch_adapter, record_stream_holds_the_block_until_the_stream_is_done)
   XSEG_EXPECT_TRUE((char *)q + SIZE <= (char *)p || (char *)p + SIZE <= (char *)q);
   XSEG_ASSERT_CU(cuMemsetD8Async(dptr(q), 0x22, SIZE, producer));
   XSEG_ASSERT_CU(cuStreamSynchronize(producer));
-  torch.emptyCache();     /* keeps the pending block's granules */
+  xseg_torch_empty_cache();   /* at once: keeps the pending block's granules */
   XSEG_EXPECT_GE(adapter_stats().reserved_bytes.current, 2 * SIZE);
   xt_latch_open(l);
   XSEG_ASSERT_CU(cuStreamSynchronize(consumer));
@@ -188,7 +188,7 @@ XSEG_TEST(torch_adapter, record_stream_holds_the_block_until_the_stream_is_done)
   int not_ours = 0;
   torch.recordStream(&not_ours, consumer);
   torch.raw_delete(q, SIZE, 0, producer);
-  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
+  torch.emptyCache();     /* PyTorch's: waits for the guarding work */
   XSEG_EXPECT_EQ(adapter_stats().pending_free_bytes, 0);
   XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
   XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
@@ -236,7 +236,6 @@ XSEG_TEST(torch_adapter, graph_pool_takes_only_the_capturing_streams) {
   int64_t before = adapter_stats().reserved_bytes.current;
   torch.releasePool(0, pool);
   torch.emptyCache();
-  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
   int64_t reserved = adapter_stats().reserved_bytes.current;
   XSEG_EXPECT_LE(reserved, before - (int64_t)SIZE);
   XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
@@ -264,10 +263,10 @@ XSEG_TEST(torch_adapter, shared_pool_is_released_by_its_last_user) {
   }
   XSEG_EXPECT_TRUE(blocks[1] == blocks[0]);   /* the pool's own reuse */
   torch.releasePool(0, pool);    /* one graph gone: the other still uses it */
-  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
+  torch.emptyCache();
   XSEG_EXPECT_GE(adapter_stats().reserved_bytes.current, SIZE);
   torch.releasePool(0, pool);
-  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
+  torch.emptyCache();
   XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
   /* A pool nothing was allocated to releases nothing, and fails nothing. */
   torch.beginAllocateToPool(0, {9, 0}, only_s);

@@ -99,10 +99,20 @@ void xseg_torch_cxx_record_stream(void *ptr, xseg_torch::Stream s) {
   throw_kept();
 }
 
+/* As PyTorch's emptyCache: waits for the work that guards free memory (its
+   events, not whole streams), then unmaps every whole free granule. During
+   a capture xseg may not wait; it then releases what is already safe. */
 void xseg_torch_cxx_empty_cache() {
   xseg_torch_clear_error();
-  xseg_torch_empty_cache();
-  throw_kept();
+  for (int d = 0; d < xseg_torch_device_limit(); d++) {
+    if (!xseg_torch_has_allocator(d)) continue;
+    xseg_allocator *a = xseg_torch_allocator(d);
+    xseg_status st = xseg_empty_cache_blocking(a);
+    if (st == XSEG_ERR_CAPTURE) st = xseg_empty_cache(a);
+    if (st != XSEG_OK)
+      throw xseg_torch::Error(std::string("xseg: empty_cache of device ") +
+                              std::to_string(d) + ": " + xseg_last_error());
+  }
 }
 
 void xseg_torch_cxx_set_memory_fraction(double fraction, int device) {
