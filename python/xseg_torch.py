@@ -286,12 +286,6 @@ def memory_snapshot(pool=None, include_traces=True):
                     seg["segment_pool_id"][1] == _pool_id(*pool):
                 snap["segments"].append(seg)
         traces = part["device_traces"][0] if include_traces else []
-        for entry in traces:
-            if entry["action"] == "oom":
-                # PyTorch keeps the device's free bytes in an oom entry's
-                # addr and shows it as device_free (torch.cuda._memory_viz
-                # reads it); xseg records no address for an oom.
-                entry.setdefault("device_free", entry["addr"])
         snap["device_traces"].append(traces)
     return snap
 

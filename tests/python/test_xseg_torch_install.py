@@ -218,8 +218,10 @@ def check_history_and_snapshot(s1):
            "1 PiB raises at the call")
     trace = torch.cuda.memory._snapshot()["device_traces"][0]
     oom = [e for e in trace if e["action"] == "oom"]
-    expect(len(oom) == 1 and "device_free" in oom[0],
-           "an oom entry with device_free")
+    expect(len(oom) == 1 and oom[0].get("device_free", 0) > 0 and
+           oom[0]["size"] == 1 << 50,
+           "an oom entry with the device's free memory, as PyTorch's: %s" %
+           oom)
     torch.cuda.memory._record_memory_history(enabled=None)
     expect(torch.cuda.memory._snapshot()["device_traces"] == [[]],
            "recording stopped")
