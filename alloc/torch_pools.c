@@ -201,47 +201,73 @@ void xseg_torch_begin_allocate_to_pool(int device, unsigned long long first,
   pthread_mutex_unlock(&pools_lock);
 }
 
-void xseg_torch_end_allocate_to_pool(int device, unsigned long long first,
-                                     unsigned long long second) {
-  const char *fn = "xseg_torch_end_allocate_to_pool";
-  pthread_mutex_lock(&pools_lock);
-  torch_pool *p = pool_find(device, first, second);
+/* A pool as the caller named it, found or not (p NULL). */
+typedef struct pool_ref {
+  torch_pool *p;
+  int device;
+  unsigned long long first, second;
+  const char *fn;
+} pool_ref;
+
+/* Ends the pool, as PyTorch's endAllocateToPool. */
+static void pool_end_locked(pool_ref r) {
+  torch_pool *p = r.p;
+  int device = r.device;
+  const char *fn = r.fn;
   if (p == NULL || !p->open) {
     xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "pool (%llu, %llu) of "
-                   "device %d is not being allocated to", first, second,
+                   "device %d is not being allocated to", r.first, r.second,
                    device);
-  } else {
-    xseg_status st = XSEG_OK;
-    if (p->n_streams > 0)
-      st = xseg_end_allocate_to_pool(xs_torch_existing(device), pool_id(p));
-    if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
-    p->open = false;
-    p->n_streams = 0;
-    pool_drop_filter(p);
-    atomic_fetch_sub_explicit(&pools_open[device], 1, memory_order_release);
+    return;
   }
+  xseg_status st = XSEG_OK;
+  if (p->n_streams > 0)
+    st = xseg_end_allocate_to_pool(xs_torch_existing(device), pool_id(p));
+  if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
+  p->open = false;
+  p->n_streams = 0;
+  pool_drop_filter(p);
+  atomic_fetch_sub_explicit(&pools_open[device], 1, memory_order_release);
+}
+
+/* Drops a use of p, as PyTorch's releasePool; a pool never begun here (or
+   released already) has nothing to release. */
+static void pool_release_locked(pool_ref r) {
+  torch_pool *p = r.p;
+  int device = r.device;
+  const char *fn = r.fn;
+  if (p == NULL) return;
+  if (p->open) {
+    xs_torch_error(fn, XSEG_ERR_CAPTURE, "pool (%llu, %llu) of device %d is "
+                   "still being allocated to (end it first)", p->first,
+                   p->second, device);
+    return;
+  }
+  if (--p->uses > 0) return;
+  xseg_status st = XSEG_OK;
+  if (p->in_core) st = xseg_release_pool(xs_torch_existing(device), pool_id(p));
+  if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
+  pool_forget(p);
+}
+
+static void pools_apply(const char *fn, int device, unsigned long long first,
+                        unsigned long long second,
+                        void (*op)(pool_ref)) {
+  pthread_mutex_lock(&pools_lock);
+  op((pool_ref){pool_find(device, first, second), device, first, second, fn});
   pthread_mutex_unlock(&pools_lock);
+}
+
+void xseg_torch_end_allocate_to_pool(int device, unsigned long long first,
+                                     unsigned long long second) {
+  pools_apply("xseg_torch_end_allocate_to_pool", device, first, second,
+              pool_end_locked);
 }
 
 void xseg_torch_release_pool(int device, unsigned long long first,
                              unsigned long long second) {
-  const char *fn = "xseg_torch_release_pool";
-  pthread_mutex_lock(&pools_lock);
-  torch_pool *p = pool_find(device, first, second);
-  if (p == NULL) {
-    /* Never begun here (or released already): as PyTorch, nothing to do. */
-  } else if (p->open) {
-    xs_torch_error(fn, XSEG_ERR_CAPTURE, "pool (%llu, %llu) of device %d is "
-                   "still being allocated to (end it first)", first, second,
-                   device);
-  } else if (--p->uses == 0) {
-    xseg_status st = XSEG_OK;
-    if (p->in_core)
-      st = xseg_release_pool(xs_torch_existing(device), pool_id(p));
-    if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
-    pool_forget(p);
-  }
-  pthread_mutex_unlock(&pools_lock);
+  pools_apply("xseg_torch_release_pool", device, first, second,
+              pool_release_locked);
 }
 
 void xs_torch_pools_forget_all(void) {

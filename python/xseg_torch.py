@@ -33,7 +33,6 @@ beside build/ in a source tree), else by the dynamic loader.
 Configuration comes from XSEG_ALLOC_CONF, as for xseg_create.
 """
 
-import collections
 import ctypes
 import hashlib
 import json

@@ -161,24 +161,24 @@ def parent(args):
     return 1 if failed else 0
 
 
+def nvidia_smi(field):
+    """One field of the first GPU from nvidia-smi (no CUDA initialised in
+    the parent), or "?"."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"],
+            capture_output=True, text=True,
+            timeout=30).stdout.splitlines()[0].strip()
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "?"
+
+
 def describe_gpu(torch):
     if not torch.cuda.is_available():
         return "no GPU"
-    try:
-        driver = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30).stdout.split()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        driver = "?"
-    # Without initialising CUDA in the parent: NVML-free names come from
-    # nvidia-smi too.
-    try:
-        name = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
-    except (OSError, IndexError, subprocess.SubprocessError):
-        name = "GPU"
-    return "%s, driver %s, CUDA %s" % (name, driver, torch.version.cuda)
+    return "%s, driver %s, CUDA %s" % (nvidia_smi("name"),
+                                       nvidia_smi("driver_version"),
+                                       torch.version.cuda)
 
 
 # ---- the worker: one allocator, one task ---------------------------------------

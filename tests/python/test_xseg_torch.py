@@ -33,15 +33,9 @@ def defaults_from_build_tree():
 
 defaults_from_build_tree()
 import xseg_torch  # noqa: E402  (after the path above)
+from expect import expect, finish  # noqa: E402
 
 MiB = 1 << 20
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 # The emulator, loaded first and globally: xseg_driver:sim then uses this
@@ -126,5 +120,4 @@ xseg_torch.check()
 
 cu_call("cuStreamDestroy_v2", s1)
 cu_call("cuStreamDestroy_v2", s2)
-print("%d failure(s)" % len(failures))
-sys.exit(1 if failures else 0)
+finish("test_xseg_torch")

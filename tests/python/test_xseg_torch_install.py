@@ -28,15 +28,9 @@ cu = ctypes.CDLL(os.environ["XSEG_TEST_SIM"], mode=ctypes.RTLD_GLOBAL)
 
 import torch  # noqa: E402  (the stand-in)
 import xseg_torch  # noqa: E402
+from expect import expect, finish  # noqa: E402
 
 MiB = 1 << 20
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def raises(fn, exc, part):
@@ -335,5 +329,4 @@ if __name__ == "__main__":
             expect(done.returncode == 0, "the %s case passes" % sub)
     else:
         {"unpatched": main_unpatched, "late": main_late}[mode]()
-    print("%s: %d failure(s)" % (mode, len(failures)))
-    sys.exit(1 if failures else 0)
+    finish(mode)

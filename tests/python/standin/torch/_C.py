@@ -58,29 +58,20 @@ class _CUDAPluggableAllocator(_cuda_CUDAAllocator):
         _cpp.standin_set(self._handle, setter.encode(), func_ptr)
         self.hooks_set[setter] = func_ptr
 
-    def set_init_fn(self, func_ptr):
-        self._set("set_init_fn", func_ptr)
 
-    def set_reset_fn(self, func_ptr):
-        self._set("set_reset_fn", func_ptr)
+def _setter(name):
+    def set_fn(self, func_ptr):
+        self._set(name, func_ptr)
+    set_fn.__name__ = name
+    return set_fn
 
-    def set_memory_fraction_fn(self, func_ptr):
-        self._set("set_memory_fraction_fn", func_ptr)
 
-    def set_base_alloc_fn(self, func_ptr):
-        self._set("set_base_alloc_fn", func_ptr)
-
-    def set_record_stream_fn(self, func_ptr):
-        self._set("set_record_stream_fn", func_ptr)
-
-    def set_begin_allocate_to_pool(self, func_ptr):
-        self._set("set_begin_allocate_to_pool", func_ptr)
-
-    def set_end_allocate_to_pool_fn(self, func_ptr):
-        self._set("set_end_allocate_to_pool_fn", func_ptr)
-
-    def set_release_pool(self, func_ptr):
-        self._set("set_release_pool", func_ptr)
+# Module.cpp's setters, each a method taking one int.
+for _name in ("set_init_fn", "set_reset_fn", "set_memory_fraction_fn",
+              "set_base_alloc_fn", "set_record_stream_fn",
+              "set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn",
+              "set_release_pool"):
+    setattr(_CUDAPluggableAllocator, _name, _setter(_name))
 
 
 class _State:
