@@ -395,3 +395,39 @@ XSEG_TEST(torch_adapter, other_failures_throw_with_their_cause) {
   cuStreamDestroy(s);
   xs_torch_destroy_all();
 }
+
+/* While a pool is open every allocation asks its filter: threads on other
+   streams and one on the claimed stream at once (TSan watches the pool
+   table and the filter's copy). */
+XSEG_TEST(torch_adapter, threads_allocate_while_a_pool_is_open) {
+  XSEG_ASSERT_TRUE(xt_context(0) != nullptr);
+  adapter_setup();
+  Pluggable torch;
+  enum { THREADS = 4, ROUNDS = 200 };
+  CUstream streams[THREADS];
+  for (CUstream &s : streams) s = stream_new();
+  CUstream claimed = streams[0];
+  torch.beginAllocateToPool(0, {0, 11},
+                            [claimed](cudaStream_t t) { return t == claimed; });
+  std::vector<void *> last(THREADS);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < THREADS; i++)
+    threads.emplace_back([&, i] {
+      for (int r = 0; r < ROUNDS; r++) {
+        void *p = torch.malloc(4096 * (1 + r % 7), 0, streams[i]);
+        if (r + 1 < ROUNDS) torch.raw_delete(p, 0, 0, streams[i]);
+        else last[i] = p;     /* the last one stays live */
+      }
+    });
+  for (std::thread &t : threads) t.join();
+  torch.endAllocateToPool(0, {0, 11});
+  XSEG_EXPECT_EQ(adapter_stats().allocation.current, THREADS);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  for (int i = 0; i < THREADS; i++) torch.raw_delete(last[i], 0, 0, streams[i]);
+  torch.releasePool(0, {0, 11});
+  torch.emptyCache();
+  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  for (CUstream s : streams) cuStreamDestroy(s);
+  xs_torch_destroy_all();
+}
