@@ -148,12 +148,14 @@ static void snapshot_traces(FILE *out, const xs_trace *t) {
   fputs("\"device_traces\": [[", out);
   for (size_t i = 0; i < t->count; i++) {
     const xs_trace_entry *e = xs_trace_at(t, i);
+    /* An oom entry's addr is the device's free memory (device_free). */
+    const char *addr_key = e->action == XS_TRACE_OOM ? "device_free" : "addr";
     fprintf(out,
-            "%s\n  {\"action\": \"%s\", \"addr\": %" PRIu64 ", \"size\": "
+            "%s\n  {\"action\": \"%s\", \"%s\": %" PRIu64 ", \"size\": "
             "%" PRIu64 ", \"stream\": %" PRIuPTR ", \"time_us\": %" PRIu64
             ", \"frames\": []}",
-            i ? "," : "", xs_trace_action_name(e->action), e->addr, e->size,
-            (uintptr_t)e->stream, e->time_us);
+            i ? "," : "", xs_trace_action_name(e->action), addr_key, e->addr,
+            e->size, (uintptr_t)e->stream, e->time_us);
   }
   fputs("\n]]}\n", out);
 }

@@ -45,7 +45,12 @@ foreach(pc xseg xseg-static xseg-sim)
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endforeach()
 
-# The PyTorch modules: xseg_torch finds ../../libxseg.so.0 from here;
-# its install() imports xseg_multiprocessing.
-install(FILES python/xseg_torch.py python/xseg_multiprocessing.py
+# The PyTorch modules: xseg_torch finds ../../libxseg.so.0 and
+# ../../libxseg_torch.so.0 from here, and builds xseg_torch_oom.cc against
+# the user's torch; its install() imports xseg_multiprocessing.
+if(XSEG_BUILD_TORCH_ADAPTER)
+  install(TARGETS xseg_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
+install(FILES python/xseg_torch.py python/xseg_torch_oom.cc
+              python/xseg_multiprocessing.py
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)

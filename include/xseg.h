@@ -160,25 +160,38 @@ xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------
    One process-wide allocator per device, created on first use from
    XSEG_ALLOC_CONF and kept until the process ends; cudaStream_t is
-   struct CUstream_st *. No entry point can report an error to PyTorch: a
-   failure is kept as the calling thread's xseg_torch_last_error() (malloc
-   then returns NULL), which python/xseg_torch.py raises as
-   torch.cuda.OutOfMemoryError. The C++ setters take them as they are:
-     CUDAPluggableAllocator(xseg_torch_malloc, xseg_torch_free)
-     set_record_stream_fn(xseg_torch_record_stream)
-     set_reset_fn(xseg_torch_empty_cache)
-     set_memory_fraction_fn(xseg_torch_set_memory_fraction)
-   and the graph-pool setters through a lambda that passes MempoolId_t's
-   halves (and, to begin, the capturing stream):
-     set_begin_allocate_to_pool([](int d, MempoolId_t id, auto) {
-       xseg_torch_begin_allocate_to_pool(d, id.first, id.second,
-                                         getCurrentCUDAStream(d)); }) */
+   struct CUstream_st *. These are C and cannot throw: a failure is kept as
+   the calling thread's xseg_torch_last_error() / xseg_torch_last_status()
+   (malloc then returns NULL). PyTorch checks nothing they return, so
+   python/xseg_torch.py hands PyTorch libxseg_torch.so's C++ wrappers
+   instead (torch_adapter/xseg_torch.h): the same calls in the signatures
+   of PyTorch's setters, which throw at the failing call. */
 void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream);
 void  xseg_torch_free(void *ptr, ssize_t size, int device,
                       struct CUstream_st *stream);
 void  xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
 void  xseg_torch_empty_cache(void);                   /* every device */
 void  xseg_torch_set_memory_fraction(double fraction, int device);
+/* PyTorch's init(device_count): devices from device_count on are refused
+   from then on (at most xseg_torch_device_limit()). */
+void  xseg_torch_init(int device_count);
+/* Graph pools, named by PyTorch's MempoolId_t {first, second}. From the
+   begin to the end, an allocation of `device` on a stream for which
+   filter(ctx, stream) returns 1 comes from the pool (0: not this stream;
+   -1: the filter failed, and so does the allocation). A refused stream is
+   asked again at its next allocation (it may join the capture later); a
+   claimed one stays in the pool until the end. ctx_free(ctx), if not NULL,
+   runs at the end (or at once if the begin fails). Each begin of an id
+   takes a use of the pool, each release drops one; the last returns the
+   pool's free memory to the cache (empty_cache then unmaps it). */
+typedef int (*xseg_torch_stream_filter)(void *ctx, struct CUstream_st *stream);
+void  xseg_torch_begin_allocate_to_pool_if(int device,
+                                           unsigned long long id_first,
+                                           unsigned long long id_second,
+                                           xseg_torch_stream_filter filter,
+                                           void *ctx,
+                                           void (*ctx_free)(void *ctx));
+/* The same with the one stream `stream` claimed at once. */
 void  xseg_torch_begin_allocate_to_pool(int device, unsigned long long id_first,
                                         unsigned long long id_second,
                                         struct CUstream_st *stream);
@@ -188,6 +201,7 @@ void  xseg_torch_release_pool(int device, unsigned long long id_first,
                               unsigned long long id_second);
 /* "" or "<entry point>: <XSEG_ERR_...>: <xseg_last_error()>". */
 const char *xseg_torch_last_error(void);
+xseg_status xseg_torch_last_status(void);   /* XSEG_OK when none */
 void  xseg_torch_clear_error(void);
 /* The allocator of `device` (created if need be), for the xseg_* calls;
    NULL with xseg_torch_last_error() set if it cannot be created. */
