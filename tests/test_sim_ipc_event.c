@@ -149,6 +149,16 @@ XSEG_TEST(SimIpcEvent, opened_event_orders_a_stream_after_the_record) {
 
 /* ---- across processes -------------------------------------------------- */
 
+/* An importer's start, in a child: receives the handle the test sends,
+   opens it and makes a stream of its own; exits 10-13 on a failure. */
+static void ie_import(int down, CUevent *e, CUstream *s) {
+  CUipcEventHandle h;
+  if (!ie_recv(down, &h, sizeof h)) _exit(10);
+  if (xt_context(0) == NULL) _exit(11);
+  if (cuIpcOpenEventHandle(e, h) != CUDA_SUCCESS) _exit(12);
+  if (cuStreamCreate(s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(13);
+}
+
 /* The importer, in a child: opens the handle the test sends, checks that
    the record is pending (query, a stream that waits on it), tells the
    test, and after the test released its stream checks that both finish.
@@ -156,14 +166,10 @@ XSEG_TEST(SimIpcEvent, opened_event_orders_a_stream_after_the_record) {
    latch, for the test to wait on, and releases it when told. Exits with
    the number of the step that failed. */
 static void ie_importer(int up, int down) {
-  CUipcEventHandle h;
   CUevent e;
   CUstream s;
   char go;
-  if (!ie_recv(down, &h, sizeof h)) _exit(10);
-  if (xt_context(0) == NULL) _exit(11);
-  if (cuIpcOpenEventHandle(&e, h) != CUDA_SUCCESS) _exit(12);
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(13);
+  ie_import(down, &e, &s);
   if (cuEventQuery(e) != CUDA_ERROR_NOT_READY) _exit(14);
   if (cuStreamWaitEvent(s, e, 0) != CUDA_SUCCESS) _exit(15);
   if (cuStreamQuery(s) != CUDA_ERROR_NOT_READY) _exit(16);
@@ -244,14 +250,10 @@ static void ie_dying_creator(int up, int down) {
 /* An importer, in a child: records the event behind a latch it never
    opens, says so, and exits when told. */
 static void ie_dying_recorder(int up, int down) {
-  CUipcEventHandle h;
   CUevent e;
   CUstream s;
   char go;
-  if (!ie_recv(down, &h, sizeof h)) _exit(10);
-  if (xt_context(0) == NULL) _exit(11);
-  if (cuIpcOpenEventHandle(&e, h) != CUDA_SUCCESS) _exit(12);
-  if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) _exit(13);
+  ie_import(down, &e, &s);
   xt_latch *l = xt_latch_new();
   if (xt_latch_hold(s, l) != CUDA_SUCCESS) _exit(14);
   if (cuEventRecord(e, s) != CUDA_SUCCESS) _exit(15);

@@ -14,8 +14,8 @@ blocks.
 
 Environment (set by tests/CMakeLists.txt): XSEG_LIBRARY (libxseg.so),
 XSEG_TEST_SIM (the emulator), XSEG_ALLOC_CONF=xseg_driver:sim,
-PYTHONPATH=python/ and tests/python/standin. With --bench it times share,
-open and close instead (tools/torch_check_mp.py does on a GPU).
+PYTHONPATH=python/ and tests/python/standin, XSEG_TEST_STANDIN (the
+stand-in's C++ half, which its torch._C loads).
 """
 import ctypes
 import gc
@@ -360,54 +360,7 @@ def case_not_xseg():
     del t, inner
 
 
-def bench_consumer(conn, n):
-    """Times unpickling (open) and dropping (close) n tensors."""
-    import pickle
-    import time
-    setup()
-    opens, closes = [], []
-    for _ in range(n):
-        msg = conn.recv_bytes()
-        t0 = time.perf_counter()
-        t = pickle.loads(msg)
-        t1 = time.perf_counter()
-        del t
-        t2 = time.perf_counter()
-        opens.append(t1 - t0)
-        closes.append(t2 - t1)
-    conn.send((opens, closes))
-
-
-def bench(n=200):
-    """`--bench`: median microseconds to share (ForkingPickler.dumps, as
-    mp.Queue pickles), open (unpickle in another process) and close (drop)
-    a 1 MiB tensor, on the emulator."""
-    import statistics
-    import time
-    from multiprocessing.reduction import ForkingPickler
-    setup()
-    ctx = multiprocessing.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    p = start(ctx, bench_consumer, theirs, n)
-    tensors = [torch.empty(1 << 20, dtype=torch.uint8) for _ in range(n)]
-    shares = []
-    for t in tensors:
-        t0 = time.perf_counter()
-        msg = bytes(ForkingPickler.dumps(t))
-        shares.append(time.perf_counter() - t0)
-        ours.send_bytes(msg)
-    opens, closes = ours.recv()
-    p.join(TIMEOUT)
-    us = [round(statistics.median(v) * 1e6, 1) for v in (shares, opens,
-                                                           closes)]
-    print("median us per 1 MiB tensor, %d tensors: share %.1f, open %.1f, "
-          "close %.1f" % (n, *us))
-    return 0
-
-
 def main():
-    if "--bench" in sys.argv:
-        return bench()
     setup()
     ctx = multiprocessing.get_context("spawn")
     for case in (case_round_trip, case_producer_frees_first,
