@@ -153,6 +153,24 @@ void xs_pool_park_stats(xs_pool *p) {
   pool_split_swap(p, xs_pool_merge_rest(b), xs_pool_merge_whole(b));
 }
 
+void xs_pool_park_onto(xs_pool *p, xs_block *b) {
+  xs_block *parked = p->parked, *rest = parked->next;
+  assert(b->allocated && b->next == parked && xs_pool_parkable(b));
+  /* Settled, the parked block and the rest are one piece (b is before
+     it), which b's give merges into: a whole segment unless either end
+     has a neighbour. */
+  size_t merged_rest = parked->size + rest->size;
+  bool piece = b->prev != NULL || rest->next != NULL;
+  pool_split_swap(p, merged_rest, piece ? b->size + merged_rest : 0);
+  b->allocated = false;
+  b->requested = 0;
+  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  p->parked = b;
+  /* The parked block is another, of another size: a retake known for the
+     old one says nothing of it. */
+  xs_pool_trees_changed(p);
+}
+
 xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
@@ -165,19 +183,24 @@ xs_block *xs_pool_settle(xs_pool *p) {
   return b;
 }
 
-bool xs_pool_retake_fits(xs_pool *p) {
+/* Whether the merged block that p's parked block settles into is the best
+   fit for `size`: the merged block (indexed at the settle, so the newest
+   of its size) against the best fit among the other free blocks, which
+   is the real best fit unless that is the rest, and then the one after
+   it. */
+static bool pool_merged_fits(xs_pool *p, size_t size) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
-  if (xs_pool_retake_known(p)) return true;
-  /* The best fit once merged: the merged block (b->size + rest->size at
-     b->addr, indexed at the settle, so the newest of its size) against the
-     best fit among the other free blocks, which is the real best fit
-     unless that is `rest`, and then the one after it. */
-  size_t merged = b->size + rest->size;
-  xs_block *other = xs_freetree_best_fit(&p->free, b->size);
+  xs_block *other = xs_freetree_best_fit(&p->free, size);
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
-  if (other != NULL && !xs_freetree_before(&p->free, merged, b->addr, other))
-    return false;
+  return other == NULL ||
+         xs_freetree_before(&p->free, b->size + rest->size, b->addr, other);
+}
+
+bool xs_pool_retake_fits(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  if (xs_pool_retake_known(p)) return true;
+  if (!pool_merged_fits(p, b->size)) return false;
   /* The split then indexes the rest anew: in a bin it goes first, so a
      rest that is not its bin's newest would sit elsewhere than where the
      retake leaves it. */

@@ -140,7 +140,9 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    previous one is not, and the next malloc on the pool often asks for the
    same size again: merging then splitting the same two blocks back costs
    two tree updates for nothing. The allocator may instead park such a
-   block (one per pool): free, in no tree, not merged yet. The stats must
+   block (one per pool): free, in no tree, not merged yet. Freed in
+   reverse order of allocation, the block before it joins it
+   (xs_pool_park_onto) without a tree update. The stats must
    count the merge before anything else moves them (xs_pool_park_stats),
    or the retake must count merge and split together. Until it is
    settled the pool breaks block.h's
@@ -162,6 +164,15 @@ static inline void xs_pool_park(xs_pool *p, xs_block *b) {
 }
 /* Moves the stats as merging p's parked block would. */
 void xs_pool_park_stats(xs_pool *p);
+/* A free in reverse order of allocation: live block b, parkable, whose
+   next neighbour is p's parked block (its stats counted already), takes
+   the parked block's place, merged with it, without the settle's tree
+   update: the tree holds the same blocks as when both are settled (the
+   rest beyond), only the merge into it waits. The stats move as b's give
+   would after the parked block's settle (its free is the caller's); the
+   parked block's struct goes back to the cache (its pointer-table entry
+   is the caller's to remove first). */
+void xs_pool_park_onto(xs_pool *p, xs_block *b);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
    block, indexed. */
 xs_block *xs_pool_settle(xs_pool *p);
