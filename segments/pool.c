@@ -197,6 +197,24 @@ static bool pool_merged_fits(xs_pool *p, size_t size) {
          xs_freetree_before(&p->free, b->size + rest->size, b->addr, other);
 }
 
+bool xs_pool_carve_fits(xs_pool *p, size_t size) {
+  assert(size < p->parked->size);
+  return pool_merged_fits(p, size);
+}
+
+void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare) {
+  xs_block *b = p->parked;
+  size_t merged = b->size + b->next->size;
+  /* pool_take_split's: the merged block out of inactive_split, the piece
+     left of it in (a piece: the block handed out is before it). */
+  pool_split_swap(p, xs_pool_merge_whole(b), merged - size);
+  xs_segment_split(b->seg, b, size, spare);
+  b->allocated = true;
+  p->parked = spare;
+  /* Another parked block: a retake known for the old one says nothing. */
+  xs_pool_trees_changed(p);
+}
+
 bool xs_pool_retake_fits(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   if (xs_pool_retake_known(p)) return true;

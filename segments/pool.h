@@ -142,7 +142,9 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    two tree updates for nothing. The allocator may instead park such a
    block (one per pool): free, in no tree, not merged yet. Freed in
    reverse order of allocation, the block before it joins it
-   (xs_pool_park_onto) without a tree update. The stats must
+   (xs_pool_park_onto), and mallocs in the order of allocation cut their
+   blocks off its front (xs_pool_carve): a model's layer of tensors comes
+   and goes without a tree update. The stats must
    count the merge before anything else moves them (xs_pool_park_stats),
    or the retake must count merge and split together. Until it is
    settled the pool breaks block.h's
@@ -184,6 +186,26 @@ xs_block *xs_pool_settle(xs_pool *p);
    (retake_known) until either tree changes, so that a repeated retake of
    the same block walks no tree. */
 bool xs_pool_retake_fits(xs_pool *p);
+/* Whether a request of `size` bytes, less than p's parked block, would
+   take the merged block once the parked block settles (the caller checks
+   that its policy takes and splits it): the merged block is the best fit
+   for that size. No bin condition, unlike the retake: the rest stays
+   where it is until the remainder settles into it, which reindexes it as
+   the split would have. */
+bool xs_pool_carve_fits(xs_pool *p, size_t size);
+/* Whether parked block b merges into the free block at the end of its
+   segment's mapped part (nothing mapped after it). */
+static inline bool xs_pool_parked_at_end(const xs_block *b) {
+  const xs_block *after = b->next->next;
+  return after == NULL || !after->mapped;
+}
+/* Hands out the front `size` bytes of p's parked block
+   (xs_pool_carve_fits; its merge counted already); `spare` becomes the
+   parked remainder, which merges into the rest later. The stats move as
+   the merged block's split. A layer's tensors, freed in reverse order
+   onto the parked block (xs_pool_park_onto), are taken back this way, in
+   order, with no tree update. */
+void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare);
 /* Whether xs_pool_retake_fits is known to hold for p's parked block (the
    caller's policy then took it too: the sizes are the same as then). */
 static inline bool xs_pool_retake_known(const xs_pool *p) {
