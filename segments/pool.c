@@ -191,6 +191,8 @@ xs_block *xs_pool_settle(xs_pool *p) {
 static bool pool_merged_fits(xs_pool *p, size_t size) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
+  /* The rest alone indexed (a layer's usual case): no other block. */
+  if (p->free.count == 1) return true;
   xs_block *other = xs_freetree_best_fit(&p->free, size);
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
   return other == NULL ||
