@@ -42,7 +42,8 @@ static size_t pool_split_bytes(const xs_block *b) {
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
-static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
+static inline __attribute__((always_inline)) void pool_split_swap(
+    xs_pool *p, size_t out, size_t in) {
   /* Both counted (the usual case): the count's -1 then +1 only adds to
      its total of increases. */
   if (out != 0 && in != 0)
