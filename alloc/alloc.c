@@ -326,16 +326,49 @@ static __attribute__((noinline)) bool alloc_retake_fits(
          xs_pool_retake_fits(p);
 }
 
+/* The cached malloc of a size below the parked block of its pool p: the
+   parked block's front, when settling then taking the best fit would cut
+   the same block off the merged block (xs_pool_carve). NULL (nothing
+   changed) otherwise. */
+static __attribute__((noinline)) xs_block *alloc_carve(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
+  xs_block *b = p->parked, *rest = b->next;
+  size_t merged = b->size + rest->size;
+  if (!xs_alloc_fit_takes(a, merged, rounded) ||
+      !xs_alloc_splits(a, p->kind, merged, rounded) ||
+      !xs_pool_carve_fits(p, rounded) || !xs_ptrtable_reserve(&sp->live))
+    return NULL;
+  xs_block *spare = xs_blocks_get(p->blocks);
+  if (spare == NULL) return NULL;
+  xs_pair_park_stats(sp);
+  xs_pool_carve(p, rounded, spare);
+  /* The remainder is parked: it keeps an entry as every parked block. */
+  xs_ptrtable_add(&sp->live, spare);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, false,
+                        xs_alloc_has_pending(a), false);
+  return b;
+}
+
 /* The cached malloc with blocks parked (allocator.h): the one of the
    request's pool when the request is its size and settling then taking
-   the best fit would hand out exactly it. NULL (nothing changed)
-   otherwise: the caller settles and goes the usual way. */
+   the best fit would hand out exactly it, or its front when the request
+   is smaller (alloc_carve). NULL (nothing changed) otherwise: the caller
+   settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool held) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded) return NULL;
+  if (b == NULL) return NULL;
+  /* A carve is tried only where the parked block settles into the free
+     end of the mapped range (a layer's tensors, cut from there in turn):
+     elsewhere a smaller free block usually fits better, and the look
+     would be paid for nothing. */
+  if (b->size != rounded)
+    return b->size > rounded && xs_pool_parked_at_end(b)
+               ? alloc_carve(a, sp, p, size, rounded, stream)
+               : NULL;
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
   sp->n_parked--;
@@ -717,6 +750,30 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
   return st;
 }
 
+/* The cached free of live block b of pool p, which has a parked block,
+   its park counted already. A free in reverse order of allocation (b
+   parkable, the parked block its next neighbour) parks b in the parked
+   block's place, merged with it (xs_pool_park_onto), b's free counted at
+   once: SIZE_MAX, b freed (the parked block's entry left the table; b
+   keeps its own). Else the parked block settles first, its entry leaving
+   the table: b's slot, which may have moved. Out of line: the plain
+   free's registers stay few. */
+static __attribute__((noinline)) size_t alloc_free_beside_parked(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_block *b) {
+  assert(sp->park_stats == NULL && "the last park counted first");
+  if (p->parked != b->next || !xs_pool_parkable(b)) {
+    xs_alloc_settle_pool_locked(p);
+    return xs_ptrtable_find(&sp->live, b->addr);
+  }
+  xs_ptrtable_remove_at(&sp->live,
+                        xs_ptrtable_find(&sp->live, p->parked->addr));
+  xs_alloc_account_free(&sp->stats, p->kind, b->size, b->requested);
+  alloc_stamp(a, t, sp, b, false);
+  xs_pool_park_onto(p, b);
+  return SIZE_MAX;
+}
+
 /* The cached free of the block in `slot` of the pair's pointer table
    (SIZE_MAX: not a block of the pair), pair lock held, not used on other
    streams (alloc_free_pair sends those to alloc_free_deferred): false
@@ -724,7 +781,7 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    pair. `t` as alloc_release_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
-    uint64_t addr, size_t slot) {
+    size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
@@ -736,9 +793,8 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   assert(a->trace.cap == 0);
   xs_pool *p = b->seg->pool;
   if (__builtin_expect(p->parked != NULL, 0)) {
-    /* Its entry leaves the table: b's may move. */
-    xs_alloc_settle_pool_locked(p);
-    slot = xs_ptrtable_find(&sp->live, addr);
+    slot = alloc_free_beside_parked(a, t, sp, p, b);
+    if (slot == SIZE_MAX) return true;
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =
@@ -823,7 +879,7 @@ static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
   xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
   if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
     return alloc_free_deferred(a, sp, b, slot);
-  bool done = alloc_free_cached(a, t, sp, (uint64_t)(uintptr_t)ptr, slot);
+  bool done = alloc_free_cached(a, t, sp, slot);
   xs_pair_drop(sp);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);
