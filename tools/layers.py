@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""layers.py: the library's file-level call graph, from its object files.
+
+Reads `nm` of every object file of the library in a build directory (the
+objects of the CMake object libraries xseg_<layer>*), draws an edge from
+file A to file B when A's object uses a symbol that B's object defines (a
+call, a variable, a thread-local), and fails when
+
+  - files call each other in a circle (a strongly connected component of
+    more than one file), or
+  - a file calls up the layers: vmm < segments < streams < alloc, and
+    inside alloc/ its rooms in the order of ALLOC_ROOMS below.
+
+An inline function of a header counts where it lands: a call it makes that
+the compiler leaves out of line is the including file's. That is the point:
+a header of a lower layer that calls up is an upward call wherever it is
+inlined.
+
+Usage: tools/layers.py BUILD_DIR [--graph]
+  --graph  also prints every edge (file -> file: symbols).
+Exit status 0 when there is no circle and no upward call, 1 otherwise.
+"""
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+LAYERS = ["vmm", "segments", "streams", "alloc"]
+
+
+def rank(path):
+    """(layer, room) of a source path; rooms of alloc/ follow its subfolders'
+    order in ALLOC_ROOMS, files directly in a layer share rank 0."""
+    parts = path.split("/")
+    layer = LAYERS.index(parts[0])
+    room = 0
+    if parts[0] == "alloc" and len(parts) > 2:
+        room = ALLOC_ROOMS.index(parts[1]) + 1 if parts[1] in ALLOC_ROOMS \
+            else 0
+    return (layer, room)
+
+
+# alloc/'s rooms, lowest first: a room calls only rooms before it. Filled
+# in from alloc/ROOMS when that file exists (one room a line, lowest first).
+ALLOC_ROOMS = []
+
+
+def objects(build):
+    """{source path relative to the repository: object path} of the library."""
+    found = {}
+    top = os.path.join(build, "CMakeFiles")
+    for entry in sorted(os.listdir(top)):
+        if not (entry.startswith("xseg_") and entry.endswith(".dir")):
+            continue
+        root = os.path.join(top, entry)
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                if not f.endswith(".c.o"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, f[:-2]), root)
+                if rel.split("/")[0] in LAYERS:
+                    found[rel] = os.path.join(dirpath, f)
+    return found
+
+
+def symbols(obj):
+    """(defined, used) global symbols of one object file."""
+    out = subprocess.run(["nm", "-P", obj], check=True, capture_output=True,
+                         text=True).stdout
+    defined, used = set(), set()
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 2:
+            continue
+        name, kind = fields[0], fields[1]
+        if kind == "U":
+            used.add(name)
+        elif kind.isupper() or kind in "uvw":
+            defined.add(name)
+    return defined, used
+
+
+def graph(objs):
+    """{file: {file: [symbols]}}: who uses whom."""
+    owner, uses = {}, {}
+    for src, obj in objs.items():
+        defined, used = symbols(obj)
+        for name in defined:
+            owner[name] = src
+        uses[src] = used
+    edges = defaultdict(lambda: defaultdict(list))
+    for src, used in uses.items():
+        for name in sorted(used):
+            dst = owner.get(name)
+            if dst is not None and dst != src:
+                edges[src][dst].append(name)
+    return edges
+
+
+def circles(nodes, edges):
+    """Strongly connected components of more than one file (Tarjan)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        work = [(v, iter(sorted(edges.get(v, {}))))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, {})))))
+                    advanced = True
+                    break
+                if w in on:
+                    low[node] = min(low[node], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    build = argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    rooms = os.path.join(here, "..", "alloc", "ROOMS")
+    if os.path.exists(rooms):
+        with open(rooms) as f:
+            ALLOC_ROOMS.extend(line.split("#")[0].strip() for line in f
+                               if line.split("#")[0].strip())
+    objs = objects(build)
+    if not objs:
+        print(f"layers.py: no object of the library under {build}",
+              file=sys.stderr)
+        return 2
+    edges = graph(objs)
+    bad = 0
+    if "--graph" in argv:
+        for src in sorted(edges):
+            for dst in sorted(edges[src]):
+                print(f"{src} -> {dst}: {' '.join(edges[src][dst])}")
+    for src in sorted(edges):
+        for dst in sorted(edges[src]):
+            if rank(dst) > rank(src):
+                print(f"upward call: {src} -> {dst}: "
+                      f"{' '.join(edges[src][dst])}")
+                bad += 1
+    for comp in circles(objs.keys(), edges):
+        print("circle: " + " ".join(comp))
+        members = set(comp)
+        for src in comp:
+            for dst in sorted(edges[src]):
+                if dst in members:
+                    print(f"  {src} -> {dst}: {' '.join(edges[src][dst])}")
+        bad += 1
+    n_edges = sum(len(d) for d in edges.values())
+    print(f"layers.py: {len(objs)} files, {n_edges} edges, "
+          f"{bad} problem{'s' if bad != 1 else ''}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
