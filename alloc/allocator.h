@@ -34,9 +34,9 @@
 #include <stddef.h>
 
 #include "alloc/config.h"
-#include "alloc/lock.h"
+#include "vmm/lock.h"
 #include "alloc/ptrtable.h"
-#include "alloc/shards.h"
+#include "segments/shards.h"
 #include "alloc/trace.h"
 #include "segments/block.h"
 #include "segments/freetree.h"
@@ -178,7 +178,7 @@ typedef struct xs_capture {
 } xs_capture;
 
 struct xseg_allocator {
-  xs_lock lock;                       /* see alloc/lock.h for why not pthread */
+  xs_lock lock;                       /* see vmm/lock.h for why not pthread */
   /* Set whenever the cached malloc and free must take the slow path;
      written with every lock held (xs_alloc_unlock). Read under a pair
      lock for the answer, and before it as a hint: a malloc or free that

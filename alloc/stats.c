@@ -1,7 +1,7 @@
 /* stats.c: xseg_get_stats, xseg_reset_peak_stats and xseg_stats_json, all
  * generated from the X-macro lists of segments/stats.h, so that a stat
  * added there appears everywhere under PyTorch's name. Each reads the sum
- * of the shards (alloc/shards.h).
+ * of the shards (segments/shards.h).
  */
 #include <string.h>
 

@@ -26,6 +26,7 @@ import sys
 from collections import defaultdict
 
 LAYERS = ["vmm", "segments", "streams", "alloc"]
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def rank(path):
@@ -58,7 +59,9 @@ def objects(build):
                 if not f.endswith(".c.o"):
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, f[:-2]), root)
-                if rel.split("/")[0] in LAYERS:
+                # An object whose source is gone is a stale leftover.
+                if rel.split("/")[0] in LAYERS and \
+                        os.path.exists(os.path.join(REPO, rel)):
                     found[rel] = os.path.join(dirpath, f)
     return found
 
@@ -149,8 +152,7 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     build = argv[1]
-    here = os.path.dirname(os.path.abspath(__file__))
-    rooms = os.path.join(here, "..", "alloc", "ROOMS")
+    rooms = os.path.join(REPO, "alloc", "ROOMS")
     if os.path.exists(rooms):
         with open(rooms) as f:
             ALLOC_ROOMS.extend(line.split("#")[0].strip() for line in f

@@ -1,11 +1,11 @@
 /* shards.c: sums and exact peaks of the statistics' shards (see
- * alloc/shards.h for the scheme and its bound with several threads).
+ * segments/shards.h for the scheme and its bound with several threads).
  */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "alloc/shards.h"
+#include "segments/shards.h"
 
 void xs_stats_group_init(xs_stats_group *g) {
   memset(g, 0, sizeof *g);
