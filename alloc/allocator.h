@@ -474,9 +474,9 @@ uint64_t xs_pairs_new_id(void);
 xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
                                           struct CUstream_st *stream,
                                           xs_stream_pools **out);
-/* The calling thread's count of uses, for pairs' recency (pairs.c). */
+/* The calling thread's count of uses, for pairs' recency (thread.c). */
 uint64_t xs_pairs_use(void);
-/* What the calling thread keeps (pairs.c): its count of uses (recency)
+/* What the calling thread keeps (thread.c): its count of uses (recency)
    and the pair of its last cached malloc, named by the allocator's id
    (not its address: a destroyed allocator's successor may get it). */
 typedef struct xs_pairs_thread {
@@ -674,7 +674,7 @@ static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
          atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
 }
 /* The cached malloc's share of PyTorch's process_events for the other
-   streams' pairs, pair sp's lock held (pairs.c): each one with pending
+   streams' pairs, pair sp's lock held (deferred.c): each one with pending
    frees is taken by a try of its lock (never a wait, so the lock order
    holds) and settles its own. True when every pending block is then
    accounted for, each still waiting on its events; false (the malloc

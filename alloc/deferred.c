@@ -253,3 +253,25 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   }
   xs_vmm_ctx_leave(&a->vmm, saved);
 }
+
+bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
+  XS_ASSERT_PAIR_LOCKED(a, sp);
+  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_acquire);
+  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
+  for (size_t i = 0; i < n; i++) {
+    xs_stream_pools *q = x->entry[i].pair;
+    if (q == sp ||
+        atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
+      continue;
+    if (!xs_pair_try_beside(q)) return false;
+    /* A stream's pair never dies; the slow flag was down for sp's. */
+    assert(!q->dead);
+    xs_alloc_poll_pair(a, q);
+    seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
+    xs_pair_drop_beside(q);
+  }
+  return seen ==
+         atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);
+}

@@ -33,7 +33,6 @@
 #include "vmm/array.h"
 #include "vmm/error.h"
 
-__thread xs_pairs_thread xs_pairs_tls;
 static atomic_uint_fast64_t pairs_next_id = 1;
 
 #ifndef NDEBUG
@@ -44,8 +43,6 @@ static __thread struct {
   uint64_t last;                /* order of the last pair lock taken */
 } pairs_held;
 #endif
-
-uint64_t xs_pairs_use(void) { return ++xs_pairs_tls.uses; }
 
 uint64_t xs_pairs_new_id(void) {
   return atomic_fetch_add_explicit(&pairs_next_id, 1, memory_order_relaxed);
@@ -107,28 +104,6 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
     }
   }
   return NULL;
-}
-
-bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
-  XS_ASSERT_PAIR_LOCKED(a, sp);
-  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
-  xs_stream_index *x =
-      atomic_load_explicit(&a->stream_index, memory_order_acquire);
-  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
-  for (size_t i = 0; i < n; i++) {
-    xs_stream_pools *q = x->entry[i].pair;
-    if (q == sp ||
-        atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
-      continue;
-    if (!xs_pair_try_beside(q)) return false;
-    /* A stream's pair never dies; the slow flag was down for sp's. */
-    assert(!q->dead);
-    xs_alloc_poll_pair(a, q);
-    seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
-    xs_pair_drop_beside(q);
-  }
-  return seen ==
-         atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);
 }
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing
