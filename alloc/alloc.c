@@ -5,7 +5,7 @@
  * allocation once warm: a best-fit lookup, a split from the block cache,
  * one pointer-table insert, all under the lock of the stream's pair of
  * pools alone (the pair found from the stream for a malloc, from the
- * address for a free; allocator.h). Anything else (a miss, pending frees,
+ * address for a free; pairs.h). Anything else (a miss, pending frees,
  * captures, tracing, shared blocks) drops that lock and runs with every
  * lock held. A free that would only merge the block back into the rest it
  * was split from parks it instead, and a malloc of the same size on the
@@ -18,8 +18,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/check.h"
+#include "alloc/deferred.h"
+#include "alloc/grow.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/policy.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "alloc/types.h"
 #include "streams/stream_set.h"
 #include "vmm/error.h"
 
@@ -52,7 +62,7 @@ static void alloc_sizes(xseg_allocator *a) {
 }
 
 /* Debug builds: XSEG_DEBUG_CHECK=N validates everything every N operations
-   (the tests set it; see allocator.h). Release builds ignore it. */
+   (the tests set it; see types.h). Release builds ignore it. */
 static void alloc_debug_checks(xseg_allocator *a) {
 #ifndef NDEBUG
   const char *every = getenv("XSEG_DEBUG_CHECK");
@@ -182,7 +192,7 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
   if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
 }
 
-/* A free whose count was deferred (allocator.h, park_stats) and the
+/* A free whose count was deferred (types.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
    under its threshold (xs_park_refill_under), so only the totals of
@@ -292,7 +302,7 @@ static __attribute__((noinline)) bool alloc_retake_fits(
          xs_pool_retake_fits(p);
 }
 
-/* The cached malloc with blocks parked (allocator.h): the one of the
+/* The cached malloc with blocks parked (types.h, n_parked): the one of the
    request's pool when the request is its size and settling then taking
    the best fit would hand out exactly it. NULL (nothing changed)
    otherwise: the caller settles and goes the usual way. */
@@ -403,7 +413,7 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
 }
 
 /* Whether the cached path may run on pair sp (its lock held): nothing
-   calls for the slow path and the pair is alive (allocator.h). */
+   calls for the slow path and the pair is alive (pairs.h). */
 static inline bool alloc_cached_on(const xseg_allocator *a,
                                    const xs_stream_pools *sp) {
   assert(sp->cached_off == (a->slow || sp->dead));
@@ -589,9 +599,9 @@ static inline __attribute__((always_inline)) void alloc_stamp(
 /* Parks b, freed, in its pool p (of `kind`, given apart as in
    alloc_release_plain; lazy merging): stamped and traced as
    xs_alloc_give_locked does, merged later; its pointer-table entry stays
-   (allocator.h, n_parked). Its free and merge count in the stats later
+   (types.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (allocator.h, xs_pair_park_hold). False when
+   could read the shard (park.h, xs_pair_park_hold). False when
    holding them back would hide a rise above a threshold: the caller
    counts them at once (xs_pair_park_stats), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(

@@ -3,7 +3,11 @@
  * xseg maps (set_memory_fraction), and let a peer device reach every
  * mapping.
  */
-#include "alloc/allocator.h"
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 static xseg_status cache_empty(xseg_allocator *a, bool wait) {

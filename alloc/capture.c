@@ -22,7 +22,9 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/capture.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 

@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/check.h"
 #include "alloc/flow.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 

@@ -26,8 +26,14 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/ranges.h"
+#include "alloc/types.h"
 #include "streams/stream_query.h"
 #include "streams/stream_set.h"
 #include "vmm/array.h"

@@ -50,7 +50,13 @@
  */
 #include <assert.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {

@@ -19,7 +19,7 @@
 #ifndef XS_ALLOC_FLOW_H
 #define XS_ALLOC_FLOW_H
 
-#include "alloc/allocator.h"
+#include "alloc/types.h"
 
 /* ---- the policy (flow.c) ------------------------------------------------ */
 

@@ -6,8 +6,9 @@
  * deferred.c, so the one call that settles both lives here, above the two,
  * and neither calls back into the other.
  */
-#include "alloc/allocator.h"
+#include "alloc/deferred.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 
 xseg_status xs_alloc_settle_frees_locked(xseg_allocator *a, bool wait) {
   XS_ASSERT_LOCKED(a);

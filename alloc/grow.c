@@ -28,7 +28,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/grow.h"
+#include "alloc/pairs.h"
+#include "alloc/policy.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 /* Most granules a growth maps beyond what it needs when a reused handle is

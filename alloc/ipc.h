@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "alloc/allocator.h"
+#include "alloc/types.h"
 
 /* SCM_MAX_FD is 253 per message: the table's fd and the handles'. A block
    that touches more physical handles than this cannot be exported. */

@@ -19,7 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc/account.h"
+#include "alloc/deferred.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 #include "vmm/ipc.h"

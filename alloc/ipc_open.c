@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/error.h"
 #include "vmm/ipc.h"
 

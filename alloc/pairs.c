@@ -1,4 +1,4 @@
-/* pairs.c: the pairs of pools and the locks (see allocator.h).
+/* pairs.c: the pairs of pools and the locks (see pairs.h).
  *
  * Lock order: the allocator's lock, then pairs in creation order (the
  * `order` array), never the other way. The cached malloc and free hold one
@@ -29,7 +29,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/capture.h"
+#include "alloc/check.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 
@@ -347,7 +353,7 @@ void xs_alloc_lock(xseg_allocator *a) {
   pairs_sort_by_use(a);
 }
 
-/* Whether the cached path must go the slow way (allocator.h). */
+/* Whether the cached path must go the slow way (pairs.h). */
 static bool pairs_slow(const xseg_allocator *a) {
   return a->n_deferred != 0 || xs_alloc_capturing(a) || a->ipc != NULL ||
          a->trace.cap != 0;

@@ -1,5 +1,5 @@
 /* ranges.c: the range table, from an address to the pair that reserved it,
- * for the cached free (see allocator.h).
+ * for the cached free (see ranges.h).
  *
  * A sorted array of (base, end, pair) searched without a lock. It changes
  * only with every lock held (xs_alloc_unlock, when segments were added
@@ -17,7 +17,10 @@
  */
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "alloc/types.h"
 
 static size_t ranges_count(const xseg_allocator *a) {
   size_t n = 0;

@@ -19,7 +19,13 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {

@@ -12,8 +12,9 @@
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "alloc/allocator.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 static const char *snapshot_state(const xs_block *b) {

@@ -5,8 +5,8 @@
  */
 #include <string.h>
 
-#include "alloc/allocator.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/error.h"
 
 xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {

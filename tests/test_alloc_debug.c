@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "alloc/allocator.h"
 #include "xseg_test.h"
 
 #ifndef NDEBUG

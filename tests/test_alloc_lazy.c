@@ -254,7 +254,7 @@ XSEG_TEST(alloc_lazy, a_block_taken_back_is_freed_once) {
 }
 
 /* With two pairs, a park's free is held back in its shard and published
-   (allocator.h, xs_pair_park_hold): another pair's crossing sums the true
+   (alloc/park.h, xs_pair_park_hold): another pair's crossing sums the true
    values, and a take-back whose thresholds another crossing lowered
    meanwhile crosses as a malloc does. Run from the start each time, since
    reading the stats settles the park: after B's two mallocs the peak is

@@ -8,7 +8,9 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/ranges.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { PR_POOLS = 40, PR_SIZE = 3 * MiB };

@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { PD_ROUNDS = 300, PD_SEEN = 4 * PD_ROUNDS };

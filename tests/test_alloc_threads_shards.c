@@ -18,7 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { SH_THREADS = 3, SH_LIVE = 8, SH_TURNS = 1200 };

@@ -1,0 +1,212 @@
+/* pairs.h: the pairs of pools, the locks and the way in and out of
+ * every slow operation (internal; the structs are types.h's).
+ *
+ * One per device. Pools come per (stream, size class), two to a pair
+ * (xs_stream_pools); each pair keeps its own statistics shard, block struct
+ * cache, pointer table (the address of each of its live blocks) and free
+ * clock, under its own lock.
+ *
+ * Locks (alloc/pairs.c). The cached malloc and free take one pair's lock
+ * alone: the pair of the stream (a thread-local cache, or the append-only
+ * stream index) or of the address (the read-mostly range table,
+ * alloc/ranges.c). Everything else takes the allocator's `lock`, then every
+ * pair's lock in creation order (xs_alloc_lock): it sees a quiescent
+ * allocator, and every function named *_locked runs so (debug builds
+ * assert it). The cached path goes that way whenever `slow` is set
+ * (frees made during a capture still to record, captures, tracing, shared
+ * blocks, per-operation checks), and never waits for the allocator's lock
+ * while it holds a pair's. What the cached path reads of the allocator
+ * (slow, cfg, the tables, the pending count) is only written with every
+ * lock held or published atomically.
+ *
+ * Cross-stream frees (deferred.c) are the pair's too: a free of a block
+ * used on other streams queues its events in the block's pair, and a
+ * cached malloc settles its pair's and, by a try of each one's lock, the
+ * other streams' pairs' (PyTorch's process_events at each malloc); when a
+ * try fails or a private pool holds pending frees it takes every lock and
+ * settles them all.
+ */
+#ifndef XS_ALLOC_PAIRS_H
+#define XS_ALLOC_PAIRS_H
+
+#include <assert.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "alloc/types.h"
+#include "alloc/thread.h"
+
+/* Whose memory a release pass may take: a stream's own pools, and private
+   pools once released; never a private pool still in use. */
+static inline bool xs_pools_reclaimable(const xs_stream_pools *sp) {
+  return sp->private_id == 0 || sp->released;
+}
+
+/* The pair a pool belongs to. */
+static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
+  return (xs_stream_pools *)((char *)(p - p->kind) -
+                             offsetof(xs_stream_pools, pool));
+}
+
+/* The pair lock alone, for the cached malloc and free: debug builds
+   assert the lock order (the calling thread holds no lock of this
+   allocator's; pairs.c keeps what each thread holds). */
+#ifndef NDEBUG
+void xs_pair_held(xs_stream_pools *sp, bool taken);
+void xs_pair_held_beside(xs_stream_pools *sp, bool taken);
+#endif
+static inline void xs_pair_take(xs_stream_pools *sp) {
+  xs_lock_take(&sp->lock);
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
+#endif
+}
+static inline void xs_pair_drop(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held(sp, false);
+#endif
+  xs_lock_drop(&sp->lock);
+}
+/* The same, for the repeated size's path (alloc.c): takes the pair lock
+   only if it is free, drops it without waking (false: the caller wakes
+   the waiter, xs_lock_wake). */
+static inline bool xs_pair_try(xs_stream_pools *sp) {
+  if (!xs_lock_try(&sp->lock)) return false;
+#ifndef NDEBUG
+  xs_pair_held(sp, true);
+#endif
+  return true;
+}
+/* A second pair's lock while holding one, by a try alone (a wait there
+   could deadlock): false when it is busy. */
+static inline bool xs_pair_try_beside(xs_stream_pools *sp) {
+  if (!xs_lock_try(&sp->lock)) return false;
+#ifndef NDEBUG
+  xs_pair_held_beside(sp, true);
+#endif
+  return true;
+}
+static inline void xs_pair_drop_beside(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held_beside(sp, false);
+#endif
+  xs_lock_drop(&sp->lock);
+}
+static inline bool xs_pair_drop_unwoken(xs_stream_pools *sp) {
+#ifndef NDEBUG
+  xs_pair_held(sp, false);
+#endif
+  return xs_lock_drop_unwoken(&sp->lock);
+}
+#ifndef NDEBUG
+#define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
+  assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \
+          ((sp)->owned && pthread_equal((sp)->owner, pthread_self()))) &&    \
+         "caller must hold the pair's lock")
+#else
+#define XS_ASSERT_PAIR_LOCKED(a, sp) ((void)0)
+#endif
+/* Debug builds: the cached path's share of XSEG_DEBUG_CHECK, after its
+   pair lock is dropped (pairs.c). */
+#ifndef NDEBUG
+void xs_alloc_debug_after_cached(xseg_allocator *a);
+#else
+static inline void xs_alloc_debug_after_cached(xseg_allocator *a) {
+  (void)a;
+}
+#endif
+
+/* Every lock, for everything but the cached path: the allocator's, then
+   every pair's in table order; then every parked block is settled, so
+   every pool keeps block.h's rules, and the pair list is put in recency
+   order (pairs.c). */
+void xs_alloc_lock(xseg_allocator *a);
+/* Publishes what changed (slow flag, range table) and drops every lock. */
+void xs_alloc_unlock(xseg_allocator *a);
+/* xseg_destroy's unlock: frees every pair (their pools destroyed), every
+   table, and drops the allocator's lock. */
+void xs_alloc_unlock_destroyed(xseg_allocator *a);
+/* A new allocator's id (pairs.c). */
+uint64_t xs_pairs_new_id(void);
+#ifndef NDEBUG
+#define XS_ASSERT_LOCKED(a)                                                  \
+  assert((a)->owned && pthread_equal((a)->owner, pthread_self()) &&          \
+         "caller must hold every lock of the allocator")
+#else
+#define XS_ASSERT_LOCKED(a) ((void)0)
+#endif
+
+/* The pools of `stream`, created on first use, looked up in the list and
+   moved to its front (pairs.c). */
+xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          xs_stream_pools **out);
+/* The stream index's search for xs_pairs_of_stream (pairs.c). */
+xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
+                                      struct CUstream_st *stream);
+/* Whether the cached path is off for now (a hint; `slow`). */
+static inline bool xs_alloc_slow_hint(const xseg_allocator *a) {
+  return atomic_load_explicit(&a->slow, memory_order_relaxed);
+}
+/* The pair of `stream` for the cached malloc: the thread's last, or from
+   the stream index; NULL when it has none yet. No lock needed. */
+static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
+                                                  struct CUstream_st *stream) {
+  xs_pairs_thread *t = &xs_pairs_tls;
+  if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
+    return t->pair;
+  return xs_pairs_find_stream(a, stream);
+}
+/* A new pair (private_id 0: a stream's), linked first and published, its
+   lock held until xs_alloc_unlock; NULL on host OOM. */
+xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
+                                            struct CUstream_st *stream,
+                                            xseg_pool_id private_id);
+/* Stamps sp as used now and puts it first in the list. */
+void xs_stream_pools_touch_locked(xseg_allocator *a, xs_stream_pools *sp);
+/* Takes a pair that holds no segment out of every list and table. */
+void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
+/* The live block at addr and its pair's table slot, or NULL (pairs.c). */
+xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
+                                    size_t *slot);
+/* Frees so far, every pair's (pairs.c). */
+uint64_t xs_alloc_frees_locked(const xseg_allocator *a);
+/* Live blocks of every pair. */
+size_t xs_alloc_live_count_locked(const xseg_allocator *a);
+
+
+/* The next stamp of sp's free clock. Guards compare a pair's stamps with
+   its own clock alone, so each pair's must only increase; but garbage
+   collection orders the free blocks of every pair by age (reclaim.c), so
+   stamps of different pairs should compare as the frees happened, and a
+   counter per pair cannot give that without a shared write. The calling
+   thread's count of frees can: on one thread it is exactly the old global
+   clock (the pair's own clock never exceeds it); frees of different
+   threads compare by their threads' counts, a guess. `t`: the calling
+   thread's xs_pairs_tls, which a caller that has it passes. */
+static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
+                                    xs_stream_pools *sp) {
+  uint64_t stamp = ++t->frees;
+  if (stamp <= sp->clock) stamp = t->frees = sp->clock + 1;
+  sp->frees++;
+  return sp->clock = stamp;
+}
+/* A block of pair sp whose last use is over: stamped with sp's free
+   clock, traced. */
+static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
+                                       xs_block *b) {
+  b->free_epoch = xs_pair_tick(&xs_pairs_tls, sp);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+                  b->stream);
+}
+/* The same, the pair found from the block. */
+static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
+  xs_alloc_stamp_pair(a, xs_pools_of(b->seg->pool), b);
+}
+/* Gives a block whose last use is over back to its pool, stamped. */
+static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
+  xs_alloc_stamp_locked(a, b);
+  xs_pool_give(b->seg->pool, b);
+}
+
+#endif /* XS_ALLOC_PAIRS_H */
