@@ -2,14 +2,14 @@
 """layers.py: the library's file-level call graph, from its object files.
 
 Reads `nm` of every object file of the library in a build directory (the
-objects of the CMake object libraries xseg_<layer>*), draws an edge from
+objects of the CMake object libraries xseg_<layer>), draws an edge from
 file A to file B when A's object uses a symbol that B's object defines (a
 call, a variable, a thread-local), and fails when
 
   - files call each other in a circle (a strongly connected component of
     more than one file), or
   - a file calls up the layers: vmm < segments < streams < alloc, and
-    inside alloc/ its rooms in the order of ALLOC_ROOMS below.
+    inside alloc/ up its rooms (ALLOC_ROOMS below, lowest first).
 
 An inline function of a header counts where it lands: a call it makes that
 the compiler leaves out of line is the including file's. That is the point:
@@ -29,38 +29,46 @@ LAYERS = ["vmm", "segments", "streams", "alloc"]
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
+# alloc/'s rooms, lowest first (docs/DESIGN.md says why each exists): a
+# file calls only files of its own room or of rooms before it. A new file
+# of alloc/ needs a line here.
+ALLOC_ROOMS = [
+    ("base", "thread.c ptrtable.c trace.c policy.c config.c capture_mode.c "
+             "check.c"),
+    ("pairs", "ranges.c pairs.c"),
+    ("capture", "capture.c"),
+    ("deferred", "deferred.c"),
+    ("ipc", "ipc_wire.c ipc_table.c ipc_export.c ipc_open.c"),
+    ("growth", "frees.c physical.c flow.c reclaim.c grow.c cache.c"),
+    ("introspection", "stats.c snapshot.c"),
+    ("entry", "alloc.c create.c"),
+    ("torch", "torch.c"),
+]
+ROOM_OF = {f"alloc/{f}": i for i, (_, files) in enumerate(ALLOC_ROOMS)
+           for f in files.split()}
+
+
 def rank(path):
-    """(layer, room) of a source path; rooms of alloc/ follow its subfolders'
-    order in ALLOC_ROOMS, files directly in a layer share rank 0."""
-    parts = path.split("/")
-    layer = LAYERS.index(parts[0])
-    room = 0
-    if parts[0] == "alloc" and len(parts) > 2:
-        room = ALLOC_ROOMS.index(parts[1]) + 1 if parts[1] in ALLOC_ROOMS \
-            else 0
-    return (layer, room)
-
-
-# alloc/'s rooms, lowest first: a room calls only rooms before it. Filled
-# in from alloc/ROOMS when that file exists (one room a line, lowest first).
-ALLOC_ROOMS = []
+    """(layer, room) of a source path: rooms only inside alloc/."""
+    layer = LAYERS.index(path.split("/")[0])
+    return (layer, ROOM_OF.get(path, -1))
 
 
 def objects(build):
-    """{source path relative to the repository: object path} of the library."""
+    """{source path relative to the repository: object path} of the library:
+    the objects of the object libraries xseg_<layer> (CMakeLists.txt)."""
     found = {}
-    top = os.path.join(build, "CMakeFiles")
-    for entry in sorted(os.listdir(top)):
-        if not (entry.startswith("xseg_") and entry.endswith(".dir")):
-            continue
-        root = os.path.join(top, entry)
+    for layer in LAYERS:
+        root = os.path.join(build, "CMakeFiles", f"xseg_{layer}.dir")
+        if not os.path.isdir(root):   # a build of one object library for all
+            root = os.path.join(build, "CMakeFiles", "xseg_objects.dir")
         for dirpath, _, files in os.walk(root):
             for f in files:
                 if not f.endswith(".c.o"):
                     continue
                 rel = os.path.relpath(os.path.join(dirpath, f[:-2]), root)
                 # An object whose source is gone is a stale leftover.
-                if rel.split("/")[0] in LAYERS and \
+                if rel.split("/")[0] == layer and \
                         os.path.exists(os.path.join(REPO, rel)):
                     found[rel] = os.path.join(dirpath, f)
     return found
@@ -152,11 +160,6 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     build = argv[1]
-    rooms = os.path.join(REPO, "alloc", "ROOMS")
-    if os.path.exists(rooms):
-        with open(rooms) as f:
-            ALLOC_ROOMS.extend(line.split("#")[0].strip() for line in f
-                               if line.split("#")[0].strip())
     objs = objects(build)
     if not objs:
         print(f"layers.py: no object of the library under {build}",
@@ -164,6 +167,10 @@ def main(argv):
         return 2
     edges = graph(objs)
     bad = 0
+    for src in sorted(objs):
+        if src.startswith("alloc/") and src not in ROOM_OF:
+            print(f"{src}: in no room of alloc/ (tools/layers.py, ALLOC_ROOMS)")
+            bad += 1
     if "--graph" in argv:
         for src in sorted(edges):
             for dst in sorted(edges[src]):
