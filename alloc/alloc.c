@@ -61,7 +61,7 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
 /* A free whose count was deferred (types.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
-   under its threshold (xs_park_refill_under), so only the totals of
+   under its threshold (xs_park_cancel_under), so only the totals of
    increases move. */
 static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
                                         xs_pool_kind k) {
@@ -185,10 +185,10 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
      pass its peak at a malloc that only restores allocation: no refill
      then, active's peak gets its look. */
   if (sp->park_stats == p && sp->park_requested == size &&
-      !held && xs_park_refill_under(sp, kind)) {
+      !held && xs_park_cancel_under(sp, kind)) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
-    xs_pair_park_refilled(sp, kind);
+    xs_park_owed_cancel(sp, kind);
     xs_pool_retake(p, kind, false);
     alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false,
                           true);
@@ -196,7 +196,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   }
   /* Any park not counted yet (the other pool's, or this one's for
      another requested size) goes in the stats before this one's moves. */
-  xs_pair_park_stats(sp);
+  xs_park_owed_pay(sp);
   xs_pool_retake(p, kind, true);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
                         false);
@@ -221,27 +221,27 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   return b;
 }
 
-/* The cached malloc's settling of pending frees (PyTorch's
+/* The cached malloc's polling of pending frees (PyTorch's
    process_events): the pair's own (its parked blocks merge first, as the
    completed frees go back to their pools), then the other streams' pairs'
-   that a try of their lock gets (xs_pairs_settle_others). False when some
-   may be left unsettled: every lock settles them all. Out of line: only
+   that a try of their lock gets (xs_alloc_poll_others). False when some
+   may be left waiting: every lock completes them all. Out of line: only
    cross-stream frees make it. */
-static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
+static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
                                                           xs_stream_pools *sp) {
   xs_alloc_poll_pair(a, sp);
-  return xs_alloc_pending_all_pair(a, sp) || xs_pairs_settle_others(a, sp);
+  return xs_alloc_pending_all_pair(a, sp) || xs_alloc_poll_others(a, sp);
 }
 
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
-   slow path's turn) on a miss. Pending frees of the pair are settled
+   slow path's turn) on a miss. Pending frees of the pair are polled
    first, then parked blocks are taken back or settled. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   bool held = xs_alloc_has_pending(a);
   if (__builtin_expect(held, 0)) {
-    if (!alloc_cached_settle(a, sp)) return NULL;
+    if (!alloc_cached_poll(a, sp)) return NULL;
     held = xs_alloc_has_pending(a);
   }
   if (sp->n_parked != 0) {
@@ -253,7 +253,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
             : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream,
                            held);
     if (b != NULL) return b;
-    xs_pair_settle(sp);
+    xs_park_settle_pair(sp);
   }
   /* The kind a constant in each copy, as above. */
   return xs_alloc_kind(rounded) == XS_POOL_SMALL
@@ -307,11 +307,11 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
     struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
   xs_block *b = NULL;
   xs_alloc_lock(a);
-  /* Frees waiting on other streams are settled first, as PyTorch's
+  /* Frees waiting on other streams are completed first, as PyTorch's
      process_events; a counter check when none waits. A failed query only
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
-    xs_alloc_settle_frees_locked(a, false);
+    xs_alloc_complete_frees_locked(a, false);
   xseg_status st = alloc_block_locked(a, size, rounded, stream, own, &b);
   xs_alloc_unlock(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
@@ -332,7 +332,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   /* Held frees (any pair's) give active's peak a look: the cached path's,
-     as do the pair's own pending frees, which settle first. (Read first:
+     as do the pair's own pending frees, which are polled first. (Read first:
      an atomic load makes the compiler read the pool's fields again.) */
   if (xs_alloc_has_pending(a)) return false;
   /* A park not counted yet is the parked block's, in p. */
@@ -340,7 +340,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
   assert(p->parked != NULL);
   if (!xs_pool_retake_known(p) ||
       !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
-      !xs_park_refill_under(sp, k))
+      !xs_park_cancel_under(sp, k))
     return false;
   /* So the block is the request's size rounded, without a look: it was
      handed out last for `size` (park_requested), and retake_known, never
@@ -355,7 +355,7 @@ static inline __attribute__((always_inline)) void alloc_retake_again(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  xs_pair_park_refilled(sp, k);
+  xs_park_owed_cancel(sp, k);
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
   alloc_account_refill(&sp->stats, b, k);
@@ -443,7 +443,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   /* The address first: its register is free for the moves. */
   *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
   alloc_retake_again(sp, size, stream);
-  if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+  if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
     return alloc_pair_woken(a, sp);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
@@ -457,24 +457,24 @@ static inline __attribute__((always_inline)) void alloc_stamp(
     bool slow) {
   assert(slow || a->trace.cap == 0);
   if (slow)
-    xs_alloc_stamp_pair(a, sp, b);
+    xs_pair_stamp(a, sp, b);
   else
     b->free_epoch = xs_pair_tick(t, sp);
 }
 
 /* Parks b, freed, in its pool p (of `kind`, given apart as in
    alloc_release_plain; lazy merging): stamped and traced as
-   xs_alloc_give_locked does, merged later; its pointer-table entry stays
+   xs_pair_give_block does, merged later; its pointer-table entry stays
    (types.h, n_parked). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (park.h, xs_pair_park_hold). False when
+   could read the shard (park.h, xs_park_owe). False when
    holding them back would hide a rise above a threshold: the caller
-   counts them at once (xs_pair_park_stats), once it is parked. */
+   counts them at once (xs_park_owed_pay), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_pair_park_hold(sp, p, kind, b, a->n_pairs > 1);
+  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1);
   xs_pool_park(p, b);
   sp->n_parked++;
   return held;
@@ -504,7 +504,7 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
   }
   /* A merge that would pass a threshold unseen counts now, crossing. */
   if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
-    xs_pair_park_stats(sp);
+    xs_park_owed_pay(sp);
   return true;
 }
 
@@ -521,10 +521,10 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   xs_pool *p = b->seg->pool;
   *parked = false;
   /* Its pool's parked block merges first, as at its own free. */
-  xs_alloc_settle_pool_locked(p);
+  xs_park_settle_pool(p);
   if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
     /* Shared or deferred frees may look at other pools: none parked. */
-    xs_alloc_settle_locked(a);
+    xs_park_settle_all_locked(a);
     /* Exported and held by another process: pending until it lets go. */
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
@@ -543,7 +543,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
 static __attribute__((noinline)) xseg_status alloc_free_deferred(
     xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
   if (sp->n_parked != 0) {
-    xs_pair_settle(sp);                 /* entries after b's may move */
+    xs_park_settle_pair(sp);                 /* entries after b's may move */
     slot = xs_ptrtable_find(&sp->live, b->addr);
   }
   xseg_status st = xs_alloc_defer_free_pair(a, b);
@@ -567,13 +567,13 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   if (!b->allocated) return false;
   assert(b->uses.n == 0);
   /* The last park's merge counts before this free's moves. */
-  xs_pair_park_stats(sp);
+  xs_park_owed_pay(sp);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(a->trace.cap == 0);
   xs_pool *p = b->seg->pool;
   if (__builtin_expect(p->parked != NULL, 0)) {
     /* Its entry leaves the table: b's may move. */
-    xs_alloc_settle_pool_locked(p);
+    xs_park_settle_pool(p);
     slot = xs_ptrtable_find(&sp->live, addr);
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
@@ -641,9 +641,9 @@ static inline __attribute__((always_inline)) xs_block *alloc_park_again(
 
 /* The repeated size's park when holding its stats back would hide a rise
    above a threshold (alloc_park): they count now; the pair lock drops. */
-static __attribute__((noinline, cold)) xseg_status alloc_park_crossed(
+static __attribute__((noinline, cold)) xseg_status alloc_park_pay_now(
     xseg_allocator *a, xs_stream_pools *sp) {
-  xs_pair_park_stats(sp);
+  xs_park_owed_pay(sp);
   xs_pair_drop(sp);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
@@ -719,8 +719,8 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
         return alloc_free_held(a, ptr, sp, t);
       bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
                              XS_POOL_SMALL, b, false);
-      if (__builtin_expect(!held, 0)) return alloc_park_crossed(a, sp);
-      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
+      if (__builtin_expect(!held, 0)) return alloc_park_pay_now(a, sp);
+      if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
         return alloc_pair_woken(a, sp);
       xs_alloc_debug_after_cached(a);
       return XSEG_OK;

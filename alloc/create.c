@@ -107,7 +107,7 @@ static void destroy_pending(xseg_allocator *a, bool entered) {
   if (entered && xs_alloc_has_pending(a)) {
     a->n_captures = 0;          /* nothing captures into a dying allocator */
     a->n_implicit = 0;
-    xs_alloc_settle_frees_locked(a, true);
+    xs_alloc_complete_frees_locked(a, true);
   }
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)

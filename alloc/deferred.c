@@ -9,11 +9,11 @@
  *
  * Each pair of pools keeps the queues of its own blocks' frees, under its
  * lock: a cross-stream free on the cached path and the next malloc of the
- * same pair, which settles that pair's pending blocks first (as PyTorch's
- * process_events), take that lock alone; the malloc settles the other
+ * same pair, which polls that pair's pending blocks first (as PyTorch's
+ * process_events), take that lock alone; the malloc polls the other
  * streams' pairs' too, each by a try of its lock (alloc/pairs.c).
  * empty_cache, the out-of-memory path and every malloc that takes every
- * lock settle every pair's. Each stream's queue is polled in order up to
+ * lock complete every pair's. Each stream's queue is polled in order up to
  * its first unfired event (streams/pending.h), so a slow stream holds
  * back only its own frees.
  *
@@ -99,7 +99,7 @@ static void deferred_complete(xseg_allocator *a, xs_block *b) {
   xs_stream_set_clear(&b->uses);
   xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
-  xs_alloc_give_locked(a, b);
+  xs_pair_give_block(a, b);
 }
 
 static void deferred_fired(void *ctx, void *block) {
@@ -247,7 +247,7 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   XS_ASSERT_PAIR_LOCKED(a, sp);
   if (sp->pending.entries == 0) return;
   /* Completions give blocks back to their pools: settled pools. */
-  xs_pair_settle(sp);
+  xs_park_settle_pair(sp);
   CUcontext saved;
   if (xs_vmm_ctx_enter(&a->vmm, &saved) != XSEG_OK) return;
   /* Captures xseg does not know of may be under way (capture_mode.c). */
@@ -260,7 +260,7 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   xs_vmm_ctx_leave(&a->vmm, saved);
 }
 
-bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
+bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp) {
   XS_ASSERT_PAIR_LOCKED(a, sp);
   size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
   xs_stream_index *x =
@@ -271,12 +271,12 @@ bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
     if (q == sp ||
         atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
       continue;
-    if (!xs_pair_try_beside(q)) return false;
+    if (!xs_pair_try_second(q)) return false;
     /* A stream's pair never dies; the slow flag was down for sp's. */
     assert(!q->dead);
     xs_alloc_poll_pair(a, q);
     seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
-    xs_pair_drop_beside(q);
+    xs_pair_drop_second(q);
   }
   return seen ==
          atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);

@@ -1,5 +1,5 @@
 /* deferred.h: frees that wait: cross-stream frees behind events
- * (deferred.c) and the settling of every free that waits (frees.c).
+ * (deferred.c) and the completion of every free that waits (frees.c).
  */
 #ifndef XS_ALLOC_DEFERRED_H
 #define XS_ALLOC_DEFERRED_H
@@ -13,7 +13,7 @@
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
 /* A pending block that waited on something else (other processes holding
    it, alloc/ipc_export.c) now waits on its recorded streams: parked until
-   the next settling of pending frees records their events. Fails only on
+   the next completion of pending frees records their events. Fails only on
    host OOM (the block is then unchanged). */
 xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
 /* Frees every pending block whose events fired; `wait` blocks on them
@@ -22,7 +22,7 @@ xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
 /* Every free that waits: blocks other processes let go of (IPC) go
    pending, then xs_alloc_process_pending_locked (frees.c). */
-xseg_status xs_alloc_settle_frees_locked(xseg_allocator *a, bool wait);
+xseg_status xs_alloc_complete_frees_locked(xseg_allocator *a, bool wait);
 /* Queued or parked, every pending free is counted in pending_blocks: one
    load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
@@ -50,11 +50,11 @@ static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
 /* The cached malloc's share of PyTorch's process_events for the other
    streams' pairs, pair sp's lock held (deferred.c): each one with pending
    frees is taken by a try of its lock (never a wait, so the lock order
-   holds) and settles its own. True when every pending block is then
+   holds) and polls its own. True when every pending block is then
    accounted for, each still waiting on its events; false (the malloc
-   takes every lock and settles them all) when a pair was busy, or
+   takes every lock and completes them all) when a pair was busy, or
    pending blocks sit in pairs the stream index lacks (private pools). */
-bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp);
+bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp);
 /* The cross-stream free of live block b (recorded streams, not shared)
    with its pair's lock held and no capture under way (the cached path:
    deferred.c): queued behind an event on each of its streams, pending.

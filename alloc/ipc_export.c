@@ -219,7 +219,7 @@ static bool export_release(xseg_allocator *a, xs_block *b) {
   b->pending = false;
   xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
-  xs_alloc_give_locked(a, b);
+  xs_pair_give_block(a, b);
   return true;
 }
 

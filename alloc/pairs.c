@@ -72,7 +72,7 @@ void xs_pair_held(xs_stream_pools *sp, bool taken) {
   pairs_held.last = 0;
 }
 
-void xs_pair_held_beside(xs_stream_pools *sp, bool taken) {
+void xs_pair_held_second(xs_stream_pools *sp, bool taken) {
   if (taken) {
     assert(!pairs_held.all && pairs_held.pairs == 1 &&
            "a second pair lock only beside the cached path's one");
@@ -310,10 +310,10 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
 
 static inline void pairs_settle(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->n_parked != 0) xs_pair_settle(sp);
+    if (sp->n_parked != 0) xs_park_settle_pair(sp);
 }
 
-void xs_alloc_settle_locked(xseg_allocator *a) { pairs_settle(a); }
+void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
@@ -400,7 +400,7 @@ static bool pairs_debug_due(xseg_allocator *a) {
 }
 
 static void pairs_debug_check(xseg_allocator *a) {
-  xs_alloc_settle_locked(a);
+  xs_park_settle_all_locked(a);
   xs_alloc_debug_check_locked(a);
 }
 

@@ -11,8 +11,7 @@
  * stream index) or of the address (the read-mostly range table,
  * alloc/ranges.c). Everything else takes the allocator's `lock`, then every
  * pair's lock in creation order (xs_alloc_lock): it sees a quiescent
- * allocator, and every function named *_locked runs so (debug builds
- * assert it). The cached path goes that way whenever `slow` is set
+ * allocator. The cached path goes that way whenever `slow` is set
  * (frees made during a capture still to record, captures, tracing, shared
  * blocks, per-operation checks), and never waits for the allocator's lock
  * while it holds a pair's. What the cached path reads of the allocator
@@ -21,10 +20,17 @@
  *
  * Cross-stream frees (deferred.c) are the pair's too: a free of a block
  * used on other streams queues its events in the block's pair, and a
- * cached malloc settles its pair's and, by a try of each one's lock, the
+ * cached malloc polls its pair's and, by a try of each one's lock, the
  * other streams' pairs' (PyTorch's process_events at each malloc); when a
  * try fails or a private pool holds pending frees it takes every lock and
- * settles them all.
+ * completes them all.
+ *
+ * The lock a function needs is in its name:
+ *   - `_locked`: every lock (xs_alloc_lock's; XS_ASSERT_LOCKED);
+ *   - `xs_pair_*`, `xs_park_*` and a `_pair` suffix: the lock of the pair
+ *     it is given (or of the block's), every lock doing as well
+ *     (XS_ASSERT_PAIR_LOCKED);
+ *   - anything else says so on its first comment line, or needs none.
  */
 #ifndef XS_ALLOC_PAIRS_H
 #define XS_ALLOC_PAIRS_H
@@ -53,7 +59,7 @@ static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
    allocator's; pairs.c keeps what each thread holds). */
 #ifndef NDEBUG
 void xs_pair_held(xs_stream_pools *sp, bool taken);
-void xs_pair_held_beside(xs_stream_pools *sp, bool taken);
+void xs_pair_held_second(xs_stream_pools *sp, bool taken);
 #endif
 static inline void xs_pair_take(xs_stream_pools *sp) {
   xs_lock_take(&sp->lock);
@@ -79,24 +85,24 @@ static inline bool xs_pair_try(xs_stream_pools *sp) {
 }
 /* A second pair's lock while holding one, by a try alone (a wait there
    could deadlock): false when it is busy. */
-static inline bool xs_pair_try_beside(xs_stream_pools *sp) {
+static inline bool xs_pair_try_second(xs_stream_pools *sp) {
   if (!xs_lock_try(&sp->lock)) return false;
 #ifndef NDEBUG
-  xs_pair_held_beside(sp, true);
+  xs_pair_held_second(sp, true);
 #endif
   return true;
 }
-static inline void xs_pair_drop_beside(xs_stream_pools *sp) {
+static inline void xs_pair_drop_second(xs_stream_pools *sp) {
 #ifndef NDEBUG
-  xs_pair_held_beside(sp, false);
+  xs_pair_held_second(sp, false);
 #endif
   xs_lock_drop(&sp->lock);
 }
-static inline bool xs_pair_drop_unwoken(xs_stream_pools *sp) {
+static inline bool xs_pair_drop_wake_later(xs_stream_pools *sp) {
 #ifndef NDEBUG
   xs_pair_held(sp, false);
 #endif
-  return xs_lock_drop_unwoken(&sp->lock);
+  return xs_lock_drop_wake_later(&sp->lock);
 }
 #ifndef NDEBUG
 #define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
@@ -193,19 +199,19 @@ static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
 }
 /* A block of pair sp whose last use is over: stamped with sp's free
    clock, traced. */
-static inline void xs_alloc_stamp_pair(xseg_allocator *a, xs_stream_pools *sp,
+static inline void xs_pair_stamp(xseg_allocator *a, xs_stream_pools *sp,
                                        xs_block *b) {
   b->free_epoch = xs_pair_tick(&xs_pairs_tls, sp);
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
 }
 /* The same, the pair found from the block. */
-static inline void xs_alloc_stamp_locked(xseg_allocator *a, xs_block *b) {
-  xs_alloc_stamp_pair(a, xs_pools_of(b->seg->pool), b);
+static inline void xs_pair_stamp_block(xseg_allocator *a, xs_block *b) {
+  xs_pair_stamp(a, xs_pools_of(b->seg->pool), b);
 }
 /* Gives a block whose last use is over back to its pool, stamped. */
-static inline void xs_alloc_give_locked(xseg_allocator *a, xs_block *b) {
-  xs_alloc_stamp_locked(a, b);
+static inline void xs_pair_give_block(xseg_allocator *a, xs_block *b) {
+  xs_pair_stamp_block(a, b);
   xs_pool_give(b->seg->pool, b);
 }
 

@@ -75,20 +75,20 @@ typedef struct xs_stream_pools {
      free's count. The free of a block taken back at once then moves no
      gauge but the totals of increases (alloc.c, alloc_retake). With more
      than one pair, what is held back is published in the shard
-     (xs_stats.unposted: `park_unposted`), so that other pairs' crossings
+     (xs_stats.owed: `park_owed_published`), so that other pairs' crossings
      sum true values, and a take-back checks the thresholds first. */
   xs_pool *park_stats;
   size_t park_requested;
-  bool park_unposted;
+  bool park_owed_published;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   /* The frees of its blocks that wait on work recorded on other streams
      (deferred.c): their events and per-stream queues, under the pair's
-     lock, so that a cross-stream free and the malloc that settles it take
+     lock, so that a cross-stream free and the malloc that polls it take
      the pair's lock alone. */
   xs_event_pool events;
   xs_pending pending;
   /* Its blocks in state pending: written under its lock, read by other
-     pairs' cached mallocs (xs_pairs_settle_others). */
+     pairs' cached mallocs (xs_alloc_poll_others). */
   atomic_size_t n_pending;
   struct xs_stream_pools *next;       /* the allocator's list */
   /* The size bins of the small pool's free index (segments/freetree.h):
@@ -194,7 +194,7 @@ struct xseg_allocator {
                                          before a host wait: flow.c steals
                                          from any stream */
   /* Blocks in state pending, every pair's: moved by a pair's cached
-     cross-stream free and by the malloc that settles it under that pair's
+     cross-stream free and by the malloc that polls it under that pair's
      lock alone, and read by every cached malloc (active's peak needs a
      look while anything is held), hence atomics. */
   atomic_size_t pending_blocks;

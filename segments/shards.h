@@ -31,7 +31,7 @@
  * cached path gets its current plus an even share, and the allocator's
  * own shard (`rare`: moved only with every lock held) its current alone.
  * With one pair its thresholds are the peaks themselves, as before
- * sharding; two threads on two streams settle after a few crossings.
+ * sharding; two threads on two streams steady after a few crossings.
  */
 #ifndef XS_SEGMENTS_SHARDS_H
 #define XS_SEGMENTS_SHARDS_H

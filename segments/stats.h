@@ -113,17 +113,17 @@ typedef struct xs_stats {
   /* What the owner holds back (alloc/, a park whose free and merge count
      later): for each kind and gauge, the shard's current less its true
      value, 0 when nothing is held back. Other shards' crossings read the
-     true values (xs_stats_cur_posted); the owner clears these before it
+     true values (xs_stats_cur_true); the owner clears these before it
      moves a current to post what they held (a release fence between), so
      that a reader that sees the new current sees them cleared. */
-  _Atomic int64_t unposted[2][XS_GAUGE_COUNT];
+  _Atomic int64_t owed[2][XS_GAUGE_COUNT];
 } xs_stats;
 
 /* The true current of gauge g in `scope` of shard s, read by another
    shard's crossing while s's owner may move it: each kind's current, then
    (an acquire fence between) what it holds back, so that the value is
-   one the shard really had (see `unposted`). */
-static inline int64_t xs_stats_cur_posted(const xs_stats *s, int g,
+   one the shard really had (see `owed`). */
+static inline int64_t xs_stats_cur_true(const xs_stats *s, int g,
                                           int scope);
 
 /* Gauge g of scope `scope` (XS_STAT_ALL or kind + 1) of shard s went over
@@ -145,13 +145,13 @@ static inline int64_t xs_stats_cur(const xs_stats *s, int g, int scope) {
          xs_gv_get(&s->pool[1][g].current);
 }
 
-static inline int64_t xs_stats_cur_posted(const xs_stats *s, int g,
+static inline int64_t xs_stats_cur_true(const xs_stats *s, int g,
                                           int scope) {
   int64_t cur = xs_stats_cur(s, g, scope);
   atomic_thread_fence(memory_order_acquire);
   if (scope != XS_STAT_ALL)
-    return cur - xs_gv_get(&s->unposted[scope - 1][g]);
-  return cur - xs_gv_get(&s->unposted[0][g]) - xs_gv_get(&s->unposted[1][g]);
+    return cur - xs_gv_get(&s->owed[scope - 1][g]);
+  return cur - xs_gv_get(&s->owed[0][g]) - xs_gv_get(&s->owed[1][g]);
 }
 
 /* Raises gauge g of pool `kind` (and of all pools) by delta >= 0. */

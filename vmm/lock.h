@@ -41,12 +41,12 @@ static inline void xs_lock_take(xs_lock *l) {
 /* Drops the lock; false when a waiter may sleep on it: the caller must
    then call xs_lock_wake (xs_lock_drop does both). Lets a caller keep the
    call to xs_lock_wake out of its common path. */
-static inline bool xs_lock_drop_unwoken(xs_lock *l) {
+static inline bool xs_lock_drop_wake_later(xs_lock *l) {
   return atomic_fetch_sub_explicit(&l->state, 1, memory_order_release) == 1;
 }
 
 static inline void xs_lock_drop(xs_lock *l) {
-  if (!xs_lock_drop_unwoken(l)) xs_lock_wake(l);
+  if (!xs_lock_drop_wake_later(l)) xs_lock_wake(l);
 }
 
 #endif /* XS_VMM_LOCK_H */
