@@ -20,6 +20,7 @@
 
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
+#include "alloc/enter.h"
 #include "alloc/grow.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
@@ -306,14 +307,14 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
     xseg_allocator *a, size_t size, size_t rounded,
     struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
   xs_block *b = NULL;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   /* Frees waiting on other streams are completed first, as PyTorch's
      process_events; a counter check when none waits. A failed query only
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
     xs_alloc_complete_frees_locked(a, false);
   xseg_status st = alloc_block_locked(a, size, rounded, stream, own, &b);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
 }
@@ -590,11 +591,11 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
 static __attribute__((noinline)) xseg_status alloc_free_locked(
     xseg_allocator *a, void *ptr) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
   if (b == NULL) {
-    xs_alloc_unlock(a);
+    xs_alloc_leave(a);
     return xs_error(XSEG_ERR_UNKNOWN_POINTER,
                     "xseg_free(%p): not a live block of the allocator of "
                     "device %d (never allocated here, already freed, or not "
@@ -609,7 +610,7 @@ static __attribute__((noinline)) xseg_status alloc_free_locked(
        where the slot just freed leaves room. */
     xs_ptrtable_add(live, b);
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 

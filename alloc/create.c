@@ -11,6 +11,7 @@
 
 #include "alloc/check.h"
 #include "alloc/deferred.h"
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"
@@ -118,7 +119,7 @@ static void destroy_pending(xseg_allocator *a, bool entered) {
 
 void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   destroy_report_live(a);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
@@ -142,7 +143,7 @@ void xseg_destroy(xseg_allocator *a) {
   free(a->captures);
   xs_trace_resize(&a->trace, 0);
   xs_vmm_close(&a->vmm);
-  xs_alloc_unlock_destroyed(a);
+  xs_alloc_leave_destroyed(a);
   free(a);
 }
 
@@ -153,8 +154,8 @@ xseg_status xseg_check(xseg_allocator *a) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
                     "NULL");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xseg_status st = xs_alloc_check_locked(a);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

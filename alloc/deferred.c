@@ -29,6 +29,7 @@
 #include "alloc/account.h"
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"
@@ -76,7 +77,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xseg_status st = XSEG_OK;
   if (record_in_pair(a, addr, stream, &st)) return st;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
   if (b == NULL)
@@ -86,7 +87,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   a->vmm.device);
   else
     st = record_use(b, stream);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 

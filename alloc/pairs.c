@@ -19,7 +19,7 @@
  *
  * Recency: flow.c and the release passes walk the pairs most recently used
  * first. The cached malloc cannot relink a shared list, so it stamps its
- * pair with the calling thread's count of uses, and xs_alloc_lock sorts
+ * pair with the calling thread's count of uses, and xs_alloc_enter sorts
  * the list by those stamps. On one thread that is the order relinking
  * gave; with several, the counts of different threads are not comparable
  * and the order between their pairs is a guess.
@@ -177,7 +177,7 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
     return NULL;
   xs_stream_pools *sp = pairs_memory(a);
   if (sp == NULL) return NULL;
-  /* Born locked: dropped with the others at xs_alloc_unlock. */
+  /* Born locked: dropped with the others at xs_alloc_leave. */
   sp->stream = stream;
   sp->private_id = private_id;
   if (!xs_ptrtable_init(&sp->live)) {
@@ -317,7 +317,8 @@ void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
-static void pairs_sort_by_use(xseg_allocator *a) {
+void xs_pairs_sort_by_use_locked(xseg_allocator *a) {
+  XS_ASSERT_LOCKED(a);
   xs_stream_pools *sorted = NULL, *sp = a->streams;
   while (sp != NULL) {
     xs_stream_pools *next = sp->next, **link = &sorted;
@@ -330,7 +331,7 @@ static void pairs_sort_by_use(xseg_allocator *a) {
   a->streams = sorted;
 }
 
-void xs_alloc_lock(xseg_allocator *a) {
+void xs_pairs_lock_all(xseg_allocator *a) {
 #ifndef NDEBUG
   assert(!pairs_held.all && pairs_held.pairs == 0 &&
          "lock order: the allocator's lock is taken holding no other");
@@ -349,27 +350,17 @@ void xs_alloc_lock(xseg_allocator *a) {
   a->owner = pthread_self();
   a->owned = true;
 #endif
-  pairs_settle(a);
-  pairs_sort_by_use(a);
 }
 
-/* Whether the cached path must go the slow way (pairs.h). */
-static bool pairs_slow(const xseg_allocator *a) {
-  return a->n_deferred != 0 || xs_alloc_capturing(a) || a->ipc != NULL ||
-         a->trace.cap != 0;
-}
-
-static void pairs_unlock(xseg_allocator *a) {
-  bool slow = pairs_slow(a);
-  atomic_store_explicit(&a->slow, slow, memory_order_relaxed);
-  xs_ranges_refresh_locked(a);
+void xs_pairs_unlock_all(xseg_allocator *a) {
+  bool slow = atomic_load_explicit(&a->slow, memory_order_relaxed);
 #ifndef NDEBUG
   a->owned = false;
   pairs_held.all = false;
   pairs_held.last = 0;
 #endif
-  /* Every pair in `order` is locked: those there at xs_alloc_lock, and
-     those born since. Pairs gone meanwhile leave it now. */
+  /* Every pair in `order` is locked: those there at xs_pairs_lock_all,
+     and those born since. Pairs gone meanwhile leave it now. */
   size_t kept = 0;
   for (size_t i = 0; i < a->n_order; i++) {
     xs_stream_pools *sp = a->order[i];
@@ -390,35 +381,6 @@ static void pairs_unlock(xseg_allocator *a) {
   xs_lock_drop(&a->lock);
 }
 
-#ifndef NDEBUG
-/* Whether this operation is one that XSEG_DEBUG_CHECK validates after. */
-static bool pairs_debug_due(xseg_allocator *a) {
-  if (a->debug_check_every == 0) return false;
-  unsigned ops = atomic_fetch_add_explicit(&a->debug_ops, 1,
-                                           memory_order_relaxed) + 1;
-  return ops % a->debug_check_every == 0;
-}
-
-static void pairs_debug_check(xseg_allocator *a) {
-  xs_park_settle_all_locked(a);
-  xs_alloc_debug_check_locked(a);
-}
-
-void xs_alloc_debug_after_cached(xseg_allocator *a) {
-  if (!pairs_debug_due(a)) return;
-  xs_alloc_lock(a);
-  pairs_debug_check(a);
-  pairs_unlock(a);
-}
-#endif
-
-void xs_alloc_unlock(xseg_allocator *a) {
-#ifndef NDEBUG
-  if (pairs_debug_due(a)) pairs_debug_check(a);
-#endif
-  pairs_unlock(a);
-}
-
 /* Frees a list of pairs gone (their tables and caches went with them). */
 static void pairs_free_gone(xs_stream_pools **list) {
   while (*list != NULL) {
@@ -428,7 +390,7 @@ static void pairs_free_gone(xs_stream_pools **list) {
   }
 }
 
-void xs_alloc_unlock_destroyed(xseg_allocator *a) {
+void xs_pairs_unlock_destroyed(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL;) {
     xs_stream_pools *next = sp->next;
     xs_ptrtable_destroy(&sp->live);
@@ -450,7 +412,6 @@ void xs_alloc_unlock_destroyed(xseg_allocator *a) {
   a->n_order = a->order_cap = 0;
   pairs_free_gone(&a->dying);
   pairs_free_gone(&a->spare);
-  xs_ranges_destroy(a);
 #ifndef NDEBUG
   a->owned = false;
   pairs_held.all = false;

@@ -10,7 +10,7 @@
  * alone: the pair of the stream (a thread-local cache, or the append-only
  * stream index) or of the address (the read-mostly range table,
  * alloc/ranges.c). Everything else takes the allocator's `lock`, then every
- * pair's lock in creation order (xs_alloc_lock): it sees a quiescent
+ * pair's lock in creation order (xs_alloc_enter): it sees a quiescent
  * allocator. The cached path goes that way whenever `slow` is set
  * (frees made during a capture still to record, captures, tracing, shared
  * blocks, per-operation checks), and never waits for the allocator's lock
@@ -26,7 +26,7 @@
  * completes them all.
  *
  * The lock a function needs is in its name:
- *   - `_locked`: every lock (xs_alloc_lock's; XS_ASSERT_LOCKED);
+ *   - `_locked`: every lock (xs_alloc_enter's; XS_ASSERT_LOCKED);
  *   - `xs_pair_*`, `xs_park_*` and a `_pair` suffix: the lock of the pair
  *     it is given (or of the block's), every lock doing as well
  *     (XS_ASSERT_PAIR_LOCKED);
@@ -39,8 +39,8 @@
 #include <pthread.h>
 #include <stdbool.h>
 
-#include "alloc/types.h"
 #include "alloc/thread.h"
+#include "alloc/types.h"
 
 /* Whose memory a release pass may take: a stream's own pools, and private
    pools once released; never a private pool still in use. */
@@ -112,26 +112,18 @@ static inline bool xs_pair_drop_wake_later(xs_stream_pools *sp) {
 #else
 #define XS_ASSERT_PAIR_LOCKED(a, sp) ((void)0)
 #endif
-/* Debug builds: the cached path's share of XSEG_DEBUG_CHECK, after its
-   pair lock is dropped (pairs.c). */
-#ifndef NDEBUG
-void xs_alloc_debug_after_cached(xseg_allocator *a);
-#else
-static inline void xs_alloc_debug_after_cached(xseg_allocator *a) {
-  (void)a;
-}
-#endif
 
-/* Every lock, for everything but the cached path: the allocator's, then
-   every pair's in table order; then every parked block is settled, so
-   every pool keeps block.h's rules, and the pair list is put in recency
-   order (pairs.c). */
-void xs_alloc_lock(xseg_allocator *a);
-/* Publishes what changed (slow flag, range table) and drops every lock. */
-void xs_alloc_unlock(xseg_allocator *a);
-/* xseg_destroy's unlock: frees every pair (their pools destroyed), every
-   table, and drops the allocator's lock. */
-void xs_alloc_unlock_destroyed(xseg_allocator *a);
+/* Every lock, in order: the allocator's, then every pair's in table
+   order (xs_alloc_enter's first step). */
+void xs_pairs_lock_all(xseg_allocator *a);
+/* Publishes the slow flag to every pair (cached_off), makes the pairs gone
+   meanwhile spares and drops every lock (xs_alloc_leave's last step). */
+void xs_pairs_unlock_all(xseg_allocator *a);
+/* Puts the pair list in recency order (see pairs.c). */
+void xs_pairs_sort_by_use_locked(xseg_allocator *a);
+/* xseg_destroy's unlock: frees every pair (their pools destroyed), the
+   stream index, and drops the allocator's lock. */
+void xs_pairs_unlock_destroyed(xseg_allocator *a);
 /* A new allocator's id (pairs.c). */
 uint64_t xs_pairs_new_id(void);
 #ifndef NDEBUG
@@ -164,7 +156,7 @@ static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
   return xs_pairs_find_stream(a, stream);
 }
 /* A new pair (private_id 0: a stream's), linked first and published, its
-   lock held until xs_alloc_unlock; NULL on host OOM. */
+   lock held until xs_alloc_leave; NULL on host OOM. */
 xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
                                             struct CUstream_st *stream,
                                             xseg_pool_id private_id);

@@ -2,7 +2,7 @@
  * for the cached free (see ranges.h).
  *
  * A sorted array of (base, end, pair) searched without a lock. It changes
- * only with every lock held (xs_alloc_unlock, when segments were added
+ * only with every lock held (xs_alloc_leave, when segments were added
  * since it was made) and is rewritten in place under a sequence count
  * (a seqlock): odd while it is written, so a reader that sees an odd count,
  * or a different one after its search, gives up and takes the slow path.

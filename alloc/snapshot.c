@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/types.h"
@@ -107,10 +108,10 @@ xseg_status xseg_snapshot_json(xseg_allocator *a, FILE *out) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_snapshot_json: %s is NULL",
                     a == NULL ? "allocator" : "out");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   snapshot_segments(out, a);
   snapshot_traces(out, &a->trace);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   if (ferror(out))
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_snapshot_json: writing the snapshot failed");
@@ -121,8 +122,8 @@ xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_record_memory_history: allocator is NULL");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xseg_status st = xs_trace_resize(&a->trace, max_entries);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

@@ -147,7 +147,7 @@ typedef struct xs_capture {
 struct xseg_allocator {
   xs_lock lock;                       /* see vmm/lock.h for why not pthread */
   /* Set whenever the cached malloc and free must take the slow path;
-     written with every lock held (xs_alloc_unlock). Read under a pair
+     written with every lock held (xs_alloc_leave). Read under a pair
      lock for the answer, and before it as a hint: a malloc or free that
      sees it set goes the slow way without taking its pair's lock. */
   _Atomic bool slow;
@@ -155,7 +155,7 @@ struct xseg_allocator {
   size_t n_pairs;                     /* live pairs */
   _Atomic(xs_stream_index *) stream_index;
   /* Every pair in lock order (creation order), read and written with the
-     allocator's lock held: xs_alloc_lock takes each one's lock. A pair
+     allocator's lock held: xs_alloc_enter takes each one's lock. A pair
      that goes away stays in it, dead, until the unlock drops its lock. */
   xs_stream_pools **order;
   size_t n_order, order_cap;
@@ -180,7 +180,7 @@ struct xseg_allocator {
                                          slow operations, totals of pairs
                                          gone */
   xs_stream_pools *streams;           /* most recently used first (as of
-                                         xs_alloc_lock, by used_at) */
+                                         xs_alloc_enter, by used_at) */
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
   size_t cap;                         /* memory_fraction * device memory */
