@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "alloc/types.h"
 #include "xseg_test.h"
 
 #ifndef NDEBUG
