@@ -55,36 +55,23 @@ uint64_t xs_pairs_new_id(void) {
 }
 
 #ifndef NDEBUG
-void xs_pair_held(xs_stream_pools *sp, bool taken) {
+void xs_pair_held(xs_stream_pools *sp, bool taken, int nth) {
+  assert((nth == 1 || nth == 2) && !pairs_held.all);
   if (taken) {
-    assert(!pairs_held.all && pairs_held.pairs == 0 &&
+    assert(pairs_held.pairs == nth - 1 &&
            "lock order: the cached path holds one pair lock and nothing "
-           "else");
-    pairs_held.pairs = 1;
-    pairs_held.last = sp->order;
-    sp->owner = pthread_self();
-    sp->owned = true;
-    return;
-  }
-  assert(sp->owned && pthread_equal(sp->owner, pthread_self()));
-  sp->owned = false;
-  pairs_held.pairs = 0;
-  pairs_held.last = 0;
-}
-
-void xs_pair_held_second(xs_stream_pools *sp, bool taken) {
-  if (taken) {
-    assert(!pairs_held.all && pairs_held.pairs == 1 &&
-           "a second pair lock only beside the cached path's one");
-    pairs_held.pairs = 2;
+           "else, and a second one only beside it, by a try");
+    pairs_held.pairs = nth;
+    if (nth == 1) pairs_held.last = sp->order;
     sp->owner = pthread_self();
     sp->owned = true;
     return;
   }
   assert(sp->owned && pthread_equal(sp->owner, pthread_self()) &&
-         pairs_held.pairs == 2);
+         (nth == 1 || pairs_held.pairs == 2));
   sp->owned = false;
-  pairs_held.pairs = 1;
+  pairs_held.pairs = nth - 1;
+  if (nth == 1) pairs_held.last = 0;
 }
 #endif
 

@@ -55,53 +55,48 @@ static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
 }
 
 /* The pair lock alone, for the cached malloc and free: debug builds
-   assert the lock order (the calling thread holds no lock of this
-   allocator's; pairs.c keeps what each thread holds). */
+   assert the lock order (pairs.c keeps what each thread holds): the
+   cached path's pair lock is the calling thread's first (`nth` 1: it
+   holds no other lock of this allocator's), and a second one only beside
+   it, by a try (`nth` 2). */
 #ifndef NDEBUG
-void xs_pair_held(xs_stream_pools *sp, bool taken);
-void xs_pair_held_second(xs_stream_pools *sp, bool taken);
+void xs_pair_held(xs_stream_pools *sp, bool taken, int nth);
+#define XS_PAIR_HELD(sp, taken, nth) xs_pair_held(sp, taken, nth)
+#else
+#define XS_PAIR_HELD(sp, taken, nth) ((void)(nth))
 #endif
 static inline void xs_pair_take(xs_stream_pools *sp) {
   xs_lock_take(&sp->lock);
-#ifndef NDEBUG
-  xs_pair_held(sp, true);
-#endif
+  XS_PAIR_HELD(sp, true, 1);
 }
 static inline void xs_pair_drop(xs_stream_pools *sp) {
-#ifndef NDEBUG
-  xs_pair_held(sp, false);
-#endif
+  XS_PAIR_HELD(sp, false, 1);
   xs_lock_drop(&sp->lock);
 }
-/* The same, for the repeated size's path (alloc.c): takes the pair lock
-   only if it is free, drops it without waking (false: the caller wakes
-   the waiter, xs_lock_wake). */
-static inline bool xs_pair_try(xs_stream_pools *sp) {
+/* The pair's lock if it is free (false: busy), as the nth held. */
+static inline bool xs_pair_try_nth(xs_stream_pools *sp, int nth) {
   if (!xs_lock_try(&sp->lock)) return false;
-#ifndef NDEBUG
-  xs_pair_held(sp, true);
-#endif
+  XS_PAIR_HELD(sp, true, nth);
   return true;
+}
+/* For the repeated size's path (alloc.c): takes the pair lock only if it
+   is free; xs_pair_drop_wake_later drops it. */
+static inline bool xs_pair_try(xs_stream_pools *sp) {
+  return xs_pair_try_nth(sp, 1);
 }
 /* A second pair's lock while holding one, by a try alone (a wait there
    could deadlock): false when it is busy. */
 static inline bool xs_pair_try_second(xs_stream_pools *sp) {
-  if (!xs_lock_try(&sp->lock)) return false;
-#ifndef NDEBUG
-  xs_pair_held_second(sp, true);
-#endif
-  return true;
+  return xs_pair_try_nth(sp, 2);
 }
 static inline void xs_pair_drop_second(xs_stream_pools *sp) {
-#ifndef NDEBUG
-  xs_pair_held_second(sp, false);
-#endif
+  XS_PAIR_HELD(sp, false, 2);
   xs_lock_drop(&sp->lock);
 }
+/* Drops the pair lock without waking a waiter: false when there is one,
+   which the caller then wakes (xs_lock_wake). */
 static inline bool xs_pair_drop_wake_later(xs_stream_pools *sp) {
-#ifndef NDEBUG
-  xs_pair_held(sp, false);
-#endif
+  XS_PAIR_HELD(sp, false, 1);
   return xs_lock_drop_wake_later(&sp->lock);
 }
 #ifndef NDEBUG
