@@ -99,6 +99,14 @@ static inline bool xs_pair_drop_wake_later(xs_stream_pools *sp) {
   XS_PAIR_HELD(sp, false, 1);
   return xs_lock_drop_wake_later(&sp->lock);
 }
+/* Whether the cached path may run on pair sp (its lock held): nothing
+   calls for the slow path (`slow`) and the pair is alive. */
+static inline bool xs_pair_cached_on(const xseg_allocator *a,
+                                     const xs_stream_pools *sp) {
+  assert(sp->cached_off == (a->slow || sp->dead));
+  (void)a;
+  return __builtin_expect(!sp->cached_off, 1);
+}
 #ifndef NDEBUG
 #define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
   assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \

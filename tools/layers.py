@@ -41,7 +41,7 @@ ALLOC_ROOMS = [
     ("ipc", "ipc_wire.c ipc_table.c ipc_export.c ipc_open.c"),
     ("growth", "frees.c physical.c flow.c reclaim.c grow.c cache.c"),
     ("introspection", "stats.c snapshot.c"),
-    ("entry", "alloc.c create.c"),
+    ("entry", "alloc.c free.c create.c"),
     ("torch", "torch.c"),
 ]
 ROOM_OF = {f"alloc/{f}": i for i, (_, files) in enumerate(ALLOC_ROOMS)
