@@ -1,8 +1,8 @@
 /* create.c: an allocator's life: xseg_create (configuration, the pools'
  * granules and reservation sizes) and xseg_destroy (what is still live is
  * reported, pending frees waited for, every handle released); and
- * xseg_check, whose walk is check.c's. Beside alloc.c, whose malloc and
- * free are the rest of the entry points.
+ * xseg_check, whose walk is check.c's. Beside alloc.c and free.c, whose
+ * malloc and free are the rest of the entry points.
  */
 #include <assert.h>
 #include <stdio.h>

@@ -7,7 +7,7 @@
  * behind an event, creating and releasing handles). The layers call only
  * downward:
  *
- *     alloc.c     entry points, the cached path
+ *     alloc.c     malloc, its cached path (free.c: free)
  *     grow.c      the slow path: placement, mapping, the out-of-memory
  *                 ladder
  *     flow.c      the policy: which memory serves a growth

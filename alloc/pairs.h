@@ -79,8 +79,8 @@ static inline bool xs_pair_try_nth(xs_stream_pools *sp, int nth) {
   XS_PAIR_HELD(sp, true, nth);
   return true;
 }
-/* For the repeated size's path (alloc.c): takes the pair lock only if it
-   is free; xs_pair_drop_wake_later drops it. */
+/* For the repeated size's path (alloc.c, free.c): takes the pair lock
+   only if it is free; xs_pair_drop_wake_later drops it. */
 static inline bool xs_pair_try(xs_stream_pools *sp) {
   return xs_pair_try_nth(sp, 1);
 }
