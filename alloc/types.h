@@ -43,14 +43,15 @@ typedef struct xs_stream_pools {
   xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
   bool dead;                          /* went away: in no list or table */
   /* The cached path may not run on it: dead, or the allocator's `slow`
-     (one load for both; written with every lock held, pairs.c). */
+     (one load for both; written with every lock held, at
+     xs_pairs_unlock_all). */
   bool cached_off;
   uint64_t order;                     /* lock order: creation order */
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
   uint64_t used_at;                   /* recency: the calling thread's use
-                                         count at its last malloc (pairs.c) */
+                                         count at its last malloc (thread.c) */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */
   /* Its free clock: the last stamp of a free of its blocks (free_epoch),
      strictly increasing (xs_pair_tick). */
