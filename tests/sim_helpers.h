@@ -156,4 +156,20 @@ static inline void st_env(const char *var, const char *value) {
   xsim_reset();
 }
 
+/* Ends a capture that is expected to have been invalidated. */
+static inline void st_capture_invalidated(CUstream s) {
+  CUgraph g = (CUgraph)0x1;
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s, &g),
+                     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  XSEG_EXPECT_TRUE(g == NULL);
+}
+
+/* Ends a capture expected to be valid and destroys its graph. */
+static inline void st_capture_valid(CUstream s) {
+  CUgraph g = NULL;
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_TRUE(g != NULL);
+  if (g) XSEG_EXPECT_CU(cuGraphDestroy(g));
+}
+
 #endif /* XSEG_SIM_HELPERS_H */
