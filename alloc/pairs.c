@@ -29,8 +29,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/capture.h"
-#include "alloc/check.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"
 #include "alloc/ranges.h"
