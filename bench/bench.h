@@ -4,8 +4,9 @@
  * policy and reports what the policy reserved against what the workload had
  * live. A workload comes from an RMM replay-log CSV (trace_csv.c, built with
  * trace.c) or a synthetic generator (varbatch.c); a policy is exact mode on
- * vmm/ (policy_exact.c) or the allocator through the public API
- * (policy_xseg.c). Everything driver-specific goes through env.c, so one
+ * vmm/ (policy_exact.c), PyTorch's caching allocator with expandable
+ * segments on vmm/ (policy_pytorch.c, pytorch.h) or the allocator through
+ * the public API (policy_xseg.c: xseg, and pytorch-native). Everything driver-specific goes through env.c, so one
  * binary runs on the emulator and on a real GPU.
  */
 #ifndef XB_BENCH_H
@@ -175,7 +176,7 @@ typedef struct xb_usage {
 } xb_usage;
 
 typedef struct xb_policy {
-  const char *name;                 /* "exact", "expandable", "classic" */
+  const char *name;                 /* one of xb_modes */
   /* Opens a fresh instance for a workload of n_slots slots (and
      env->gpu_lag_us: under lag, blocks are used by stream work). */
   xseg_status (*open)(xb_env *env, const char *conf, uint32_t n_slots,
@@ -188,14 +189,18 @@ typedef struct xb_policy {
   /* The allocator's snapshot JSON (docs/DESIGN.md section 6) to `out`, or NULL
      where the policy has none. */
   xseg_status (*snapshot)(void *self, FILE *out);
+  /* Checks the policy's structures; false with the broken invariant in
+     err. NULL where the policy has no checker. */
+  bool (*check)(void *self, xb_error *err);
   void (*close)(void *self);
 } xb_policy;
 
-extern const xb_policy xb_policy_exact;
-/* The policy called `name`, or NULL. */
+extern const xb_policy xb_policy_exact, xb_policy_pytorch_expandable;
+/* The policy called `name` (a mode or an alias of one), or NULL. */
 const xb_policy *xb_policy_find(const char *name);
-/* Modes in report order. */
-extern const char *const xb_modes[3];
+/* Modes in report order: xseg, pytorch-expandable, pytorch-native, exact. */
+enum { XB_N_MODES = 4 };
+extern const char *const xb_modes[XB_N_MODES];
 /* An allocator on env's driver, expandable or classic, then `conf`. */
 xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
                            xseg_allocator **out);
@@ -214,7 +219,7 @@ typedef struct xb_point {
 
 typedef struct xb_result {
   char trace[128];
-  char mode[16];
+  char mode[24];
   char driver[256];
   uint64_t events, allocs, frees;
   uint64_t peak_allocated, peak_reserved;
@@ -258,8 +263,12 @@ bool xb_fn_is_vmm(xs_driver_fn fn);
 /* ---- report.c: table and JSON ----------------------------------------- */
 
 void xb_report_table_header(FILE *out);
+/* What the table's columns and modes mean, for after it. */
+void xb_report_legend(FILE *out);
 void xb_report_table_row(FILE *out, const xb_result *r);
-/* One JSON object per result; with n > 1, {"runs": [...]}. */
+/* "xseg, lag 5000 us": what a chart calls a result, into buf. */
+const char *xb_result_label(const xb_result *r, char *buf, size_t size);
+/* {"runs": [...]}: one JSON object per result, whatever n. */
 void xb_report_json(FILE *out, const xb_result *r, size_t n);
 void xb_json_string(FILE *out, const char *s);
 

@@ -5,6 +5,17 @@
 
 #include "cli.h"
 
+_Static_assert(XB_DEFAULT_POINTS == 400, "xb_cli_output_help says 400");
+const char xb_cli_output_help[] =
+    "  --json OUT         results as JSON, always {\"runs\": [one object per "
+    "replay]};\n"
+    "                     - for stdout (the table then goes to stderr); the "
+    "file is\n"
+    "                     opened before the run\n"
+    "  --svg OUT          allocated/reserved chart as SVG\n"
+    "  --points N         chart samples per replay (default 400)\n"
+    "  --quiet            no progress on stderr, no legend after the table\n";
+
 void xb_cli_defaults(xb_cli *c) {
   memset(c, 0, sizeof *c);
   c->driver = "sim";
@@ -40,6 +51,7 @@ int xb_cli_option(xb_cli *c, int opt, const char *arg) {
     case XB_OPT_SVG: c->svg = arg; return 1;
     case XB_OPT_TRACES: c->traces = arg; return 1;
     case XB_OPT_TRACE: c->trace = arg; return 1;
+    case XB_OPT_QUIET: c->quiet = true; return 1;
     case XB_OPT_POINTS:
       if (!xb_cli_u64("--points", arg, &n)) return -1;
       c->points = (size_t)n;
@@ -76,33 +88,44 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env) {
 }
 
 size_t xb_cli_policies(const char *mode, const xb_policy **out) {
-  size_t n = 0;
-  bool all = strcmp(mode, "all") == 0;
-  for (size_t i = 0; i < sizeof xb_modes / sizeof xb_modes[0]; i++)
-    if (all || strcmp(mode, xb_modes[i]) == 0)
-      out[n++] = xb_policy_find(xb_modes[i]);
-  if (n == 0)
-    fprintf(stderr, "xseg-bench: unknown mode '%s' (expandable, classic, "
-            "exact or all)\n", mode);
-  return n;
+  if (strcmp(mode, "all") == 0) {
+    for (size_t i = 0; i < XB_N_MODES; i++) out[i] = xb_policy_find(xb_modes[i]);
+    return XB_N_MODES;
+  }
+  out[0] = xb_policy_find(mode);
+  if (out[0] != NULL) return 1;
+  fprintf(stderr, "xseg-bench: unknown mode '%s' (xseg, pytorch-expandable, "
+          "pytorch-native, exact or all; expandable and classic are xseg's "
+          "and pytorch-native's old names)\n", mode);
+  return 0;
 }
 
-static bool json_write(const char *path, const xb_result *r, size_t n) {
-  FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
-  if (f == NULL) {
-    fprintf(stderr, "xseg-bench: --json %s: %s\n", path, strerror(errno));
-    return false;
-  }
+bool xb_cli_json_open(const xb_cli *c, FILE **json) {
+  *json = NULL;
+  if (c->json == NULL) return true;
+  *json = strcmp(c->json, "-") == 0 ? stdout : fopen(c->json, "w");
+  if (*json != NULL) return true;
+  fprintf(stderr, "xseg-bench: --json %s: %s\n", c->json, strerror(errno));
+  return false;
+}
+
+void xb_cli_json_close(FILE *json) {
+  if (json != NULL && json != stdout) fclose(json);
+}
+
+static bool json_write(const char *path, FILE *f, const xb_result *r,
+                       size_t n) {
   xb_report_json(f, r, n);
-  bool ok = !ferror(f);
+  bool ok = fflush(f) == 0 && !ferror(f);
   if (f != stdout) ok = fclose(f) == 0 && ok;
   if (!ok) fprintf(stderr, "xseg-bench: --json %s: write failed\n", path);
   return ok;
 }
 
-bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n) {
+bool xb_cli_outputs(const xb_cli *c, FILE *json, const xb_result *r,
+                    size_t n) {
   bool ok = true;
-  if (c->json != NULL) ok = json_write(c->json, r, n) && ok;
+  if (json != NULL) ok = json_write(c->json, json, r, n) && ok;
   if (c->svg != NULL) {
     xb_error err;
     if (!xb_svg_write(c->svg, r, n, &err)) {

@@ -19,13 +19,14 @@ typedef struct xb_cli {
   size_t points;
   uint64_t gpu_lag_us;              /* --gpu-lag (trace microseconds) */
   bool gpu_lag_set;
+  bool quiet;                       /* --quiet: no progress, no legend */
 } xb_cli;
 
 /* Option letters of the shared options, for getopt_long tables. */
 enum {
   XB_OPT_DRIVER = 256, XB_OPT_DEVICE_MEMORY, XB_OPT_CONF, XB_OPT_MODE,
   XB_OPT_JSON, XB_OPT_SVG, XB_OPT_TRACES, XB_OPT_TRACE, XB_OPT_POINTS,
-  XB_OPT_GPU_LAG,
+  XB_OPT_GPU_LAG, XB_OPT_QUIET,
   XB_OPT_FIRST_OWN                  /* commands number theirs from here */
 };
 
@@ -39,20 +40,32 @@ enum {
   {"traces", required_argument, 0, XB_OPT_TRACES},                           \
   {"trace", required_argument, 0, XB_OPT_TRACE},                             \
   {"points", required_argument, 0, XB_OPT_POINTS},                           \
-  {"gpu-lag", required_argument, 0, XB_OPT_GPU_LAG}
+  {"gpu-lag", required_argument, 0, XB_OPT_GPU_LAG},                        \
+  {"quiet", no_argument, 0, XB_OPT_QUIET}
+
+/* --help's lines for --json, --svg, --points and --quiet. */
+extern const char xb_cli_output_help[];
 
 void xb_cli_defaults(xb_cli *c);
 /* A shared option: 1 taken, 0 not a shared one, -1 bad value (printed). */
 int xb_cli_option(xb_cli *c, int opt, const char *arg);
 /* Opens the driver and applies --device-memory; prints why on failure. */
 bool xb_cli_env_open(const xb_cli *c, xb_env *env);
-/* The policies --mode names, in report order: all three for "all".
+/* The policies --mode names, in report order: every mode for "all".
    Prints why and returns 0 for an unknown mode. */
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
 /* Where tables and summaries go: stderr when --json - takes stdout. */
 FILE *xb_cli_table_out(const xb_cli *c);
-/* Writes --json and --svg if given; prints why on failure. */
-bool xb_cli_outputs(const xb_cli *c, const xb_result *r, size_t n);
+/* Opens --json's file (stdout for "-"; NULL without --json) before a run,
+   so that a path that cannot be written fails at once instead of after
+   the run; prints why and returns false. */
+bool xb_cli_json_open(const xb_cli *c, FILE **json);
+/* Closes what xb_cli_json_open opened, when xb_cli_outputs will not. */
+void xb_cli_json_close(FILE *json);
+/* Writes the results to `json` (closing it) and --svg, if given; prints
+   why on failure. */
+bool xb_cli_outputs(const xb_cli *c, FILE *json, const xb_result *r,
+                    size_t n);
 /* Parses a whole number option; prints why on failure. */
 bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);
 

@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -24,28 +23,27 @@ static void print_intro(FILE *out, xb_env *env) {
           xb_format_bytes(env->vmm.granularity, mem, sizeof mem));
 }
 
-/* Shows "[k/n] trace mode" on stderr when someone is watching it. */
-static void progress(bool tty, size_t k, size_t n, const char *trace,
+/* "[k/n] trace, mode, lag N us" on stderr before each replay, one line
+   each (a redirected run shows its progress too), unless --quiet. */
+static void progress(bool quiet, size_t k, size_t n, const char *trace,
                      const char *mode, uint64_t lag) {
-  if (!tty) return;
-  if (trace == NULL)
-    fprintf(stderr, "\r\033[K");
-  else
-    fprintf(stderr, "\r\033[K[%zu/%zu] %s, %s mode, lag %llu us ...", k, n,
-            trace, mode, (unsigned long long)lag);
+  if (quiet) return;
+  fprintf(stderr, "[%zu/%zu] %s, %s, lag %llu us\n", k, n, trace, mode,
+          (unsigned long long)lag);
   fflush(stderr);
 }
 
 typedef struct xb_batch {
   xb_env env;
-  const xb_policy *policies[3];
+  const xb_policy *policies[XB_N_MODES];
   size_t n_policies;
   xb_replay_opts opts;
   uint64_t lags[2];                 /* replayed at each, in this order */
   size_t n_lags;
   xb_result *results;
   size_t n_results, cap_results;
-  bool tty;
+  bool quiet;
+  FILE *json;                       /* --json's file, opened first */
 } xb_batch;
 
 /* Replays one loaded trace in every policy of the batch at every lag. */
@@ -54,11 +52,10 @@ static bool batch_trace(xb_batch *b, const xb_trace *t, size_t *done,
   for (size_t k = 0; k < b->n_policies * b->n_lags; k++) {
     const xb_policy *p = b->policies[k / b->n_lags];
     b->opts.gpu_lag_us = b->lags[k % b->n_lags];
-    progress(b->tty, ++*done, total, t->name, p->name, b->opts.gpu_lag_us);
+    progress(b->quiet, ++*done, total, t->name, p->name, b->opts.gpu_lag_us);
     xb_error err;
     xb_result *r = &b->results[b->n_results];
     if (!xb_replay(&b->env, t, p, &b->opts, r, &err)) {
-      progress(b->tty, 0, 0, NULL, NULL, 0);
       fprintf(stderr, "xseg-bench: %s\n", err.text);
       return false;
     }
@@ -72,7 +69,6 @@ static bool batch_file(xb_batch *b, const char *path, size_t *done,
   xb_trace t;
   xb_error err;
   if (!xb_trace_load(path, &t, &err)) {
-    progress(b->tty, 0, 0, NULL, NULL, 0);
     fprintf(stderr, "xseg-bench: %s\n", err.text);
     return false;
   }
@@ -84,6 +80,7 @@ static bool batch_file(xb_batch *b, const char *path, size_t *done,
 static void batch_release(xb_batch *b) {
   for (size_t i = 0; i < b->n_results; i++) xb_result_release(&b->results[i]);
   free(b->results);
+  xb_cli_json_close(b->json);
 }
 
 /* Chooses the policies and lags, opens the driver and sizes the results
@@ -97,10 +94,14 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
   /* extra: built workloads replayed after the n trace files */
   b->opts = (xb_replay_opts){.conf = c->conf, .max_points = c->points,
                              .snapshot = c->svg != NULL};
-  b->tty = isatty(STDERR_FILENO);
+  b->quiet = c->quiet;
   b->n_policies = xb_cli_policies(c->mode, b->policies);
   if (b->n_policies == 0) return 2;
-  if (!xb_cli_env_open(c, &b->env)) return 1;
+  if (!xb_cli_json_open(c, &b->json)) return 1;
+  if (!xb_cli_env_open(c, &b->env)) {
+    xb_cli_json_close(b->json);
+    return 1;
+  }
   b->n_lags = 1;
   b->lags[0] = c->gpu_lag_us;
   if (compare) {
@@ -114,6 +115,7 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
   if (b->results != NULL) return -1;
   fprintf(stderr, "xseg-bench: out of host memory\n");
+  xb_cli_json_close(b->json);
   xb_env_close(&b->env);
   return 1;
 }
@@ -124,9 +126,15 @@ static bool batch_report(xb_batch *b, const xb_cli *c, uint64_t t0) {
   xb_report_table_header(out);
   for (size_t i = 0; i < b->n_results; i++)
     xb_report_table_row(out, &b->results[i]);
-  fprintf(out, "%zu replays in %.1f s\n", b->n_results,
-          (double)(xb_now_ns() - t0) * 1e-9);
-  return xb_cli_outputs(c, b->results, b->n_results);
+  fprintf(out, "%zu replay%s in %.1f s\n", b->n_results,
+          b->n_results == 1 ? "" : "s", (double)(xb_now_ns() - t0) * 1e-9);
+  if (!c->quiet) {
+    fputc('\n', out);
+    xb_report_legend(out);
+  }
+  FILE *json = b->json;
+  b->json = NULL;                   /* xb_cli_outputs closes it */
+  return xb_cli_outputs(c, json, b->results, b->n_results);
 }
 
 /* The default run's synthetic rows: varbatch's server at these stream
@@ -170,7 +178,6 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
     ok = built != NULL ? batch_trace(&b, built, &done, b.cap_results)
                        : batch_file(&b, paths[i], &done, b.cap_results);
   if (ok && is_default) ok = batch_varbatch(&b, &done, b.cap_results);
-  progress(b.tty, 0, 0, NULL, NULL, 0);
   ok = ok && batch_report(&b, c, t0);
   batch_release(&b);
   xb_env_close(&b.env);
@@ -267,21 +274,27 @@ int xb_cmd_default(int argc, char **argv) {
 
 static void replay_usage(FILE *out) {
   fprintf(out,
-          "usage: xseg-bench replay --trace FILE [--mode expandable|classic|"
-          "exact|all]\n"
+          "usage: xseg-bench replay --trace FILE [--mode M] [--gpu-lag US]\n"
           "                         [--conf STR] [--device-memory SIZE] "
           "[--driver D]\n"
-          "                         [--json OUT] [--svg OUT] [--points N]\n"
-          "  replays one RMM replay-log CSV (.csv or .csv.gz); --conf "
-          "defaults to\n"
-          "  $XSEG_ALLOC_CONF; --json - writes JSON to stdout and the table "
-          "to stderr\n");
+          "                         [--json OUT] [--svg OUT] [--points N] "
+          "[--quiet]\n"
+          "  replays one RMM replay-log CSV (.csv or .csv.gz)\n"
+          "  --mode M           xseg (default), pytorch-expandable, "
+          "pytorch-native,\n"
+          "                     exact or all (expandable and classic: xseg, "
+          "pytorch-native)\n"
+          "  --gpu-lag US       the device runs US microseconds of trace time "
+          "behind\n"
+          "                     (the emulator only; default 0)\n"
+          "  --conf STR         allocator settings; default $XSEG_ALLOC_CONF\n"
+          "%s", xb_cli_output_help);
 }
 
 int xb_cmd_replay(int argc, char **argv) {
   xb_cli c;
   xb_cli_defaults(&c);
-  c.mode = "expandable";
+  c.mode = "xseg";
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
       return replay_usage(stdout), 0;

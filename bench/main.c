@@ -3,13 +3,14 @@
  *   xseg-bench [options]                  every bundled trace, every mode,
  *                                         without and with device lag, and
  *                                         varbatch at 1, 2 and 4 streams
- *   xseg-bench replay --trace FILE [--mode expandable|classic|exact|all]
+ *   xseg-bench replay --trace FILE [--mode M] [--gpu-lag US]
  *   xseg-bench varbatch [options]         synthetic inference server
  *   xseg-bench micro [options]            cached-path and growth-path cost
  *
  * Options shared by all: --driver sim|cuda|PATH (default sim, the emulator),
  * --device-memory SIZE (the emulator's capacity), --conf STR (allocator
- * settings, PYTORCH_CUDA_ALLOC_CONF syntax), --json OUT, --svg OUT.
+ * settings, PYTORCH_CUDA_ALLOC_CONF syntax), --json OUT, --svg OUT,
+ * --quiet. Modes: xseg, pytorch-expandable, pytorch-native, exact (policy.c).
  */
 #include <stdio.h>
 #include <string.h>
@@ -22,7 +23,8 @@ static void usage(FILE *out) {
           "usage: xseg-bench [replay|varbatch|micro] [options]\n"
           "  (no command)       replay every trace in the trace folder in "
           "every mode\n"
-          "  replay --trace F   replay one RMM replay-log CSV (.csv, .csv.gz)\n"
+          "  replay --trace F   replay one RMM replay-log CSV (.csv, .csv.gz; "
+          "--help)\n"
           "  varbatch           synthetic variable-batch inference server "
           "(--help)\n"
           "  micro              cached-path and growth-path latency (--help)\n"
@@ -31,18 +33,17 @@ static void usage(FILE *out) {
           "  --device-memory S  emulated device memory, e.g. 80G\n"
           "  --conf STR         allocator settings (key:value,...); default\n"
           "                     $XSEG_ALLOC_CONF\n"
-          "  --mode M           expandable, classic, exact or all\n"
+          "  --mode M           xseg, pytorch-expandable, pytorch-native, "
+          "exact or all\n"
+          "                     (expandable and classic: xseg, "
+          "pytorch-native)\n"
           "  --traces DIR       traces for the default run (instead of the "
           "bundled ones\n"
           "                     and the varbatch rows)\n"
           "  --gpu-lag US       the device runs US microseconds of trace time "
           "behind\n"
           "                     (default run: without lag and with %d)\n"
-          "  --json OUT         results as JSON (- for stdout; the table then\n"
-          "                     goes to stderr)\n"
-          "  --svg OUT          allocated/reserved chart as SVG\n"
-          "  --points N         chart samples per replay (default %d)\n",
-          XB_DEFAULT_GPU_LAG_US, XB_DEFAULT_POINTS);
+          "%s", XB_DEFAULT_GPU_LAG_US, xb_cli_output_help);
 }
 
 int main(int argc, char **argv) {

@@ -436,16 +436,23 @@ static bool micro_valid(xb_micro *m) {
                                       "growth", "threads", "deferred"};
   bool known = m->only == NULL;
   for (size_t i = 0; i < 5 && !known; i++) known = !strcmp(m->only, names[i]);
-  const char *mode = m->cli.mode;
-  m->expandable = strcmp(mode, "expandable") == 0;
-  bool mode_ok = m->expandable || strcmp(mode, "classic") == 0;
-  if (!known || !mode_ok || m->pairs == 0 || m->rounds == 0 ||
-      m->rounds > 64 || m->live_min == 0 || m->live_max > UINT32_MAX ||
-      m->other_streams > XB_OTHER_STREAMS_MAX) {
-    fprintf(stderr, "xseg-bench micro: bad arguments (see --help)\n");
-    return false;
-  }
-  return true;
+  const xb_policy *p = xb_policy_find(m->cli.mode);
+  m->expandable = p != NULL && p == xb_policy_find("xseg");
+  bool mode_ok = m->expandable || (p != NULL && p == xb_policy_find("classic"));
+  const char *bad =
+      !known ? "--only" : !mode_ok ? "--mode" : m->pairs == 0 ? "--pairs"
+      : m->rounds == 0 || m->rounds > 64 ? "--rounds (1..64)"
+      : m->live_min == 0 ? "--live-min" : m->live_max > UINT32_MAX
+      ? "--live-max" : m->other_streams > XB_OTHER_STREAMS_MAX
+      ? "--other-streams" : NULL;
+  if (bad == NULL) return true;
+  fprintf(stderr, "xseg-bench micro: bad %s", bad);
+  if (!known) fprintf(stderr, " '%s' (cached-repeat, cached-random, growth, "
+                      "threads or deferred)", m->only);
+  if (known && !mode_ok) fprintf(stderr, " '%s' (xseg or pytorch-native)",
+                                 m->cli.mode);
+  fprintf(stderr, " (see --help)\n");
+  return false;
 }
 
 /* 1 run, 0 done (help), -1 bad arguments (printed). */

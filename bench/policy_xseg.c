@@ -1,6 +1,10 @@
 /* policy_xseg.c: the allocator through its public API (docs/DESIGN.md section 3).
  *
- * Both modes are one xseg_allocator per replay, created with the bench's
+ * Two modes: "xseg" (expandable_segments:True, the allocator as designed)
+ * and "pytorch-native" (expandable_segments:False: one physical allocation
+ * per segment, the policy of PyTorch's caching allocator without expandable
+ * segments, whose reserved bytes it reproduces). Both are one
+ * xseg_allocator per replay, created with the bench's
  * driver and expandable_segments set, then the user's --conf, parsed after
  * them (a key given twice takes its last value). Reserved bytes are the
  * allocator's own reserved_bytes gauge (mapped physical bytes); its peak is
@@ -77,28 +81,35 @@ static xseg_status xseg_policy_snapshot(void *self, FILE *out) {
   return xseg_snapshot_json(((xb_xseg *)self)->a, out);
 }
 
+static bool xseg_policy_check(void *self, xb_error *err) {
+  if (xseg_check(((xb_xseg *)self)->a) == XSEG_OK) return true;
+  return xb_fail(err, "%s", xseg_last_error());
+}
+
 static void xseg_policy_close(void *self) {
   xb_xseg *x = self;
   xseg_destroy(x->a);
   free(x);
 }
 
-const xb_policy xb_policy_expandable = {
-    .name = "expandable",
+const xb_policy xb_policy_xseg = {
+    .name = "xseg",
     .open = expandable_open,
     .malloc = xseg_policy_malloc,
     .free = xseg_policy_free,
     .usage = xseg_policy_usage,
     .snapshot = xseg_policy_snapshot,
+    .check = xseg_policy_check,
     .close = xseg_policy_close,
 };
 
-const xb_policy xb_policy_classic = {
-    .name = "classic",
+const xb_policy xb_policy_pytorch_native = {
+    .name = "pytorch-native",
     .open = classic_open,
     .malloc = xseg_policy_malloc,
     .free = xseg_policy_free,
     .usage = xseg_policy_usage,
     .snapshot = xseg_policy_snapshot,
+    .check = xseg_policy_check,
     .close = xseg_policy_close,
 };

@@ -12,9 +12,30 @@
 #include "bench.h"
 
 void xb_report_table_header(FILE *out) {
-  fprintf(out, "%-22s %-10s %7s %14s %14s %7s %10s %9s %9s %5s %10s\n",
+  fprintf(out, "%-22s %-18s %7s %14s %14s %7s %10s %9s %9s %5s %10s\n",
           "trace", "mode", "lag us", "peak alloc", "peak reserved", "frag",
           "VMM calls", "malloc ns", "free ns", "OOMs", "host waits");
+}
+
+void xb_report_legend(FILE *out) {
+  fputs("lag us         how far the device runs behind the host, in trace "
+        "microseconds (0: not at all)\n"
+        "peak alloc     most bytes live at once (requests rounded up to "
+        "512 B)\n"
+        "peak reserved  most physical bytes mapped at once\n"
+        "frag           peak reserved / peak alloc (1.000: nothing wasted)\n"
+        "VMM calls      cuMemAddressReserve/Free, cuMemCreate/Release, "
+        "cuMemMap/Unmap, cuMemSetAccess\n"
+        "malloc/free ns median host time per call, on this machine\n"
+        "OOMs           allocations that failed (the replay goes on)\n"
+        "host waits     cuStreamSynchronize, cuCtxSynchronize and "
+        "cuEventSynchronize calls\n"
+        "modes          xseg: this allocator; pytorch-expandable: PyTorch's "
+        "caching allocator with\n"
+        "               expandable_segments:True; pytorch-native: PyTorch's "
+        "default (xseg's classic\n"
+        "               mode, which reproduces it); exact: a mapping per "
+        "request, nothing cached\n", out);
 }
 
 static const char *mib(uint64_t n, char *buf, size_t size) {
@@ -31,7 +52,7 @@ static const char *ns_cell(uint64_t ns, uint64_t calls, char *buf, size_t n) {
 
 void xb_report_table_row(FILE *out, const xb_result *r) {
   char a[32], b[32], m[32], f[32];
-  fprintf(out, "%-22s %-10s %7llu %14s %14s %7.3f %10llu %9s %9s %5llu %10llu\n",
+  fprintf(out, "%-22s %-18s %7llu %14s %14s %7.3f %10llu %9s %9s %5llu %10llu\n",
           r->trace, r->mode, (unsigned long long)r->gpu_lag_us,
           mib(r->peak_allocated, a, sizeof a),
           mib(r->peak_reserved, b, sizeof b), r->fragmentation,
@@ -39,6 +60,12 @@ void xb_report_table_row(FILE *out, const xb_result *r) {
           ns_cell(r->malloc_ns.median, r->allocs, m, sizeof m),
           ns_cell(r->free_ns.median, r->frees, f, sizeof f),
           (unsigned long long)r->ooms, (unsigned long long)r->host_waits);
+}
+
+const char *xb_result_label(const xb_result *r, char *buf, size_t size) {
+  snprintf(buf, size, "%s, lag %llu us", r->mode,
+           (unsigned long long)r->gpu_lag_us);
+  return buf;
 }
 
 void xb_json_string(FILE *out, const char *s) {
@@ -111,11 +138,6 @@ static void json_object(FILE *out, const xb_result *r) {
 }
 
 void xb_report_json(FILE *out, const xb_result *r, size_t n) {
-  if (n == 1) {
-    json_object(out, r);
-    fprintf(out, "\n");
-    return;
-  }
   fprintf(out, "{\"runs\": [\n");
   for (size_t i = 0; i < n; i++) {
     json_object(out, &r[i]);

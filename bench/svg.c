@@ -18,7 +18,8 @@ enum { XB_W = 1000, XB_PANEL_H = 340, XB_PLOT_X = 90, XB_PLOT_Y = 40,
        XB_PLOT_W = 620, XB_PLOT_H = 240, XB_MAP_Y = 306 };
 
 static const char *const xb_colors[] = {"#1f77b4", "#d62728", "#2ca02c",
-                                        "#9467bd", "#ff7f0e"};
+                                        "#9467bd", "#ff7f0e", "#8c564b",
+                                        "#e377c2", "#17becf"};
 
 void xb_svg_text(FILE *f, const char *s) {
   for (; *s; s++) {
@@ -108,14 +109,14 @@ static void panel_line(FILE *f, const xb_panel *p, const xb_result *r,
 static void panel_legend(FILE *f, const xb_panel *p, size_t i,
                          const char *color) {
   const xb_result *r = &p->r[i];
-  double y = p->y0 + XB_PLOT_Y + 14 + 36 * (double)i;
+  double y = p->y0 + XB_PLOT_Y + 14 + 30 * (double)i;
   double x = XB_PLOT_X + XB_PLOT_W + 16;
-  char a[32], b[32];
+  char a[32], b[32], label[64];
   fprintf(f, "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" "
           "stroke=\"%s\" stroke-width=\"3\"/>\n", x, x + 18, y - 4, y - 4,
           color);
   fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" font-size=\"12\">%s: reserved "
-          "%s</text>\n", x + 24, y, r->mode,
+          "%s</text>\n", x + 24, y, xb_result_label(r, label, sizeof label),
           xb_format_bytes(r->peak_reserved, b, sizeof b));
   fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" font-size=\"11\" fill=\"#555\">"
           "allocated %s, fragmentation %.3f</text>\n", x + 24, y + 15,

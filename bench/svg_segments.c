@@ -215,8 +215,10 @@ static void draw_row(FILE *f, const xm_scale *sc, const xm_mode *m,
 
 static double draw_mode(FILE *f, const xm_scale *sc, const xm_mode *m,
                         double y) {
+  char label[64];
   fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"12\" "
-          "font-weight=\"bold\">%s</text>\n", XM_X, y + 14, m->r->mode);
+          "font-weight=\"bold\">%s</text>\n", XM_X, y + 14,
+          xb_result_label(m->r, label, sizeof label));
   y += XM_MODE_H;
   if (!m->ok) {
     fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" fill=\"#a00\">"

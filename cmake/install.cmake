@@ -1,6 +1,8 @@
 # Install rules: the header, libxseg.a and libxseg.so, the CMake package
 # (find_package(xseg CONFIG): xseg::xseg, xseg::xseg_static, xseg::xsim),
-# pkg-config files (xseg.pc, xseg-sim.pc) and the emulator as
+# pkg-config files (xseg.pc: libxseg.so with an rpath to it; xseg-static.pc:
+# libxseg.a by path, as `pkg-config --static --libs xseg` cannot pick the
+# archive over the .so; xseg-sim.pc) and the emulator as
 # lib/xseg/libcuda.so.1 with include/xseg/xsim.h. The emulator lives in a
 # folder of its own so that it never shadows a real libcuda.so.1; xseg finds
 # it there relative to itself (vmm/driver_load.c).
@@ -17,6 +19,7 @@ install(TARGETS xsim EXPORT xsegTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg)
 install(EXPORT xsegTargets NAMESPACE xseg:: DESTINATION ${XSEG_CMAKE_DIR})
 
+set(XSEG_CUDA_INCLUDE_DIRS ${CUDAToolkit_INCLUDE_DIRS})
 configure_package_config_file(cmake/xsegConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/xsegConfig.cmake
   INSTALL_DESTINATION ${XSEG_CMAKE_DIR})
@@ -36,7 +39,7 @@ if(CMAKE_DL_LIBS)
   string(APPEND XSEG_PC_LIBS_PRIVATE " -l${CMAKE_DL_LIBS}")
 endif()
 string(JOIN " -I" XSEG_PC_CUDA_CFLAGS "" ${CUDAToolkit_INCLUDE_DIRS})
-foreach(pc xseg xseg-sim)
+foreach(pc xseg xseg-static xseg-sim)
   configure_file(cmake/${pc}.pc.in ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc @ONLY)
   install(FILES ${CMAKE_CURRENT_BINARY_DIR}/${pc}.pc
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -145,16 +145,21 @@ XSEG_TEST(bench, exact_replay_matches_hand_computed_peaks) {
   xb_env_close(&env);
 }
 
-/* The allocator's modes see the same workload: the same peak allocated, no
-   OOM, and every byte they map is at least what is live. */
+/* The caching modes see the same workload: the same peak allocated, no
+   OOM, and every byte they map is at least what is live. The old names
+   stay aliases of xseg's two modes. */
 XSEG_TEST(bench, allocator_modes_replay_the_small_trace) {
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
   xb_trace t;
   XSEG_ASSERT_TRUE(load_small_trace(&t));
   xb_error err;
-  const char *modes[2] = {"expandable", "classic"};
-  for (int i = 0; i < 2; i++) {
+  XSEG_EXPECT_TRUE(xb_policy_find("expandable") == xb_policy_find("xseg"));
+  XSEG_EXPECT_TRUE(xb_policy_find("classic") ==
+                   xb_policy_find("pytorch-native"));
+  XSEG_EXPECT_TRUE(xb_policy_find("nosuch") == NULL);
+  const char *modes[3] = {"xseg", "pytorch-native", "pytorch-expandable"};
+  for (int i = 0; i < 3; i++) {
     const xb_policy *p = xb_policy_find(modes[i]);
     XSEG_ASSERT_TRUE(p != NULL);
     xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = false};
@@ -341,6 +346,8 @@ XSEG_TEST(bench, replay_json_parses_and_has_contract_fields) {
   XSEG_EXPECT_EQ(rc, 0);
   XSEG_ASSERT_TRUE(text != NULL);
   XSEG_EXPECT_TRUE(json_valid(text));
+  /* One replay has the shape of many: a list of runs. */
+  XSEG_EXPECT_TRUE(strncmp(text, "{\"runs\": [\n{", 12) == 0);
   for (size_t i = 0; i < sizeof contract_fields / sizeof *contract_fields; i++)
     if (strstr(text, contract_fields[i]) == NULL)
       XSEG_FAIL("JSON lacks %s:\n%s", contract_fields[i], text);
@@ -369,8 +376,9 @@ XSEG_TEST(bench, default_run_writes_runs_json_and_svg) {
   XSEG_EXPECT_TRUE(j != NULL && json_valid(j));
   XSEG_EXPECT_TRUE(j != NULL && strncmp(j, "{\"runs\": [", 10) == 0 &&
                    strstr(j, "\"mode\": \"exact\"") != NULL);
-  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"expandable\"") &&
-                   strstr(j, "\"mode\": \"classic\""));
+  XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"mode\": \"xseg\"") &&
+                   strstr(j, "\"mode\": \"pytorch-native\"") &&
+                   strstr(j, "\"mode\": \"pytorch-expandable\""));
   /* Each trace without and with the default lag (on the emulator, whose
      clock models it), never a host wait. */
   XSEG_EXPECT_TRUE(j != NULL && strstr(j, "\"gpu_lag_us\": 0,"));
@@ -446,7 +454,7 @@ XSEG_TEST(bench, snapshot_of_a_replay_reads_back) {
   xb_error err;
   xb_replay_opts o = {.conf = NULL, .max_points = 8, .snapshot = true};
   xb_result r;
-  XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("expandable"), &o, &r,
+  XSEG_ASSERT_TRUE(xb_replay(&env, &t, xb_policy_find("xseg"), &o, &r,
                              &err));
   XSEG_ASSERT_TRUE(r.snapshot != NULL);
   xb_snapshot s;
@@ -487,7 +495,7 @@ XSEG_TEST(bench, svg_draws_the_segment_map_by_state) {
   xb_result r;
   memset(&r, 0, sizeof r);
   snprintf(r.trace, sizeof r.trace, "hand");
-  snprintf(r.mode, sizeof r.mode, "expandable");
+  snprintf(r.mode, sizeof r.mode, "xseg");
   r.peak_allocated = r.peak_reserved = 5 * MIB;
   r.events = 1;
   r.snapshot = (char *)hand_snapshot;
@@ -522,9 +530,14 @@ XSEG_TEST(bench, replay_svg_has_a_map_per_allocator_mode) {
   unlink(svg);
   XSEG_ASSERT_TRUE(s != NULL);
   XSEG_EXPECT_EQ(count_of(s, "segment map at the allocated peak"), 1);
-  XSEG_EXPECT_TRUE(strstr(s, "font-weight=\"bold\">expandable</text>") &&
-                   strstr(s, "font-weight=\"bold\">classic</text>"));
-  XSEG_EXPECT_FALSE(strstr(s, "font-weight=\"bold\">exact</text>"));
+  /* Labels name the mode and the lag (the default run has two lags). */
+  XSEG_EXPECT_TRUE(strstr(s, "font-weight=\"bold\">xseg, lag 0 us</text>") &&
+                   strstr(s, "font-weight=\"bold\">pytorch-native, lag 0 us"
+                             "</text>"));
+  XSEG_EXPECT_TRUE(strstr(s, ">xseg, lag 0 us: reserved ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(s, ">pytorch-expandable, lag 0 us: reserved ") !=
+                   NULL);
+  XSEG_EXPECT_FALSE(strstr(s, "font-weight=\"bold\">exact"));
   XSEG_EXPECT_GE(count_of(s, "class=\"seg-allocated\""), 2);
   XSEG_EXPECT_TRUE(strstr(s, "mapped in 1 segment") != NULL ||
                    strstr(s, "segments</text>") != NULL);
@@ -695,7 +708,7 @@ XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
   XSEG_ASSERT_TRUE(loaded);
   xb_env env;
   XSEG_ASSERT_OK(xb_env_open(&env, test_driver()));
-  for (size_t m = 0; m < 3; m++) {
+  for (size_t m = 0; m < XB_N_MODES; m++) {
     const xb_policy *p = xb_policy_find(xb_modes[m]);
     xb_replay_opts o = {.max_points = 0, .gpu_lag_us = 500};
     xb_result r[2];
@@ -720,4 +733,125 @@ XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
   }
   xb_trace_release(&t);
   xb_env_close(&env);
+}
+
+/* ---- the command line as a user meets it ------------------------------- */
+
+/* What a command printed: stdout, stderr and its exit code. */
+typedef struct captured {
+  char *out, *err;
+  int rc;
+} captured;
+
+/* Runs cmd with stdout and stderr sent to temporary files. */
+static captured run_captured(int (*cmd)(int, char **), int argc,
+                             char **argv) {
+  captured c = {NULL, NULL, -1};
+  char out[256], err[256];
+  if (!temp_write(out, sizeof out, ".out", "", false) ||
+      !temp_write(err, sizeof err, ".err", "", false))
+    return c;
+  fflush(stdout);
+  fflush(stderr);
+  int saved_out = dup(1), saved_err = dup(2);
+  FILE *fo = fopen(out, "w"), *fe = fopen(err, "w");
+  if (fo != NULL && fe != NULL && saved_out >= 0 && saved_err >= 0) {
+    dup2(fileno(fo), 1);
+    dup2(fileno(fe), 2);
+    c.rc = cmd(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+  }
+  if (fo != NULL) fclose(fo);
+  if (fe != NULL) fclose(fe);
+  if (saved_out >= 0) close(saved_out);
+  if (saved_err >= 0) close(saved_err);
+  c.out = file_read(out);
+  c.err = file_read(err);
+  unlink(out);
+  unlink(err);
+  return c;
+}
+
+static void captured_release(captured *c) {
+  free(c->out);
+  free(c->err);
+}
+
+/* A replay prints a legend after its table and a line of progress per
+   replay on stderr, also when stderr is not a terminal (as here); --quiet
+   prints neither. */
+XSEG_TEST(bench_cli, legend_after_the_table_and_progress_per_replay) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *argv[] = {"replay", "--trace", trace, "--mode", "all", "--driver",
+                  (char *)test_driver(), "--quiet", NULL};
+  captured loud = run_captured(xb_cmd_replay, 7, argv);
+  captured quiet = run_captured(xb_cmd_replay, 8, argv);
+  unlink(trace);
+  XSEG_ASSERT_TRUE(loud.out != NULL && loud.err != NULL);
+  XSEG_ASSERT_TRUE(quiet.out != NULL && quiet.err != NULL);
+  XSEG_EXPECT_EQ(loud.rc, 0);
+  XSEG_EXPECT_EQ(quiet.rc, 0);
+  const char *table = strstr(loud.out, "4 replays in ");
+  const char *legend = strstr(loud.out, "frag           peak reserved / peak");
+  XSEG_EXPECT_TRUE(table != NULL && legend != NULL && legend > table);
+  XSEG_EXPECT_TRUE(strstr(loud.out, "median host time") != NULL);
+  XSEG_EXPECT_EQ(count_of(loud.err, "\n"), XB_N_MODES);
+  XSEG_EXPECT_TRUE(strncmp(loud.err, "[1/4] xseg_bench_", 17) == 0);
+  XSEG_EXPECT_TRUE(strstr(loud.err, ", xseg, lag 0 us\n[2/4] ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(loud.err, ", exact, lag 0 us\n") != NULL);
+  XSEG_EXPECT_TRUE(strstr(quiet.out, "4 replays in ") != NULL);
+  XSEG_EXPECT_TRUE(strstr(quiet.out, "peak reserved / peak") == NULL);
+  XSEG_EXPECT_STREQ(quiet.err, "");
+  captured_release(&loud);
+  captured_release(&quiet);
+}
+
+/* --json that cannot be written fails before the first replay. */
+XSEG_TEST(bench_cli, unwritable_json_fails_before_the_run) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *argv[] = {"replay", "--trace", trace, "--json",
+                  "/nonexistent-dir/out.json", "--driver",
+                  (char *)test_driver(), NULL};
+  captured c = run_captured(xb_cmd_replay, 7, argv);
+  unlink(trace);
+  XSEG_ASSERT_TRUE(c.out != NULL && c.err != NULL);
+  XSEG_EXPECT_EQ(c.rc, 1);
+  XSEG_EXPECT_TRUE(strstr(c.err, "--json /nonexistent-dir/out.json: No such "
+                                 "file or directory") != NULL);
+  XSEG_EXPECT_TRUE(strstr(c.err, "[1/") == NULL);
+  XSEG_EXPECT_TRUE(strstr(c.out, "peak alloc") == NULL);
+  captured_release(&c);
+}
+
+/* Help lists what README documents; a bad value is named. */
+XSEG_TEST(bench_cli, help_lists_options_and_errors_name_the_value) {
+  char *help[] = {"replay", "--help", NULL};
+  captured h = run_captured(xb_cmd_replay, 2, help);
+  XSEG_ASSERT_TRUE(h.out != NULL);
+  XSEG_EXPECT_EQ(h.rc, 0);
+  const char *want[] = {"--gpu-lag US", "--json OUT", "{\"runs\": [",
+                        "--quiet", "pytorch-expandable", "--points N"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    if (strstr(h.out, want[i]) == NULL)
+      XSEG_FAIL("replay --help lacks %s:\n%s", want[i], h.out);
+  captured_release(&h);
+  char *micro[] = {"micro", "--only", "nosuch", NULL};
+  captured m = run_captured(xb_cmd_micro, 3, micro);
+  XSEG_ASSERT_TRUE(m.err != NULL);
+  XSEG_EXPECT_EQ(m.rc, 2);
+  XSEG_EXPECT_TRUE(strstr(m.err, "--only 'nosuch'") != NULL);
+  captured_release(&m);
+  char *mode[] = {"replay", "--trace", "x.csv", "--mode", "nosuch", NULL};
+  captured r = run_captured(xb_cmd_replay, 5, mode);
+  XSEG_ASSERT_TRUE(r.err != NULL);
+  XSEG_EXPECT_EQ(r.rc, 2);
+  XSEG_EXPECT_TRUE(strstr(r.err, "unknown mode 'nosuch'") != NULL);
+  captured_release(&r);
 }

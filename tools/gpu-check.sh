@@ -108,7 +108,7 @@ if [ "$driver" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 echo "== build ($build, tests against the $test_driver driver)"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DXSEG_BUILD_TESTS=ON \
       -DXSEG_TEST_DRIVER="$test_driver"
 cmake --build "$build" -j"$jobs"
 

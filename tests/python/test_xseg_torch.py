@@ -4,13 +4,35 @@ into OutOfMemoryError with xseg's message.
 
 Environment (set by tests/CMakeLists.txt): XSEG_LIBRARY (libxseg.so),
 XSEG_TEST_SIM (the emulator, for the context and streams this program makes
-itself), XSEG_ALLOC_CONF=xseg_driver:sim, PYTHONPATH=python/.
+itself), XSEG_ALLOC_CONF=xseg_driver:sim, PYTHONPATH=python/. Run directly,
+`python3 tests/python/test_xseg_torch.py [BUILD_DIR]` takes what is unset
+from a build tree (./build unless given).
 """
 import ctypes
 import os
 import sys
 
-import xseg_torch
+
+def defaults_from_build_tree():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                            os.path.join(root, "build"))
+    found = {"XSEG_LIBRARY": os.path.join(build, "libxseg.so.0"),
+             "XSEG_TEST_SIM": os.path.join(build, "sim", "libcuda.so.1")}
+    for key, path in found.items():
+        if key not in os.environ and not os.path.exists(path):
+            sys.exit("test_xseg_torch.py: no %s (%s unset); build first "
+                     "(cmake -S . -B build && cmake --build build) or name "
+                     "the build folder: python3 %s BUILD_DIR" %
+                     (path, key, sys.argv[0]))
+        os.environ.setdefault(key, path)
+    os.environ.setdefault("XSEG_ALLOC_CONF", "xseg_driver:sim")
+    sys.path.insert(0, os.path.join(root, "python"))
+
+
+defaults_from_build_tree()
+import xseg_torch  # noqa: E402  (after the path above)
 
 MiB = 1 << 20
 failures = []
