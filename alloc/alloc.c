@@ -22,6 +22,7 @@
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
 #include "alloc/enter.h"
+#include "alloc/frees.h"
 #include "alloc/grow.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"

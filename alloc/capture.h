@@ -1,15 +1,12 @@
-/* capture.h: graph capture's private pools (capture.c) and the calling
- * thread's capture mode around xseg's own queries (capture_mode.c).
+/* capture.h: graph capture's private pools (capture.c). Whether a capture
+ * is under way and the thread's capture mode are capture_mode.h's.
  */
 #ifndef XS_ALLOC_CAPTURE_H
 #define XS_ALLOC_CAPTURE_H
 
+#include "alloc/capture_mode.h"
 #include "alloc/types.h"
 
-/* Graph capture (capture.c). */
-static inline bool xs_alloc_capturing(const xseg_allocator *a) {
-  return a->n_captures != 0;
-}
 /* The private pools that allocations on `stream` go to, or NULL. */
 xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
                                          struct CUstream_st *stream);
@@ -25,12 +22,5 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a);
    detects unannounced captures on every stream with pools. Context
    current. */
 xseg_status xs_capture_sweep_locked(xseg_allocator *a);
-
-/* The calling thread's stream-capture mode, relaxed around xseg's own
-   event and stream queries (capture_mode.c); *saved is the caller's mode,
-   which xs_capture_mode_restore puts back. */
-xseg_status xs_capture_mode_relax(xseg_allocator *a,
-                                  CUstreamCaptureMode *saved);
-void xs_capture_mode_restore(xseg_allocator *a, CUstreamCaptureMode saved);
 
 #endif /* XS_ALLOC_CAPTURE_H */

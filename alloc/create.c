@@ -12,6 +12,7 @@
 #include "alloc/check.h"
 #include "alloc/deferred.h"
 #include "alloc/enter.h"
+#include "alloc/frees.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"

@@ -30,7 +30,6 @@
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
 #include "alloc/enter.h"
-#include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/park.h"
 #include "alloc/ranges.h"

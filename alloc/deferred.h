@@ -1,5 +1,6 @@
-/* deferred.h: frees that wait: cross-stream frees behind events
- * (deferred.c) and the completion of every free that waits (frees.c).
+/* deferred.h: frees that wait on work recorded on other streams: queued
+ * behind events, per pair (deferred.c). The completion of every free that
+ * waits is frees.h's.
  */
 #ifndef XS_ALLOC_DEFERRED_H
 #define XS_ALLOC_DEFERRED_H
@@ -20,9 +21,6 @@ xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
    (cuEventSynchronize). Records the events of frees made during a capture
    once none is under way; does nothing while one is. Enters the context. */
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
-/* Every free that waits: blocks other processes let go of (IPC) go
-   pending, then xs_alloc_process_pending_locked (frees.c). */
-xseg_status xs_alloc_complete_frees_locked(xseg_allocator *a, bool wait);
 /* Queued or parked, every pending free is counted in pending_blocks: one
    load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {

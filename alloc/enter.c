@@ -7,7 +7,7 @@
  */
 #include <stdatomic.h>
 
-#include "alloc/capture.h"
+#include "alloc/capture_mode.h"
 #include "alloc/check.h"
 #include "alloc/enter.h"
 #include "alloc/pairs.h"

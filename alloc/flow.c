@@ -54,6 +54,7 @@
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/frees.h"
 #include "alloc/pairs.h"
 #include "alloc/reclaim.h"
 #include "alloc/types.h"

@@ -36,14 +36,6 @@ xs_flow_plan xs_flow_plan_for(const xseg_allocator *a, const xs_place *pl);
 bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes);
 xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes);
 
-/* The most xseg may have mapped: the cap, or more while a cap lowered
-   under what was mapped (xseg_set_memory_fraction) has not been reached
-   again. The fraction limits growth only: nothing is unmapped for it, and
-   memory that merely moves may stay above it. */
-static inline size_t xs_flow_mapped_most(const xseg_allocator *a) {
-  return a->cap_over > a->cap ? a->cap_over : a->cap;
-}
-
 /* Gets handles for at least pl->n granules (at most `max`) into
    handles[0..*have), a run of equal values being one handle: the
    stream's own free memory, then other streams', then new memory. Fails

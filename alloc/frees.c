@@ -7,6 +7,7 @@
  * and neither calls back into the other.
  */
 #include "alloc/deferred.h"
+#include "alloc/frees.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
 

@@ -32,6 +32,7 @@
 #include "alloc/capture.h"
 #include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/frees.h"
 #include "alloc/grow.h"
 #include "alloc/pairs.h"
 #include "alloc/policy.h"

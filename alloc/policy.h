@@ -53,4 +53,12 @@ static inline bool xs_alloc_should_split(const xseg_allocator *a,
 
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded);
 
+/* The most xseg may have mapped: the cap, or more while a cap lowered
+   under what was mapped (xseg_set_memory_fraction) has not been reached
+   again. The fraction limits growth only: nothing is unmapped for it, and
+   memory that merely moves may stay above it. */
+static inline size_t xs_alloc_mapped_most(const xseg_allocator *a) {
+  return a->cap_over > a->cap ? a->cap_over : a->cap;
+}
+
 #endif /* XS_ALLOC_POLICY_H */

@@ -188,7 +188,7 @@ struct xseg_allocator {
   size_t cap_over;                    /* what was mapped when the cap was
                                          lowered under it, until a growth
                                          ends within the cap (0: none);
-                                         see xs_flow_mapped_most */
+                                         see xs_alloc_mapped_most */
   /* Cross-stream safety (alloc/deferred.c, alloc/reclaim.c). */
   xs_event_pool events;               /* the unmap guards' events */
   bool flow_at_limit;                 /* the out-of-memory path's last try

@@ -9,7 +9,9 @@ call, a variable, a thread-local), and fails when
   - files call each other in a circle (a strongly connected component of
     more than one file), or
   - a file calls up the layers: vmm < segments < streams < alloc, and
-    inside alloc/ up its rooms (ALLOC_ROOMS below, lowest first).
+    inside alloc/ up its rooms (ALLOC_ROOMS below, lowest first), or
+  - a file of alloc/ includes a header of a higher room (what an inline
+    function or a struct brings leaves no symbol to see).
 
 An inline function of a header counts where it lands: a call it makes that
 the compiler leaves out of line is the including file's. That is the point:
@@ -23,6 +25,7 @@ Exit status 0 when there is no circle and no upward call, 1 otherwise.
 """
 import fnmatch
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -55,6 +58,50 @@ def room_of(path):
         if any(fnmatch.fnmatchcase(name, f) for f in files.split()):
             return i
     return None
+
+
+# Headers of alloc/ whose room is not that of the .c file of the same name.
+HEADER_ROOMS = {"types.h": "base", "account.h": "base", "park.h": "pairs",
+                "ipc.h": "ipc"}
+
+
+def header_room(name):
+    """The index in ALLOC_ROOMS of header alloc/<name>, or None."""
+    names = [n for n, _ in ALLOC_ROOMS]
+    if name in HEADER_ROOMS:
+        return names.index(HEADER_ROOMS[name])
+    return room_of("alloc/" + name[:-2] + ".c")
+
+
+def include_problems():
+    """Lines about includes of alloc/'s headers that go up its rooms."""
+    out = []
+    top = os.path.join(REPO, "alloc")
+    if not os.path.isdir(top):
+        return out
+    names = [n for n, _ in ALLOC_ROOMS]
+    for f in sorted(os.listdir(top)):
+        if f.endswith(".c"):
+            mine = room_of("alloc/" + f)
+        elif f.endswith(".h"):
+            mine = header_room(f)
+        else:
+            continue
+        if mine is None:
+            if f.endswith(".h"):
+                out.append(f"alloc/{f}: in no room of alloc/ "
+                           "(tools/layers.py, HEADER_ROOMS)")
+            continue
+        with open(os.path.join(top, f)) as src:
+            for line in src:
+                m = re.match(r'\s*#\s*include\s+"alloc/([\w.]+\.h)"', line)
+                if m is None:
+                    continue
+                theirs = header_room(m.group(1))
+                if theirs is not None and theirs > mine:
+                    out.append(f"upward include: alloc/{f} ({names[mine]}) "
+                               f"-> alloc/{m.group(1)} ({names[theirs]})")
+    return out
 
 
 def rank(path):
@@ -194,6 +241,9 @@ def main(argv):
                 print(f"upward call: {src} -> {dst}: "
                       f"{' '.join(edges[src][dst])}")
                 bad += 1
+    for line in include_problems():
+        print(line)
+        bad += 1
     for comp in circles(objs.keys(), edges):
         print("circle: " + " ".join(comp))
         members = set(comp)

@@ -4,7 +4,8 @@
 Builds a small tree of objects laid out as CMake lays out the library's
 (BUILD/CMakeFiles/xseg_<layer>.dir/<layer>/<file>.c.o) with one call up
 the layers (vmm -> segments), one circle between two files of alloc/, one
-call up alloc/'s rooms (base -> entry) and one file of alloc/ in no room,
+call up alloc/'s rooms (base -> entry), one file of alloc/ in no room and
+one include of a higher room's header (pairs -> growth),
 and checks that layers.py reports each one and fails; then that a clean
 tree passes. Usage: tools/layers_test.py [CC]
 """
@@ -24,6 +25,8 @@ BAD = {
     "alloc/thread.c": "int entry_top(void); int base_low(void) { return entry_top(); }",
     "alloc/alloc.c": "int entry_top(void) { return 2; }",
     "alloc/nowhere.c": "int nowhere(void) { return 3; }",
+    "alloc/ranges.c": '#include "alloc/grow.h"\nint ranges(void) { return 4; }',
+    "alloc/grow.h": "",
 }
 GOOD = {
     "vmm/low.c": "int vmm_low(void) { return 1; }",
@@ -41,11 +44,15 @@ def run(tree):
             os.makedirs(os.path.dirname(src), exist_ok=True)
             with open(src, "w") as f:
                 f.write(text + "\n")
+        for path in tree:
+            if not path.endswith(".c"):
+                continue
+            src = os.path.join(repo, path)
             layer = path.split("/")[0]
             obj = os.path.join(build, "CMakeFiles", f"xseg_{layer}.dir",
                                path + ".o")
             os.makedirs(os.path.dirname(obj), exist_ok=True)
-            subprocess.run([CC, "-c", src, "-o", obj], check=True)
+            subprocess.run([CC, "-I", repo, "-c", src, "-o", obj], check=True)
         r = subprocess.run([sys.executable, os.path.join(HERE, "layers.py"),
                             build, "--repo", repo],
                            capture_output=True, text=True)
@@ -59,7 +66,9 @@ def main():
     for want in ["upward call: vmm/low.c -> segments/high.c: seg_high",
                  "circle: alloc/enter.c alloc/pairs.c",
                  "upward call: alloc/thread.c -> alloc/alloc.c: entry_top",
-                 "alloc/nowhere.c: in no room of alloc/"]:
+                 "alloc/nowhere.c: in no room of alloc/",
+                 "upward include: alloc/ranges.c (pairs) -> alloc/grow.h "
+                 "(growth)"]:
         if want not in out:
             print(f"layers_test: missing: {want}")
             failed += 1
