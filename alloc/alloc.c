@@ -264,11 +264,17 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
                                 held);
 }
 
-/* xs_config_round_size, with its common case inline: every size up to
-   1 MiB falls in the first roundup_power2_divisions interval, and without
-   divisions there it is rounded to 512 bytes. */
+/* xs_config_round_size, with its common case inline: a size whose
+   roundup_power2_divisions interval (floor(log2(size)) - 20, clamped to
+   [0, XS_ROUNDUP_INTERVALS - 1]: every size under 2 MiB in the first) has
+   no divisions is rounded to 512 bytes, which cannot overflow up to
+   XS_MAX_REQUEST. */
 static inline bool alloc_rounds_plain(const xs_config *c, size_t size) {
-  return size <= XS_SMALL_SIZE && c->roundup_power2_divisions[0] <= 1;
+  if (__builtin_expect(size < ((size_t)2 << 20), 1))
+    return c->roundup_power2_divisions[0] <= 1;
+  unsigned idx = 43u - (unsigned)__builtin_clzll(size);   /* log2 - 20 */
+  if (idx > XS_ROUNDUP_INTERVALS - 1) idx = XS_ROUNDUP_INTERVALS - 1;
+  return size <= XS_MAX_REQUEST && c->roundup_power2_divisions[idx] <= 1;
 }
 static inline size_t alloc_round_plain(size_t size) {
   return size <= XS_MIN_BLOCK ? XS_MIN_BLOCK
@@ -398,9 +404,9 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
 }
 
-/* A small size on the thread's last stream, its pair lock free: the
-   repeated size's retake (alloc_retake_again), else alloc_malloc_pair with
-   that lock; anything else is alloc_malloc_any's. */
+/* A size on the thread's last stream, its pair lock free: the repeated
+   size's retake (alloc_retake_again), else alloc_malloc_pair with that
+   lock; anything else is alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   /* One test each: joined by ||, the compiler computes them as flags. */

@@ -4,14 +4,20 @@
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "alloc/ptrtable.h"
 
 enum { XS_PTRTABLE_INITIAL_BITS = 12 };
 
 static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
-  xs_ptrtable_slot *s = calloc((size_t)1 << bits, sizeof *s);
+  /* On lines of its own: the cached path writes it (segments/block.h). */
+  size_t n = (size_t)1 << bits;
+  if (n > SIZE_MAX / sizeof(xs_ptrtable_slot)) return false;
+  size_t bytes = n * sizeof(xs_ptrtable_slot);
+  xs_ptrtable_slot *s = xs_lines_alloc(bytes);
   if (s == NULL) return false;
+  memset(s, 0, bytes);
   *t = (xs_ptrtable){.slot = s, .mask = ((size_t)1 << bits) - 1,
                      .count = 0, .limit = (size_t)1 << (bits - 1),
                      .shift = 64 - bits};

@@ -5,9 +5,13 @@
  * is not in the number), median over --rounds. "cached-repeat" allocates and
  * frees one size; "cached-random" keeps L blocks live (L = 10^3 .. --live-max)
  * and replaces a random one by a block of a random size (1..4096 B) per
- * pair. glibc's malloc/free runs the very same size and victim sequence in
- * the same process, round for round interleaved with xseg's, as the baseline
- * that is always there. Growth path and thread scaling: micro_growth.c;
+ * pair; "cached-mixed" does the same with --mixed-live blocks of sizes
+ * spread over both pools (1 KiB .. 2 MiB, as many of each power of two);
+ * "cached-layers" is a model's layer pattern: a batch of tensors of
+ * several sizes in both pools allocated in turn, then freed in reverse
+ * order, over and over. glibc's malloc/free runs the very same size and
+ * victim sequence in the same process, round for round interleaved with
+ * xseg's, as the baseline that is always there. Growth path and thread scaling: micro_growth.c;
  * deferred (cross-stream) frees: micro_deferred.c.
  */
 #include <stdlib.h>
@@ -16,6 +20,21 @@
 #include "micro.h"
 
 enum { XB_RANDOM_MAX_SIZE = 4096, XB_REPEAT_SIZE = 4096 };
+
+/* cached-mixed's sizes: a power of two 2^e, e in [10, 21), then uniform
+   in [2^e, 2^(e+1)): 1 KiB .. 2 MiB - 1, as tensor sizes spread over
+   orders of magnitude; one request in 11 goes to the large pool (above
+   1 MiB), about half of the bytes; a mean near 290 KiB. */
+enum { XB_MIXED_MIN_LOG = 10, XB_MIXED_LOGS = 11 };
+
+/* cached-layers' batch, one layer's tensors in allocation order (a
+   transformer block's activations at a small batch: biases and norms,
+   attention and MLP outputs), a pair per tensor. */
+static const uint32_t xb_layer_sizes[] = {
+    3 << 10,   48 << 10, 192 << 10, 1 << 20,
+    3 << 19,   4 << 20,  6 << 20,   12 << 20,
+};
+enum { XB_LAYER_TENSORS = sizeof xb_layer_sizes / sizeof *xb_layer_sizes };
 
 bool xb_micro_allocator(xb_micro *m, xseg_allocator **out) {
   if (xb_xseg_create(&m->env, m->cli.conf, m->expandable, out) == XSEG_OK)
@@ -77,6 +96,7 @@ static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
    set, then per pair the victim's index and the new size. */
 typedef struct xb_churn {
   uint64_t live, pairs;
+  bool mixed;                       /* cached-mixed's sizes, else 1..4096 */
   uint32_t *init_size, *victim, *size;
   void **xseg_live, **glibc_live;
 } xb_churn;
@@ -88,6 +108,13 @@ static uint64_t churn_rng(uint64_t *s) {   /* splitmix64 */
   return z ^ (z >> 31);
 }
 
+static uint32_t churn_size(const xb_churn *c, uint64_t *s) {
+  if (!c->mixed) return (uint32_t)(churn_rng(s) % XB_RANDOM_MAX_SIZE + 1);
+  uint64_t r = churn_rng(s);
+  unsigned e = XB_MIXED_MIN_LOG + (unsigned)(r % XB_MIXED_LOGS);
+  return (uint32_t)((1ull << e) + (r >> 8) % (1ull << e));
+}
+
 static void churn_release(xb_churn *c) {
   free(c->init_size);
   free(c->victim);
@@ -97,8 +124,8 @@ static void churn_release(xb_churn *c) {
 }
 
 static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
-                       uint64_t seed) {
-  *c = (xb_churn){.live = live, .pairs = pairs};
+                       bool mixed, uint64_t seed) {
+  *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed};
   c->init_size = malloc(live * sizeof *c->init_size);
   c->victim = malloc(pairs * sizeof *c->victim);
   c->size = malloc(pairs * sizeof *c->size);
@@ -109,10 +136,10 @@ static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
     return churn_release(c), false;
   uint64_t s = seed;
   for (uint64_t i = 0; i < live; i++)
-    c->init_size[i] = (uint32_t)(churn_rng(&s) % XB_RANDOM_MAX_SIZE + 1);
+    c->init_size[i] = churn_size(c, &s);
   for (uint64_t i = 0; i < pairs; i++) {
     c->victim[i] = (uint32_t)(churn_rng(&s) % live);
-    c->size[i] = (uint32_t)(churn_rng(&s) % XB_RANDOM_MAX_SIZE + 1);
+    c->size[i] = churn_size(c, &s);
   }
   return true;
 }
@@ -161,10 +188,11 @@ static void churn_glibc(xb_churn *c, double *ns) {
   *ns = (double)(xb_now_ns() - t0) / (double)c->pairs;
 }
 
-static bool cached_random(xb_micro *m, xseg_allocator *a, uint64_t live,
-                          xb_cached_row *row) {
+static bool cached_random(xb_micro *m, xseg_allocator *a, const char *name,
+                          uint64_t live, xb_cached_row *row) {
   xb_churn c;
-  if (!churn_init(&c, live, m->pairs, m->seed + live)) return false;
+  bool mixed = strcmp(name, "cached-mixed") == 0;
+  if (!churn_init(&c, live, m->pairs, mixed, m->seed + live)) return false;
   double xs[64], gl[64];
   bool ok = churn_fill(&c, a);
   for (size_t r = 0; ok && r < m->rounds; r++) {
@@ -174,15 +202,60 @@ static bool cached_random(xb_micro *m, xseg_allocator *a, uint64_t live,
   churn_drain(&c, a);
   churn_release(&c);
   if (ok)
-    *row = (xb_cached_row){"cached-random", live, m->pairs,
-                           median(xs, m->rounds), median(gl, m->rounds)};
+    *row = (xb_cached_row){name, live, m->pairs, median(xs, m->rounds),
+                           median(gl, m->rounds)};
   return ok;
+}
+
+/* cached-layers: `pairs` rounded down to whole batches (at least one). */
+static uint64_t layer_batches(uint64_t pairs) {
+  return pairs < XB_LAYER_TENSORS ? 1 : pairs / XB_LAYER_TENSORS;
+}
+
+static bool layers_xseg(xseg_allocator *a, uint64_t batches, double *ns) {
+  void *t[XB_LAYER_TENSORS];
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < batches; i++) {
+    for (size_t j = 0; j < XB_LAYER_TENSORS; j++)
+      if (xseg_malloc(a, xb_layer_sizes[j], NULL, &t[j]) != XSEG_OK)
+        return false;
+    for (size_t j = XB_LAYER_TENSORS; j-- > 0;)
+      if (xseg_free(a, t[j]) != XSEG_OK) return false;
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)(batches * XB_LAYER_TENSORS);
+  return true;
+}
+
+static void layers_glibc(uint64_t batches, double *ns) {
+  void *t[XB_LAYER_TENSORS];
+  uint64_t t0 = xb_now_ns();
+  for (uint64_t i = 0; i < batches; i++) {
+    for (size_t j = 0; j < XB_LAYER_TENSORS; j++) {
+      t[j] = malloc(xb_layer_sizes[j]);
+      XB_ESCAPE(t[j]);
+    }
+    for (size_t j = XB_LAYER_TENSORS; j-- > 0;) free(t[j]);
+  }
+  *ns = (double)(xb_now_ns() - t0) / (double)(batches * XB_LAYER_TENSORS);
+}
+
+static bool cached_layers(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
+  double xs[64], gl[64];
+  uint64_t batches = layer_batches(m->pairs);
+  for (size_t r = 0; r < m->rounds; r++) {
+    if (!layers_xseg(a, batches, &xs[r])) return false;
+    layers_glibc(batches, &gl[r]);
+  }
+  *row = (xb_cached_row){"cached-layers", XB_LAYER_TENSORS,
+                         batches * XB_LAYER_TENSORS, median(xs, m->rounds),
+                         median(gl, m->rounds)};
+  return true;
 }
 
 /* ---- the command --------------------------------------------------------- */
 
 typedef struct xb_micro_out {
-  xb_cached_row cached[8];
+  xb_cached_row cached[10];
   size_t n_cached;
   xb_growth_row growth[2];
   size_t n_growth;
@@ -217,11 +290,16 @@ static bool run_cached(xb_micro *m, xb_micro_out *o) {
   bool row_failed = false;
   if (ok && xb_micro_selected(m, "cached-repeat"))
     row_failed = !(ok = cached_repeat(m, a, &o->cached[o->n_cached++]));
+  if (ok && xb_micro_selected(m, "cached-layers"))
+    row_failed = !(ok = cached_layers(m, a, &o->cached[o->n_cached++]));
   for (uint64_t live = m->live_min;
-       ok && live <= m->live_max && o->n_cached < 8; live *= 10)
+       ok && live <= m->live_max && o->n_cached < 9; live *= 10)
     if (xb_micro_selected(m, "cached-random"))
-      row_failed = !(ok = cached_random(m, a, live,
+      row_failed = !(ok = cached_random(m, a, "cached-random", live,
                                         &o->cached[o->n_cached++]));
+  if (ok && xb_micro_selected(m, "cached-mixed"))
+    row_failed = !(ok = cached_random(m, a, "cached-mixed", m->mixed_live,
+                                      &o->cached[o->n_cached++]));
   if (row_failed) o->n_cached--;
   if (!ok)
     fprintf(stderr, "xseg-bench micro: cached path failed: %s\n",
@@ -258,19 +336,24 @@ static void print_cached(const xb_micro_out *o) {
   }
 }
 
-/* n threads on n streams against one; a speedup is claimed only for as
-   many threads as the machine has cores (more threads than cores share
-   them, and their ratio says nothing about the allocator). */
+/* n threads on n streams against one, and glibc's malloc+free in the
+   same loops: its scaling says what the machine allows (a shared cache,
+   a loaded or throttled core). A speedup is claimed only for as many
+   threads as the machine has cores (more threads than cores share them,
+   and their ratio says nothing about the allocator). */
 static void print_threads(const xb_threads_row *t) {
-  printf("threads        %d cores%s; 1 thread %.2f M pairs/s\n", t->cores,
+  printf("threads        %d cores%s; 1 thread %.2f M pairs/s (glibc %.2f)\n",
+         t->cores,
          t->record ? ", each block recorded on a side stream of its thread's"
                    : "",
-         t->pairs_per_s[0] * 1e-6);
+         t->pairs_per_s[0] * 1e-6, t->glibc_pairs_per_s[0] * 1e-6);
   for (int i = 1; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
     printf("               %d threads on %d streams %.2f M pairs/s: "
-           "%.2fx%s\n", n, n, t->pairs_per_s[i] * 1e-6,
-           t->pairs_per_s[i] / t->pairs_per_s[0],
+           "%.2fx, glibc %.2f M pairs/s: %.2fx%s\n", n, n,
+           t->pairs_per_s[i] * 1e-6, t->pairs_per_s[i] / t->pairs_per_s[0],
+           t->glibc_pairs_per_s[i] * 1e-6,
+           t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0],
            n > t->cores ? " (more threads than cores: no scaling claimed)"
                         : "");
   }
@@ -336,13 +419,17 @@ static void json_threads(FILE *f, const xb_micro_out *o) {
           t->record ? "true" : "false");
   for (int i = 0; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
-    fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i]);
+    fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f, "
+            "\"glibc_threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i],
+            n, t->glibc_pairs_per_s[i]);
     if (i == 0) continue;
     if (n > t->cores)
-      fprintf(f, ", \"speedup_%d\": null", n);
+      fprintf(f, ", \"speedup_%d\": null, \"glibc_speedup_%d\": null", n,
+              n);
     else
-      fprintf(f, ", \"speedup_%d\": %.3f", n,
-              t->pairs_per_s[i] / t->pairs_per_s[0]);
+      fprintf(f, ", \"speedup_%d\": %.3f, \"glibc_speedup_%d\": %.3f", n,
+              t->pairs_per_s[i] / t->pairs_per_s[0], n,
+              t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0]);
   }
   fputs("}", f);
 }
@@ -382,20 +469,21 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
   XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD,
-  XB_MI_HELP
+  XB_MI_MIXED_LIVE, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
   fprintf(out,
           "usage: xseg-bench micro [options] (and --driver, --conf, --mode "
           "expandable|classic, --json, --device-memory)\n"
-          "  --only NAME        cached-repeat, cached-random, growth, threads,\n"
-          "                     deferred\n"
+          "  --only NAME        cached-repeat, cached-layers, cached-random,\n"
+          "                     cached-mixed, growth, threads, deferred\n"
           "  --pairs N          malloc+free pairs per round (default 200000)\n"
           "  --live-min N       smallest live set for cached-random (default "
           "1000)\n"
           "  --live-max N       largest live set for cached-random, from "
           "--live-min by tens (default 1000000)\n"
+          "  --mixed-live N     live set of cached-mixed (default 10000)\n"
           "  --rounds N         rounds per measurement, median taken (default "
           "5, at most 64)\n"
           "  --seed N           size sequence seed (default 1)\n"
@@ -421,6 +509,8 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
     case XB_MI_PAIRS: return xb_cli_u64("--pairs", arg, &m->pairs);
     case XB_MI_LIVE_MIN: return xb_cli_u64("--live-min", arg, &m->live_min);
     case XB_MI_LIVE_MAX: return xb_cli_u64("--live-max", arg, &m->live_max);
+    case XB_MI_MIXED_LIVE:
+      return xb_cli_u64("--mixed-live", arg, &m->mixed_live);
     case XB_MI_ROUNDS: return xb_cli_u64("--rounds", arg, &m->rounds);
     case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
     case XB_MI_OTHER_STREAMS:
@@ -432,10 +522,12 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
 }
 
 static bool micro_valid(xb_micro *m) {
-  static const char *const names[] = {"cached-repeat", "cached-random",
+  static const char *const names[] = {"cached-repeat", "cached-layers",
+                                      "cached-random", "cached-mixed",
                                       "growth", "threads", "deferred"};
   bool known = m->only == NULL;
-  for (size_t i = 0; i < 5 && !known; i++) known = !strcmp(m->only, names[i]);
+  for (size_t i = 0; i < sizeof names / sizeof *names && !known; i++)
+    known = !strcmp(m->only, names[i]);
   const xb_policy *p = xb_policy_find(m->cli.mode);
   m->expandable = p != NULL && p == xb_policy_find("xseg");
   bool mode_ok = m->expandable || (p != NULL && p == xb_policy_find("classic"));
@@ -443,12 +535,14 @@ static bool micro_valid(xb_micro *m) {
       !known ? "--only" : !mode_ok ? "--mode" : m->pairs == 0 ? "--pairs"
       : m->rounds == 0 || m->rounds > 64 ? "--rounds (1..64)"
       : m->live_min == 0 ? "--live-min" : m->live_max > UINT32_MAX
-      ? "--live-max" : m->other_streams > XB_OTHER_STREAMS_MAX
+      ? "--live-max" : m->mixed_live == 0 || m->mixed_live > UINT32_MAX
+      ? "--mixed-live" : m->other_streams > XB_OTHER_STREAMS_MAX
       ? "--other-streams" : NULL;
   if (bad == NULL) return true;
   fprintf(stderr, "xseg-bench micro: bad %s", bad);
-  if (!known) fprintf(stderr, " '%s' (cached-repeat, cached-random, growth, "
-                      "threads or deferred)", m->only);
+  if (!known) fprintf(stderr, " '%s' (cached-repeat, cached-layers, "
+                      "cached-random, cached-mixed, growth, threads or "
+                      "deferred)", m->only);
   if (known && !mode_ok) fprintf(stderr, " '%s' (xseg or pytorch-native)",
                                  m->cli.mode);
   fprintf(stderr, " (see --help)\n");
@@ -463,6 +557,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"pairs", required_argument, 0, XB_MI_PAIRS},
       {"live-min", required_argument, 0, XB_MI_LIVE_MIN},
       {"live-max", required_argument, 0, XB_MI_LIVE_MAX},
+      {"mixed-live", required_argument, 0, XB_MI_MIXED_LIVE},
       {"rounds", required_argument, 0, XB_MI_ROUNDS},
       {"seed", required_argument, 0, XB_MI_SEED},
       {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
@@ -486,7 +581,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
 
 int xb_cmd_micro(int argc, char **argv) {
   xb_micro m = {.pairs = 200000, .live_min = 1000, .live_max = 1000000,
-                .rounds = 5, .seed = 1};
+                .mixed_live = 10000, .rounds = 5, .seed = 1};
   xb_cli_defaults(&m.cli);
   m.cli.mode = "expandable";
   int parsed = micro_parse(argc, argv, &m);

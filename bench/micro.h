@@ -15,6 +15,7 @@ typedef struct xb_micro {
   xb_env env;
   const char *only;                 /* one benchmark, or NULL for all */
   uint64_t pairs, live_min, live_max, rounds, seed;
+  uint64_t mixed_live;              /* cached-mixed's live set */
   uint64_t other_streams;           /* cached-*: pairs of other streams the
                                        allocator holds meanwhile */
   /* deferred: wait for the side stream after each deferred free (outside
@@ -29,7 +30,8 @@ typedef struct xb_micro {
 
 /* Cached path: ns per malloc+free pair, median over rounds. */
 typedef struct xb_cached_row {
-  const char *name;                 /* "cached-repeat", "cached-random" */
+  const char *name;                 /* "cached-repeat", "cached-layers",
+                                       "cached-random", "cached-mixed" */
   uint64_t live, pairs;
   double xseg_ns, glibc_ns;
 } xb_cached_row;
@@ -57,6 +59,7 @@ typedef struct xb_threads_row {
   int cores;                          /* online CPUs: no claim beyond */
   bool record;                        /* --record: cross-stream frees */
   double pairs_per_s[XB_THREAD_COUNTS];
+  double glibc_pairs_per_s[XB_THREAD_COUNTS];   /* the same loop, glibc */
 } xb_threads_row;
 
 /* A fresh allocator in the micro's mode; prints why on failure. */

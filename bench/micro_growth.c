@@ -78,7 +78,7 @@ bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
 }
 
 typedef struct xb_worker {
-  xseg_allocator *a;
+  xseg_allocator *a;              /* NULL: glibc's malloc and free */
   struct CUstream_st *stream;
   struct CUstream_st *side;       /* --record: each block used here too */
   uint64_t pairs;
@@ -93,7 +93,12 @@ static void *worker_main(void *arg) {
      it on every pair would make the threads contend in the benchmark
      itself. */
   bool ok = true;
-  for (uint64_t i = 0; i < w->pairs && ok; i++) {
+  for (uint64_t i = 0; i < w->pairs && w->a == NULL; i++) {
+    void *p = malloc(4096);
+    XB_ESCAPE(p);
+    free(p);
+  }
+  for (uint64_t i = 0; i < w->pairs && w->a != NULL && ok; i++) {
     void *p;
     ok = xseg_malloc(w->a, 4096, w->stream, &p) == XSEG_OK &&
          (w->side == NULL ||
@@ -105,7 +110,8 @@ static void *worker_main(void *arg) {
 }
 
 /* Pairs per second of n threads started together, one stream each (and
-   one side stream each that every block is recorded on, when `sides`). */
+   one side stream each that every block is recorded on, when `sides`);
+   `a` NULL: glibc's malloc and free, each thread its own loop. */
 static bool threads_run(xseg_allocator *a, struct CUstream_st **streams,
                         struct CUstream_st **sides, int n, uint64_t pairs,
                         double *rate) {
@@ -134,7 +140,8 @@ static bool threads_run(xseg_allocator *a, struct CUstream_st **streams,
 }
 
 /* Best of three for each thread count: on a shared machine the best run is
-   the one least disturbed. */
+   the one least disturbed. glibc's loop runs beside each, so that its
+   scaling, measured in the same moments, says what the machine allows. */
 static bool threads_measure(xb_micro *m, xseg_allocator *a,
                             struct CUstream_st **streams,
                             struct CUstream_st **sides, xb_threads_row *row) {
@@ -145,6 +152,10 @@ static bool threads_measure(xb_micro *m, xseg_allocator *a,
                        &rate))
         return false;
       if (rate > row->pairs_per_s[i]) row->pairs_per_s[i] = rate;
+      if (!threads_run(NULL, streams, NULL, xb_thread_count[i], m->pairs,
+                       &rate))
+        return false;
+      if (rate > row->glibc_pairs_per_s[i]) row->glibc_pairs_per_s[i] = rate;
     }
   return true;
 }
@@ -161,6 +172,16 @@ bool xb_micro_threads(xb_micro *m, xb_threads_row *row) {
     ok = xb_env_stream_create(&m->env, &streams[i]) == XSEG_OK &&
          (!m->record || xb_env_stream_create(&m->env, &sides[i]) == XSEG_OK);
   ok = ok && xb_micro_allocator(m, &a);
+  /* Every stream's pair made before any run: the first one-thread run
+     would otherwise be the only one with a single pair in the allocator,
+     whose cached path does less (no stats to publish to other pairs'
+     crossings: bench/README.md), and the best of three would compare
+     that with two threads beside other pairs. */
+  for (int i = 0; ok && i < XB_THREADS_MAX; i++) {
+    void *p;
+    ok = xseg_malloc(a, 4096, streams[i], &p) == XSEG_OK &&
+         xseg_free(a, p) == XSEG_OK;
+  }
   ok = ok && threads_measure(m, a, streams, m->record ? sides : NULL, row);
   if (!ok)
     fprintf(stderr, "xseg-bench micro: threads failed: %s\n",

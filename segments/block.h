@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <bsd/sys/tree.h>
 
@@ -87,6 +88,17 @@ static inline bool xs_block_is_split(const xs_block *b) {
 
 static inline uint64_t xs_block_end(const xs_block *b) {
   return b->addr + b->size;
+}
+
+/* Host memory on cache lines of its own, as malloc (freed with free()),
+   for what one pair's cached path writes (block slabs, segments, the
+   pointer table): a heap neighbour could be another pair's, written by
+   another thread at the same time, and a line both write goes back and
+   forth between their cores. */
+static inline void *xs_lines_alloc(size_t size) {
+  enum { XS_LINE = 64 };
+  if (size > SIZE_MAX - XS_LINE) return NULL;
+  return aligned_alloc(XS_LINE, (size + XS_LINE - 1) / XS_LINE * XS_LINE);
 }
 
 /* A cache of block structs, so that the cached path allocates no host

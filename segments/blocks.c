@@ -20,7 +20,7 @@ typedef struct blocks_slab {
 } blocks_slab;
 
 bool xs_blocks_refill(xs_blocks *c) {
-  blocks_slab *s = malloc(sizeof *s);
+  blocks_slab *s = xs_lines_alloc(sizeof *s);
   if (s == NULL) return false;
   s->next = c->slabs;
   c->slabs = s;

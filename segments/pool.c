@@ -199,8 +199,9 @@ void xs_pool_retake_split_stats(xs_pool *p) {
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {
-  xs_segment *s = calloc(1, sizeof *s);
+  xs_segment *s = xs_lines_alloc(sizeof *s);
   if (s == NULL) return NULL;
+  memset(s, 0, sizeof *s);
   s->size = size;
   s->granule = granule;
   s->n_granules = size / granule;

@@ -196,6 +196,29 @@ XSEG_TEST(alloc, small_and_large_pools_split_at_one_mib) {
   xseg_destroy(a);
 }
 
+/* The cached malloc rounds every size itself when its interval has no
+   roundup_power2_divisions; a large size in an interval that has some is
+   rounded to the next division, on the first malloc (every lock) and on
+   the cached ones after it alike. [1:1,>:4]: none up to 2 MiB, 4 above. */
+XSEG_TEST(alloc, large_sizes_round_by_their_own_interval) {
+  xseg_allocator *a = at_create("roundup_power2_divisions:[1:1,>:4]");
+  const size_t want[][2] = {{1000, 1024},
+                            {MiB + MiB / 2 + 1, MiB + MiB / 2 + 512},
+                            {2 * MiB + 1, 2 * MiB + MiB / 2},
+                            {3 * MiB + 1, 3 * MiB + MiB / 2}};
+  for (int round = 0; round < 3; round++)
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+      void *p;
+      XSEG_ASSERT_OK(xseg_malloc(a, want[i][0], NULL, &p));
+      xseg_stats s = at_stats(a);
+      XSEG_EXPECT_EQ(s.allocated_bytes.current, (int64_t)want[i][1]);
+      XSEG_EXPECT_EQ(s.requested_bytes.current, (int64_t)want[i][0]);
+      XSEG_ASSERT_OK(xseg_free(a, p));
+    }
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
 XSEG_TEST(alloc, stats_follow_pytorch_meanings) {
   xseg_allocator *a = at_create(NULL);
   void *p, *q;
