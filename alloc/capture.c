@@ -81,7 +81,12 @@ static void capture_remove(xseg_allocator *a, size_t i) {
 /* cuStreamGetCaptureInfo: *active when `stream` is in a capture (an
    invalidated one still is, until it ends), with its id; *id_known is
    false for an invalidated capture, whose id cuda.h leaves unspecified
-   ("valid only if the status is ACTIVE"; docs/conformance.md, row G3). */
+   ("valid only if the status is ACTIVE"; docs/conformance.md, row G3).
+   A stream the caller destroyed (CUDA_ERROR_INVALID_HANDLE, as for
+   cuStreamQuery: streams/stream_query.h) captures nothing: *active false.
+   CUDA ends a capture when its stream is destroyed (cuStreamDestroy
+   abandons it), so the entry of a capture xseg detected on it must go, or
+   every later refresh would fail. */
 static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
                                  bool *active, bool *id_known,
                                  uint64_t *id) {
@@ -89,7 +94,9 @@ static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
   cuuint64_t cid = 0;
   CUresult r = XS_DRV(a->vmm.drv, cuStreamGetCaptureInfo, (CUstream)s,
                       &status, &cid, NULL, NULL, NULL, NULL);
-  if (r != CUDA_SUCCESS)
+  if (r == CUDA_ERROR_INVALID_HANDLE)
+    status = CU_STREAM_CAPTURE_STATUS_NONE;
+  else if (r != CUDA_SUCCESS)
     return xs_driver_error(a->vmm.drv, r, "cuStreamGetCaptureInfo(stream %p)",
                            (void *)s);
   *active = status != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -139,8 +146,9 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
       continue;
     bool active = false, id_known = false;
     uint64_t id = 0;
-    /* A stream the caller has destroyed cannot be capturing: a failed
-       query only means this one is not, and must not stop the pass. */
+    /* A failed query (other than a destroyed stream's, which reads as
+       not capturing) only means this one is not, and must not stop the
+       pass. */
     if (capture_query(a, sp->stream, &active, &id_known, &id) != XSEG_OK ||
         !active)
       continue;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/capture_mode.h"
 #include "alloc/check.h"
 #include "alloc/deferred.h"
 #include "alloc/enter.h"
@@ -118,6 +119,39 @@ static void destroy_pending(xseg_allocator *a, bool entered) {
           xs_stream_set_clear(&b->uses);
 }
 
+/* Work a stream queued before freeing a block on that same stream (a
+   stream-ordered free: the block went back to the stream's cache at once)
+   may still use it, and the old mapping of a handle lent to a newer block
+   (an alias, segments/release.c) is its old work's until the pair's guard
+   passes it. So before the pools unmap anything, each pair's guard waits
+   for its newest free (on one event; a stream the caller destroyed proves
+   itself idle, streams/guard.h). A guard that cannot be advanced leaves
+   the whole context to wait for. Captures are over: a dying allocator
+   serves none. */
+static void destroy_guards(xseg_allocator *a) {
+  bool failed = false;
+  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    if (sp->guard.safe >= sp->clock) continue;
+    CUstreamCaptureMode mode;
+    xseg_status st = xs_capture_mode_relax(a, &mode);
+    if (st != XSEG_OK) {
+      failed = true;
+      continue;
+    }
+    st = xs_guard_advance(&sp->guard, &a->events, sp->stream, sp->clock,
+                          sp->clock, true);
+    xs_capture_mode_restore(a, mode);
+    failed |= st != XSEG_OK;
+  }
+  if (!failed) return;
+  CUresult r = XS_DRV(a->vmm.drv, cuCtxSynchronize);
+  if (r == CUDA_SUCCESS) return;
+  xs_driver_error(a->vmm.drv, r, "cuCtxSynchronize (xseg_destroy, device %d)",
+                  a->vmm.device);
+  fprintf(stderr, "xseg_destroy: %s; unmapping without knowing that queued "
+          "work is done\n", xseg_last_error());
+}
+
 void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_enter(a);
@@ -125,6 +159,7 @@ void xseg_destroy(xseg_allocator *a) {
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   destroy_pending(a, entered);
+  if (entered) destroy_guards(a);
   xs_ipc_destroy_locked(a, entered);
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);

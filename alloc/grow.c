@@ -139,12 +139,16 @@ static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
 
 /* PyTorch's message: what was asked, what the device has, what xseg holds,
    and the failure that ended the last try. */
-static xseg_status grow_oom(xseg_allocator *a, size_t requested) {
+/* The out-of-memory error; *dev_free is the device's free memory (0 when
+   unknown), which the oom trace entry keeps as PyTorch's does. */
+static xseg_status grow_oom(xseg_allocator *a, size_t requested,
+                            size_t *dev_free_out) {
   char cause[256], want[32], total[32], free_b[32], alloc_b[32], unused[32],
       cap[32];
   snprintf(cause, sizeof cause, "%s", xseg_last_error());
   size_t dev_free = 0, dev_total = a->vmm.total_memory;
   bool known = xs_vmm_mem_info(&a->vmm, &dev_free, &dev_total) == XSEG_OK;
+  *dev_free_out = known ? dev_free : 0;
   int64_t allocated = xs_alloc_current(a, XS_GAUGE_allocated_bytes);
   int64_t reserved = xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   a->shared_stats.counter[XS_COUNTER_num_ooms]++;
@@ -229,8 +233,9 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
       if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
     }
     if (st == XSEG_ERR_OUT_OF_MEMORY) {
-      st = grow_oom(a, requested);
-      xs_trace_record(&a->trace, XS_TRACE_OOM, 0, requested, stream);
+      size_t dev_free;
+      st = grow_oom(a, requested, &dev_free);
+      xs_trace_record(&a->trace, XS_TRACE_OOM, dev_free, requested, stream);
     }
   }
   xs_vmm_ctx_leave(&a->vmm, saved);

@@ -12,6 +12,14 @@
  * often lack or share), nothing to unlink when a producer is SIGKILLed,
  * and no process can find it that was not given a handle.
  *
+ * A block is named by its producer's table, not by the producer process:
+ * one process may have several allocators (one per device, or a new one
+ * after xseg_destroy), each with its own table and its own block ids. The
+ * table holds a random 64-bit id made with it; every handle carries it,
+ * and a consumer keys what it has mapped by (pid, start time, table id,
+ * block id), and refuses a handle whose table fd is not the table the id
+ * names.
+ *
  * Lifetime: a block freed by its producer while any holder remains is
  * parked pending (pending_free_bytes), out of every tree; the producer
  * looks at its parked blocks whenever it completes pending frees (every
@@ -31,7 +39,9 @@
 /* SCM_MAX_FD is 253 per message: the table's fd and the handles'. A block
    that touches more physical handles than this cannot be exported. */
 enum { XS_IPC_MAX_HANDLES = 252 };
-enum { XS_IPC_VERSION = 1 };
+/* 2: the table id and the producer's PID namespace in the message, the
+   table id in the table; a holder's claimant in its state word. */
+enum { XS_IPC_VERSION = 2 };
 #define XS_IPC_MAGIC "XSEGIPC"            /* 8 bytes with its NUL */
 
 /* The message: sent whole, in one sendmsg with 1 + n_handles fds (the
@@ -43,6 +53,8 @@ typedef struct xs_ipc_wire {
   int32_t producer_pid;
   int32_t device;
   uint64_t producer_start;                /* clock ticks after boot */
+  uint64_t table_id;                      /* the producer's table */
+  uint64_t pid_ns;                        /* its PID namespace's inode */
   uint64_t block_id;                      /* key in the producer's table */
   uint64_t block_size;                    /* bytes of the block */
   uint64_t offset;                        /* of the block in the handles */
@@ -73,20 +85,39 @@ typedef struct xs_ipc_export_slot {
   uint32_t pad;
 } xs_ipc_export_slot;
 
-/* A holder slot: one consumer process holding one block. Claimed with a
-   compare-and-swap FREE -> CLAIMING by the consumer, published HELD once
-   pid, start and id are written; set FREE by the consumer when it closes,
-   or by the producer when that process is dead. */
+/* A holder slot: one consumer process holding one block. Its word holds
+   the state and the process that claimed it (pid and start time), so the
+   claim itself names the claimant: a consumer killed at any point of
+   xseg_ipc_open leaves a slot whose owner can be found dead. Claimed with
+   a compare-and-swap FREE -> CLAIMING by the consumer (or from CLAIMING
+   when that slot's claimant is dead: it never published), published HELD
+   once id is written; set FREE by the consumer when it closes, or by the
+   producer when a HELD slot's process is dead. */
 typedef enum xs_ipc_holder_state {
   XS_IPC_HOLDER_FREE = 0, XS_IPC_HOLDER_CLAIMING, XS_IPC_HOLDER_HELD
 } xs_ipc_holder_state;
 
+/* The word: state in bits 0-1, pid in bits 2-23 (Linux pids are below
+   PID_MAX_LIMIT, 2^22), start time in bits 24-63 (2^40 clock ticks:
+   centuries at USER_HZ). Start times are compared in those 40 bits. */
+#define XS_IPC_START_MASK ((UINT64_C(1) << 40) - 1)
+static inline uint64_t xs_ipc_holder_word(xs_ipc_holder_state state,
+                                          pid_t pid, uint64_t start) {
+  return (uint64_t)state | ((uint64_t)pid & 0x3fffff) << 2 |
+         (start & XS_IPC_START_MASK) << 24;
+}
+static inline xs_ipc_holder_state xs_ipc_holder_state_of(uint64_t w) {
+  return (xs_ipc_holder_state)(w & 3);
+}
+static inline pid_t xs_ipc_holder_pid(uint64_t w) {
+  return (pid_t)(w >> 2 & 0x3fffff);
+}
+static inline uint64_t xs_ipc_holder_start(uint64_t w) { return w >> 24; }
+
 typedef struct xs_ipc_holder {
-  _Atomic uint32_t state;
-  _Atomic int32_t pid;
-  _Atomic uint64_t start;
+  _Atomic uint64_t word;
   _Atomic uint64_t id;
-  uint64_t pad;
+  uint64_t pad[2];
 } xs_ipc_holder;
 
 typedef struct xs_ipc_table {
@@ -97,24 +128,29 @@ typedef struct xs_ipc_table {
   _Atomic uint32_t holders_used;    /* slots below this were ever claimed:
                                        scans stop there */
   uint32_t pad32;
-  uint64_t pad[4];
+  uint64_t table_id;                /* random, never 0: names the table */
+  uint64_t pad[3];
   xs_ipc_export_slot exports[XS_IPC_EXPORTS];
   xs_ipc_holder holders[XS_IPC_HOLDERS];
 } xs_ipc_table;
 
 /* A new table in a memfd, mapped shared; XSEG_ERR_* with a message. */
 xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd);
-/* Maps the table behind fd and checks its header against the producer the
-   message names. */
+/* Maps the table behind fd and checks its header against the producer and
+   the table id the message names. */
 xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
                              xs_ipc_table **out);
 void xs_ipc_table_unmap(xs_ipc_table *t);
 
-/* This process's identity: pid and start time. */
+/* This process's identity: pid and start time; and its PID namespace
+   (the inode of /proc/self/ns/pid, 0 when unknown): pids and liveness
+   mean something across processes of one namespace only. */
 pid_t    xs_ipc_self_pid(void);
 uint64_t xs_ipc_self_start(void);
+uint64_t xs_ipc_self_pid_ns(void);
 /* False only when process `pid` started at `start` is gone (exited,
-   a zombie, or the pid now names a newer process). */
+   a zombie, or the pid now names a newer process). Start times compare
+   under XS_IPC_START_MASK. */
 bool xs_ipc_process_alive(pid_t pid, uint64_t start);
 
 /* Liveness of holders, cheaply: a process first seen alive (by /proc) is
@@ -143,9 +179,10 @@ size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive);
    holders, then EMPTY (true: no holder, the block may go) or back to
    PARKED (false). */
 bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id);
-/* The consumer's side: claims a holder slot for `id` and checks, after
-   publishing it, that the block is still exported (LIVE or PARKED).
-   Returns the slot, or SIZE_MAX with a message. */
+/* The consumer's side: claims a holder slot for `id` (a FREE one, or one
+   a dead claimant left CLAIMING) and checks, after publishing it, that
+   the block is still exported (LIVE or PARKED). The slot in *slot, or an
+   error with a message. */
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot);
 void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot);
 
@@ -172,10 +209,12 @@ typedef struct xs_ipc_mapping {
   struct xs_ipc_mapping *next;
 } xs_ipc_mapping;
 
-/* A producer whose table this allocator has mapped. */
+/* A producer's table (one allocator of that process) that this allocator
+   has mapped. */
 typedef struct xs_ipc_peer {
   pid_t pid;
   uint64_t start;
+  uint64_t table_id;
   xs_ipc_table *table;
   size_t mappings;             /* xs_ipc_mapping's on it */
   struct xs_ipc_peer *next;

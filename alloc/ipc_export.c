@@ -161,6 +161,8 @@ static xseg_status export_locked(xseg_allocator *a, void *ptr,
   h->wire.version = XS_IPC_VERSION;
   h->wire.producer_pid = ipc->table->producer_pid;
   h->wire.producer_start = ipc->table->producer_start;
+  h->wire.table_id = ipc->table->table_id;
+  h->wire.pid_ns = xs_ipc_self_pid_ns();
   h->wire.device = a->vmm.device;
   h->wire.block_id = rec->id;
   h->wire.block_size = b->size;

@@ -21,11 +21,18 @@
 #include "vmm/error.h"
 #include "vmm/ipc.h"
 
+/* Whether p is the table the handle's message names: the same producer
+   process and the same table (allocator) of it. */
+static bool open_peer_is(const xs_ipc_peer *p, const xs_ipc_wire *w) {
+  return p->pid == w->producer_pid && p->start == w->producer_start &&
+         p->table_id == w->table_id;
+}
+
+/* The mapping of the block h names, if this allocator has it open: block
+   ids are the producer's table's, so the table must match too. */
 static xs_ipc_mapping *open_find(xs_ipc *ipc, const xs_ipc_wire *w) {
   for (xs_ipc_mapping *m = ipc->mappings; m != NULL; m = m->next)
-    if (m->id == w->block_id && m->peer->pid == w->producer_pid &&
-        m->peer->start == w->producer_start)
-      return m;
+    if (m->id == w->block_id && open_peer_is(m->peer, w)) return m;
   return NULL;
 }
 
@@ -34,8 +41,7 @@ static xseg_status open_peer(xs_ipc *ipc, const xseg_ipc_handle *h,
                              xs_ipc_peer **out) {
   const xs_ipc_wire *w = &h->wire;
   for (xs_ipc_peer *p = ipc->peers; p != NULL; p = p->next)
-    if (p->pid == w->producer_pid && p->start == w->producer_start)
-      return *out = p, XSEG_OK;
+    if (open_peer_is(p, w)) return *out = p, XSEG_OK;
   xs_ipc_peer *p = calloc(1, sizeof *p);
   if (p == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
@@ -47,6 +53,7 @@ static xseg_status open_peer(xs_ipc *ipc, const xseg_ipc_handle *h,
   }
   p->pid = w->producer_pid;
   p->start = w->producer_start;
+  p->table_id = w->table_id;
   p->next = ipc->peers;
   ipc->peers = p;
   *out = p;
@@ -130,6 +137,18 @@ static xseg_status open_check(const xseg_allocator *a,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_ipc_open: the handle is for device %d, the "
                     "allocator for device %d", (int)w->device, a->vmm.device);
+  /* A pid names no process of another PID namespace (or another one):
+     neither side could tell whether the other is alive. */
+  uint64_t ns = xs_ipc_self_pid_ns();
+  if (w->pid_ns != 0 && ns != 0 && w->pid_ns != ns)
+    return xs_error(XSEG_ERR_UNSUPPORTED,
+                    "xseg_ipc_open: the producer of block %llu (pid %d in its "
+                    "namespace) runs in another PID namespace (pid:[%llu], "
+                    "this process pid:[%llu]); blocks are shared only "
+                    "between processes of one PID namespace, where each can "
+                    "tell whether the other is alive",
+                    (unsigned long long)w->block_id, (int)w->producer_pid,
+                    (unsigned long long)w->pid_ns, (unsigned long long)ns);
   if (!xs_ipc_process_alive(w->producer_pid, w->producer_start))
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_ipc_open: the producer of block %llu (pid %d) has "

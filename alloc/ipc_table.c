@@ -16,6 +16,9 @@
  *
  * A process is identified by pid and start time (from /proc/<pid>/stat),
  * so a pid reused by a later process does not keep a dead one's holds.
+ * A holder slot's claim names its claimant in the same compare-and-swap
+ * (ipc.h, xs_ipc_holder_word), so a consumer killed between claiming a
+ * slot and publishing it leaves a slot the next claim can take over.
  */
 #define _GNU_SOURCE
 #include <assert.h>
@@ -27,8 +30,10 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "alloc/ipc.h"
@@ -68,12 +73,18 @@ uint64_t xs_ipc_self_start(void) {
   return start;
 }
 
+uint64_t xs_ipc_self_pid_ns(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 bool xs_ipc_process_alive(pid_t pid, uint64_t start) {
   if (pid <= 0) return false;
   char state;
   uint64_t now;
   if (table_proc_stat(pid, &state, &now))
-    return now == start && state != 'Z' && state != 'X';
+    return ((now ^ start) & XS_IPC_START_MASK) == 0 && state != 'Z' &&
+           state != 'X';
   /* No /proc entry: gone, unless /proc is not there to ask. */
   return kill(pid, 0) == 0 || errno == EPERM;
 }
@@ -121,6 +132,21 @@ void xs_ipc_alive_clear(xs_ipc_alive *c) {
   while (c->n != 0) alive_forget(c, c->n - 1);
 }
 
+/* A table's id: random, so that no two tables of one process (or of
+   processes whose pid and start time collide) share one; never 0. Without
+   getrandom, the table's address and the clock still differ between the
+   tables of one process. */
+static uint64_t table_new_id(const xs_ipc_table *t) {
+  uint64_t id = 0;
+  if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    id = ((uint64_t)(uintptr_t)t ^ (uint64_t)ts.tv_nsec << 20 ^
+          (uint64_t)ts.tv_sec) * UINT64_C(0x9E3779B97F4A7C15);
+  }
+  return id != 0 ? id : 1;
+}
+
 xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd) {
   int f = memfd_create("xseg-ipc-table", MFD_CLOEXEC);
   if (f < 0)
@@ -139,6 +165,7 @@ xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd) {
   }
   /* A fresh memfd reads as zeros: every slot EMPTY or FREE. */
   memcpy(t->magic, XS_IPC_MAGIC, sizeof t->magic);
+  t->table_id = table_new_id(t);
   t->version = XS_IPC_VERSION;
   t->producer_pid = xs_ipc_self_pid();
   t->producer_start = xs_ipc_self_start();
@@ -171,6 +198,18 @@ xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
                     "producer pid %d named by the handle (forged or mixed-up "
                     "handle)", (int)w->producer_pid);
   }
+  if (t->table_id != w->table_id) {
+    uint64_t found = t->table_id;
+    xs_ipc_table_unmap(t);
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_open: block %llu's handle names reference "
+                    "table %016llx of producer pid %d, but its table fd is "
+                    "table %016llx (another allocator's: a forged or "
+                    "mixed-up handle)",
+                    (unsigned long long)w->block_id,
+                    (unsigned long long)w->table_id, (int)w->producer_pid,
+                    (unsigned long long)found);
+  }
   *out = t;
   return XSEG_OK;
 }
@@ -191,7 +230,8 @@ static size_t table_used(xs_ipc_table *t) {
 }
 
 static bool table_holds(xs_ipc_holder *h, uint64_t id) {
-  return atomic_load(&h->state) == XS_IPC_HOLDER_HELD &&
+  return xs_ipc_holder_state_of(atomic_load(&h->word)) ==
+             XS_IPC_HOLDER_HELD &&
          atomic_load_explicit(&h->id, memory_order_relaxed) == id;
 }
 
@@ -201,16 +241,30 @@ size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id) {
   return n;
 }
 
+/* Whether slot word w's process is dead: a claim it never published, or
+   (`held_too`) a hold it never closed. */
+static bool table_dead_claim(uint64_t w, bool held_too) {
+  xs_ipc_holder_state st = xs_ipc_holder_state_of(w);
+  return (st == XS_IPC_HOLDER_CLAIMING ||
+          (held_too && st == XS_IPC_HOLDER_HELD)) &&
+         !xs_ipc_process_alive(xs_ipc_holder_pid(w), xs_ipc_holder_start(w));
+}
+
 size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive) {
   size_t n = 0, used = table_used(t);
   for (size_t i = 0; i < used; i++) {
     xs_ipc_holder *h = &t->holders[i];
-    if (!table_holds(h, id) ||
-        xs_ipc_alive_check(alive, atomic_load(&h->pid),
-                           atomic_load(&h->start)))
+    uint64_t w = atomic_load(&h->word);
+    /* A claim never published holds nothing: it goes, uncounted. */
+    if (table_dead_claim(w, false)) {
+      atomic_compare_exchange_strong(&h->word, &w, XS_IPC_HOLDER_FREE);
       continue;
-    uint32_t held = XS_IPC_HOLDER_HELD;
-    n += atomic_compare_exchange_strong(&h->state, &held, XS_IPC_HOLDER_FREE);
+    }
+    if (!table_holds(h, id) ||
+        xs_ipc_alive_check(alive, xs_ipc_holder_pid(w),
+                           xs_ipc_holder_start(w)))
+      continue;
+    n += atomic_compare_exchange_strong(&h->word, &w, XS_IPC_HOLDER_FREE);
   }
   return n;
 }
@@ -228,14 +282,21 @@ bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id) {
   return true;
 }
 
-/* A FREE holder slot, claimed; SIZE_MAX when the table is full. */
-static size_t table_claim(xs_ipc_table *t) {
-  for (size_t i = 0; i < XS_IPC_HOLDERS; i++) {
-    uint32_t free_ = XS_IPC_HOLDER_FREE;
-    if (atomic_load(&t->holders[i].state) != XS_IPC_HOLDER_FREE ||
-        !atomic_compare_exchange_strong(&t->holders[i].state, &free_,
-                                        XS_IPC_HOLDER_CLAIMING))
+/* A holder slot, claimed as `mine` (CLAIMING, this process); SIZE_MAX
+   when the table is full. The first pass takes a FREE slot or one a dead
+   claimant left CLAIMING (a rare state: few liveness checks); only a full
+   table makes the second pass take the HELD slot of a dead holder too,
+   which the producer would reap once that block is freed (taking it over
+   drops the dead hold just as the reap does). */
+static size_t table_claim(xs_ipc_table *t, uint64_t mine) {
+  for (size_t i = 0; i < 2 * (size_t)XS_IPC_HOLDERS; i++) {
+    xs_ipc_holder *h = &t->holders[i % XS_IPC_HOLDERS];
+    uint64_t w = atomic_load(&h->word);
+    if ((w != XS_IPC_HOLDER_FREE &&
+         !table_dead_claim(w, i >= XS_IPC_HOLDERS)) ||
+        !atomic_compare_exchange_strong(&h->word, &w, mine))
       continue;
+    i %= XS_IPC_HOLDERS;
     uint32_t used = atomic_load(&t->holders_used);
     while (used <= i &&
            !atomic_compare_exchange_weak(&t->holders_used, &used,
@@ -247,16 +308,19 @@ static size_t table_claim(xs_ipc_table *t) {
 }
 
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
-  size_t i = table_claim(t);
+  pid_t pid = xs_ipc_self_pid();
+  uint64_t start = xs_ipc_self_start();
+  assert(pid == xs_ipc_holder_pid(xs_ipc_holder_word(0, pid, 0)) &&
+         "a Linux pid fits the holder word");
+  size_t i =
+      table_claim(t, xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING, pid, start));
   if (i == SIZE_MAX)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "xseg_ipc_open: producer pid %d's reference table is "
                     "full (%d holds)", (int)t->producer_pid, XS_IPC_HOLDERS);
   xs_ipc_holder *h = &t->holders[i];
-  atomic_store_explicit(&h->pid, xs_ipc_self_pid(), memory_order_relaxed);
-  atomic_store_explicit(&h->start, xs_ipc_self_start(), memory_order_relaxed);
   atomic_store_explicit(&h->id, id, memory_order_relaxed);
-  atomic_store(&h->state, XS_IPC_HOLDER_HELD);
+  atomic_store(&h->word, xs_ipc_holder_word(XS_IPC_HOLDER_HELD, pid, start));
   xs_ipc_export_slot *e = table_export(t, id);
   uint32_t state = atomic_load(&e->state);
   if (atomic_load(&e->id) != id ||
@@ -273,5 +337,5 @@ xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
 
 void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot) {
   assert(slot < XS_IPC_HOLDERS);
-  atomic_store(&t->holders[slot].state, XS_IPC_HOLDER_FREE);
+  atomic_store(&t->holders[slot].word, XS_IPC_HOLDER_FREE);
 }

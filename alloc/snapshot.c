@@ -3,7 +3,12 @@
  *
  * As PyTorch does for expandable segments, each maximal run of mapped
  * blocks of a reserved range is one segment (unmapped holes are not
- * memory). A block's state is active_allocated (live), active_pending_free
+ * memory). A handle that a failed growth gave up while its old mapping (an
+ * alias, segments/release.c) still maps it is memory too: the driver holds
+ * it, and reserved_bytes counts it, until its stream's guard lets the
+ * alias go; it is a segment of its own, one inactive block marked
+ * "retiring". So the segments' total_size always adds up to
+ * reserved_bytes, as PyTorch's do. A block's state is active_allocated (live), active_pending_free
  * (freed, waiting on work recorded on other streams) or inactive (free).
  * device_traces is the allocator's ring (alloc/trace.c), oldest first,
  * empty unless xseg_record_memory_history (here too) turned it on. Written
@@ -56,24 +61,75 @@ static void snapshot_blocks(FILE *out, xseg_allocator *a, const xs_block *b) {
   }
 }
 
-/* One segment entry for the mapped run that starts at b. */
-static void snapshot_run(FILE *out, xseg_allocator *a,
-                         const xs_stream_pools *sp, const xs_pool *p,
-                         const xs_block *b, bool *first) {
-  snapshot_sums s = snapshot_run_sums(b);
+/* A segment entry's fields up to its blocks' list. */
+static void snapshot_segment_head(FILE *out, xseg_allocator *a,
+                                  uint64_t addr, const snapshot_sums *s,
+                                  const void *stream, xs_pool_kind kind,
+                                  xseg_pool_id private_id, bool *first) {
   fprintf(out,
           "%s\n  {\"device\": %d, \"address\": %" PRIu64 ", \"total_size\": "
           "%" PRIu64 ", \"allocated_size\": %" PRIu64 ", \"active_size\": "
           "%" PRIu64 ", \"requested_size\": %" PRIu64 ", \"stream\": %" PRIuPTR
           ", \"segment_type\": \"%s\", \"segment_pool_id\": [0, %" PRIu64
           "], \"is_expandable\": %s, \"frames\": [], \"blocks\": [",
-          *first ? "" : ",", a->vmm.device, b->addr, s.total, s.allocated,
-          s.active, s.requested, (uintptr_t)p->stream,
-          p->kind == XS_POOL_SMALL ? "small" : "large", sp->private_id,
+          *first ? "" : ",", a->vmm.device, addr, s->total, s->allocated,
+          s->active, s->requested, (uintptr_t)stream,
+          kind == XS_POOL_SMALL ? "small" : "large", private_id,
           a->cfg.expandable_segments ? "true" : "false");
+  *first = false;
+}
+
+/* One segment entry for the mapped run that starts at b. */
+static void snapshot_run(FILE *out, xseg_allocator *a,
+                         const xs_stream_pools *sp, const xs_pool *p,
+                         const xs_block *b, bool *first) {
+  snapshot_sums s = snapshot_run_sums(b);
+  snapshot_segment_head(out, a, b->addr, &s, p->stream, p->kind,
+                        sp->private_id, first);
   snapshot_blocks(out, a, b);
   fputs("]}", out);
-  *first = false;
+}
+
+/* The pool whose retiring block holds address addr (an alias lies in the
+   block its handles were lent from), and its pair; false if none does. */
+static bool snapshot_retiring_pool(xseg_allocator *a, uint64_t addr,
+                                   const xs_stream_pools **sp_out,
+                                   const xs_pool **p_out) {
+  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (int k = 0; k < 2; k++)
+      for (const xs_block *r = sp->pool[k].retiring; r != NULL;
+           r = r->retire_next)
+        if (addr >= r->addr && addr - r->addr < r->size) {
+          *sp_out = sp;
+          *p_out = &sp->pool[k];
+          return true;
+        }
+  return false;
+}
+
+/* One segment per orphan handle (see the top), at its first alias: the
+   one its bytes are counted for (vmm/aliases.c). */
+static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
+  const xs_vmm *v = &a->vmm;
+  for (size_t i = 0; i < v->n_aliases; i++) {
+    const xs_vmm_alias *e = &v->aliases[i];
+    bool counted = e->orphan;
+    for (size_t j = 0; j < i && counted; j++)
+      counted = v->aliases[j].handle != e->handle;
+    if (!counted) continue;
+    const xs_stream_pools *sp = NULL;
+    const xs_pool *p = NULL;
+    bool known = snapshot_retiring_pool(a, e->addr, &sp, &p);
+    snapshot_sums s = {.total = e->size};
+    snapshot_segment_head(out, a, e->addr, &s, known ? p->stream : NULL,
+                          known ? p->kind : (xs_pool_kind)e->tag,
+                          known ? sp->private_id : 0, first);
+    fprintf(out,
+            "\n      {\"address\": %" PRIu64 ", \"size\": %zu, "
+            "\"requested_size\": 0, \"state\": \"inactive\", "
+            "\"retiring\": true, \"frames\": []}]}",
+            e->addr, e->size);
+  }
 }
 
 static void snapshot_segments(FILE *out, xseg_allocator *a) {
@@ -86,6 +142,7 @@ static void snapshot_segments(FILE *out, xseg_allocator *a) {
         for (const xs_block *b = s->first; b != NULL; b = b->next)
           if (b->mapped && (b->prev == NULL || !b->prev->mapped))
             snapshot_run(out, a, sp, &sp->pool[k], b, &first);
+  snapshot_orphans(out, a, &first);
   fputs("\n],\n", out);
 }
 
@@ -93,12 +150,14 @@ static void snapshot_traces(FILE *out, const xs_trace *t) {
   fputs("\"device_traces\": [[", out);
   for (size_t i = 0; i < t->count; i++) {
     const xs_trace_entry *e = xs_trace_at(t, i);
+    /* An oom entry's addr is the device's free memory (device_free). */
+    const char *addr_key = e->action == XS_TRACE_OOM ? "device_free" : "addr";
     fprintf(out,
-            "%s\n  {\"action\": \"%s\", \"addr\": %" PRIu64 ", \"size\": "
+            "%s\n  {\"action\": \"%s\", \"%s\": %" PRIu64 ", \"size\": "
             "%" PRIu64 ", \"stream\": %" PRIuPTR ", \"time_us\": %" PRIu64
             ", \"frames\": []}",
-            i ? "," : "", xs_trace_action_name(e->action), e->addr, e->size,
-            (uintptr_t)e->stream, e->time_us);
+            i ? "," : "", xs_trace_action_name(e->action), addr_key, e->addr,
+            e->size, (uintptr_t)e->stream, e->time_us);
   }
   fputs("\n]]}\n", out);
 }

@@ -1,10 +1,55 @@
-/* torch.h: what the tests need of alloc/torch.c beyond include/xseg.h. */
+/* torch.h: what alloc/torch.c and alloc/torch_pools.c share, and what the
+   tests need of them beyond include/xseg.h. */
 #ifndef XS_ALLOC_TORCH_H
 #define XS_ALLOC_TORCH_H
+
+#include <stdbool.h>
+
+#include "xseg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { XS_TORCH_MAX_DEVICES = 64 };
+
+/* The allocator of `device`, created on first use; NULL (the failure kept
+   for xseg_torch_last_error under entry point `fn`) if the device is out of
+   range or creation failed. */
+xseg_allocator *xs_torch_allocator(const char *fn, int device);
+/* Whether PyTorch may name `device`: below the compiled limit, and below
+   the count PyTorch announced once it did; false with the failure kept
+   under entry point `fn`. */
+bool xs_torch_device_valid(const char *fn, int device);
+/* The allocator of `device` if it exists; never creates one. */
+xseg_allocator *xs_torch_existing(int device);
+/* Keeps a failure of entry point `fn` (status and message) for
+   xseg_torch_last_error / xseg_torch_last_status. */
+void xs_torch_error(const char *fn, xseg_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Keeps xseg_last_error() of a failed xseg call as entry point fn's. */
+void xs_torch_error_from_xseg(const char *fn, xseg_status st);
+
+/* torch_pools.c: before an allocation on `stream` of `device`, announces
+   the stream to every pool whose filter claims it (a no-op, one atomic
+   load, while no pool of the device is open). False with the failure kept
+   if announcing failed. */
+bool xs_torch_pools_route(xseg_allocator *a, int device,
+                          struct CUstream_st *stream);
+/* Forgets every pool (their filters' contexts freed); for
+   xs_torch_destroy_all. */
+void xs_torch_pools_forget_all(void);
+
+/* torch_device.c: destroys every device's allocator and forgets the
+   device count (xs_torch_destroy_all's second half). */
+void xs_torch_devices_destroy(void);
 
 /* Destroys every allocator the xseg_torch_* entry points created, so that a
    test ends with nothing live; the next entry point creates them again. Not
    for use while other threads call them. */
 void xs_torch_destroy_all(void);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -45,6 +45,10 @@ foreach(pc xseg xseg-static xseg-sim)
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 endforeach()
 
-# The PyTorch module: it finds ../../libxseg.so.0 from here.
-install(FILES python/xseg_torch.py
+# The PyTorch module: it finds ../../libxseg.so.0 and ../../libxseg_torch.so.0
+# from here, and builds xseg_torch_oom.cc against the user's torch.
+if(XSEG_BUILD_TORCH_ADAPTER)
+  install(TARGETS xseg_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
+install(FILES python/xseg_torch.py python/xseg_torch_oom.cc
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)

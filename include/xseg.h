@@ -49,7 +49,10 @@ typedef struct xseg_allocator xseg_allocator;   /* one per device */
    means the environment variable XSEG_ALLOC_CONF, then defaults. */
 xseg_status xseg_create(int device, const char *conf, xseg_allocator **out);
 /* Releases every driver resource, live blocks included (they are reported
-   on stderr). NULL is ignored. */
+   on stderr). Work still queued on a stream before a free (of a block
+   freed on that stream, or of a block whose handles were lent since) may
+   still write that memory: destroy waits for it (one event per stream)
+   before unmapping. NULL is ignored. */
 void        xseg_destroy(xseg_allocator *a);
 
 /* A block of at least `size` bytes for work on `stream`, 512-byte aligned.
@@ -109,8 +112,11 @@ xseg_status xseg_reset_peak_stats(xseg_allocator *a);
 /* JSON in the schema of torch.cuda.memory._snapshot(): {"segments":[...],
    "device_traces":[[...]]} (docs/DESIGN.md section 6). Each mapped run of a
    reserved range is a segment; blocks are active_allocated,
-   active_pending_free or inactive; device_traces holds what
-   xseg_record_memory_history recorded (empty when it is off). */
+   active_pending_free or inactive; a handle still mapped only where old
+   work may use it (a growth failed after taking it) is a segment of one
+   inactive block marked "retiring": the segments' total_size adds up to
+   reserved_bytes. device_traces holds what xseg_record_memory_history
+   recorded (empty when it is off). */
 xseg_status xseg_snapshot_json(xseg_allocator *a, FILE *out);
 
 /* Walks every structure and checks every invariant; XSEG_OK or a message. */
@@ -129,7 +135,8 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
    requires. A capture that was not announced is detected when the
    allocation cannot be served from the cache (cuStreamGetCaptureInfo) and
    gets pool XSEG_CAPTURE_POOL(capture id); announce captures so that cached
-   blocks are kept out of them too.
+   blocks are kept out of them too. Such a capture ends when xseg next
+   finds its stream out of it, or destroyed (which ends a capture too).
    Several streams may allocate to one pool at once; the pool then keeps
    its blocks per stream, as PyTorch's private pools do: a block that one
    stream frees is reused by that stream alone (stream order makes that
@@ -153,25 +160,38 @@ xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------
    One process-wide allocator per device, created on first use from
    XSEG_ALLOC_CONF and kept until the process ends; cudaStream_t is
-   struct CUstream_st *. No entry point can report an error to PyTorch: a
-   failure is kept as the calling thread's xseg_torch_last_error() (malloc
-   then returns NULL), which python/xseg_torch.py raises as
-   torch.cuda.OutOfMemoryError. The C++ setters take them as they are:
-     CUDAPluggableAllocator(xseg_torch_malloc, xseg_torch_free)
-     set_record_stream_fn(xseg_torch_record_stream)
-     set_reset_fn(xseg_torch_empty_cache)
-     set_memory_fraction_fn(xseg_torch_set_memory_fraction)
-   and the graph-pool setters through a lambda that passes MempoolId_t's
-   halves (and, to begin, the capturing stream):
-     set_begin_allocate_to_pool([](int d, MempoolId_t id, auto) {
-       xseg_torch_begin_allocate_to_pool(d, id.first, id.second,
-                                         getCurrentCUDAStream(d)); }) */
+   struct CUstream_st *. These are C and cannot throw: a failure is kept as
+   the calling thread's xseg_torch_last_error() / xseg_torch_last_status()
+   (malloc then returns NULL). PyTorch checks nothing they return, so
+   python/xseg_torch.py hands PyTorch libxseg_torch.so's C++ wrappers
+   instead (torch_adapter/xseg_torch.h): the same calls in the signatures
+   of PyTorch's setters, which throw at the failing call. */
 void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream);
 void  xseg_torch_free(void *ptr, ssize_t size, int device,
                       struct CUstream_st *stream);
 void  xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
 void  xseg_torch_empty_cache(void);                   /* every device */
 void  xseg_torch_set_memory_fraction(double fraction, int device);
+/* PyTorch's init(device_count): devices from device_count on are refused
+   from then on (at most xseg_torch_device_limit()). */
+void  xseg_torch_init(int device_count);
+/* Graph pools, named by PyTorch's MempoolId_t {first, second}. From the
+   begin to the end, an allocation of `device` on a stream for which
+   filter(ctx, stream) returns 1 comes from the pool (0: not this stream;
+   -1: the filter failed, and so does the allocation). A refused stream is
+   asked again at its next allocation (it may join the capture later); a
+   claimed one stays in the pool until the end. ctx_free(ctx), if not NULL,
+   runs at the end (or at once if the begin fails). Each begin of an id
+   takes a use of the pool, each release drops one; the last returns the
+   pool's free memory to the cache (empty_cache then unmaps it). */
+typedef int (*xseg_torch_stream_filter)(void *ctx, struct CUstream_st *stream);
+void  xseg_torch_begin_allocate_to_pool_if(int device,
+                                           unsigned long long id_first,
+                                           unsigned long long id_second,
+                                           xseg_torch_stream_filter filter,
+                                           void *ctx,
+                                           void (*ctx_free)(void *ctx));
+/* The same with the one stream `stream` claimed at once. */
 void  xseg_torch_begin_allocate_to_pool(int device, unsigned long long id_first,
                                         unsigned long long id_second,
                                         struct CUstream_st *stream);
@@ -181,6 +201,7 @@ void  xseg_torch_release_pool(int device, unsigned long long id_first,
                               unsigned long long id_second);
 /* "" or "<entry point>: <XSEG_ERR_...>: <xseg_last_error()>". */
 const char *xseg_torch_last_error(void);
+xseg_status xseg_torch_last_status(void);   /* XSEG_OK when none */
 void  xseg_torch_clear_error(void);
 /* The allocator of `device` (created if need be), for the xseg_* calls;
    NULL with xseg_torch_last_error() set if it cannot be created. */
@@ -199,12 +220,16 @@ void  xseg_torch_string_free(char *s);
    one fd per physical handle the block touches and one of the producer's
    reference table. A consumer opens it: it maps just those handles (its
    address space grows by their size, not by a device-sized reservation)
-   and registers by pid in the table. While any process holds the block,
+   and registers by pid and start time in the table. A block is named by
+   its producer's table (a random id), so the blocks of several allocators
+   of one process, or of a new allocator after xseg_destroy, are never
+   confused. Both processes must share a PID namespace. While any process
+   holds the block,
    the producer's xseg_free leaves it pending (pending_free_bytes) instead
    of reusing it; the producer reclaims the holds of processes that died
-   (even by SIGKILL) whenever it settles pending frees, e.g. at its next
-   xseg_malloc. A consumer may pass a handle it received on; the producer
-   still decides the block's lifetime. */
+   (even by SIGKILL, even inside xseg_ipc_open) whenever it settles pending
+   frees, e.g. at its next xseg_malloc. A consumer may pass a handle it
+   received on; the producer still decides the block's lifetime. */
 typedef struct xseg_ipc_handle xseg_ipc_handle;            /* opaque */
 /* A handle for the live block at ptr; free it with xseg_ipc_handle_free
    (which does not affect the block). Exporting the same block again gives
@@ -218,9 +243,10 @@ xseg_status xseg_ipc_recv(int unix_socket, xseg_ipc_handle **out);
 void        xseg_ipc_handle_free(xseg_ipc_handle *h);      /* closes its fds */
 /* Maps the block of h read-write (the same pointer, reference-counted,
    when this allocator has it open already). Fails with a message naming
-   the cause when the producer has exited, the block is no longer
-   exported, h is for another device or an fd is not driver memory; then
-   nothing was kept. */
+   the cause when the producer has exited or runs in another PID
+   namespace, the block is no longer exported, h's table fd is not the
+   table its message names, h is for another device or an fd is not driver
+   memory; then nothing was kept. */
 xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h, void **ptr);
 /* Drops one open of ptr; the last unmaps it and releases the hold. */
 xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr);

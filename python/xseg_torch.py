@@ -1,36 +1,62 @@
-"""xseg as PyTorch's CUDA allocator, through ctypes (no build step).
+"""xseg as PyTorch's CUDA allocator.
 
     import xseg_torch
-    xseg_torch.install()          # before the first CUDA allocation
+    xseg_torch.install()          # before the first CUDA tensor
     x = torch.empty(1 << 20, device="cuda")
 
-install() hands libxseg.so's xseg_torch_malloc / xseg_torch_free to
-torch.cuda.memory.CUDAPluggableAllocator and makes it the current allocator.
-PyTorch cannot report statistics or snapshots of a pluggable allocator, so
-this module does: memory_stats() (PyTorch's memory_stats() keys),
-memory_snapshot() (the dict of torch.cuda.memory._snapshot(), which
-torch.cuda._memory_viz and https://pytorch.org/memory_viz read),
-empty_cache() and check().
+install() makes xseg torch.cuda's allocator through
+torch.cuda.memory.CUDAPluggableAllocator, with every hook PyTorch's
+_CUDAPluggableAllocator takes: malloc and free, record_stream, reset
+(torch.cuda.empty_cache), memory fraction
+(torch.cuda.set_per_process_memory_fraction), init, and the CUDA graph pools
+(torch.cuda.graph, MemPool), whose stream filter decides which streams
+allocate into the pool. The hooks are libxseg_torch.so's C++ wrappers
+(torch_adapter/xseg_torch.h), which throw at the failing call: an allocation
+xseg cannot serve raises torch.cuda.OutOfMemoryError (xseg_torch_oom.cc,
+compiled once against the installed torch when a C++ compiler is present;
+otherwise a RuntimeError whose message starts "CUDA out of memory."), in the
+thread that asked, autograd's included.
 
-An allocation xseg cannot serve returns NULL to PyTorch, which does not
-check it; run allocating code under `with xseg_torch.oom_guard():` (or call
-raise_if_failed() after it) to get torch.cuda.OutOfMemoryError with xseg's
-message instead.
+PyTorch answers its memory functions for a pluggable allocator with "does not
+yet support", so install() also makes torch._C's functions beneath them
+answer with xseg's numbers: memory_stats, memory_allocated, memory_reserved
+and their max_ and reset_ forms, memory_summary, memory_snapshot,
+torch.cuda.memory._snapshot, _record_memory_history and _dump_snapshot
+(a pickle torch.cuda._memory_viz and pytorch.org/memory_viz open).
+install(patch_memory_api=False) leaves torch._C alone.
 
-The library is found from XSEG_LIBRARY, else relative to this file (installed
-as <prefix>/lib/xseg/python/xseg_torch.py, or python/ beside build/ in a
-source tree), else by the dynamic loader (libxseg.so.0).
+Supported: PyTorch 2.3 up to (not including) 3.0, on Linux x86-64.
+
+The libraries are found from XSEG_LIBRARY / XSEG_TORCH_LIBRARY, else
+relative to this file (installed as <prefix>/lib/xseg/python/, or python/
+beside build/ in a source tree), else by the dynamic loader.
 Configuration comes from XSEG_ALLOC_CONF, as for xseg_create.
 """
 
-import contextlib
 import ctypes
+import hashlib
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
 
-__all__ = ["Library", "OutOfMemoryError", "XsegError", "install", "library",
-           "memory_stats", "memory_snapshot", "empty_cache", "check",
-           "oom_guard", "raise_if_failed"]
+__all__ = ["Library", "OutOfMemoryError", "XsegError", "install",
+           "installed", "library", "memory_stats", "memory_snapshot",
+           "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+           "record_memory_history", "empty_cache", "check",
+           "raise_if_failed", "SUPPORTED_TORCH"]
+
+# [first, last) of the torch versions install() accepts: the setters of
+# _CUDAPluggableAllocator for the graph pools exist from 2.3 on, and the
+# hook signatures of torch/csrc/cuda/Module.cpp are unchanged since.
+SUPPORTED_TORCH = ((2, 3), (3, 0))
+# _record_memory_history's default max_entries is sys.maxsize; xseg keeps
+# its ring in host memory allocated up front, so it is capped.
+MAX_TRACE_ENTRIES = 1 << 20
 
 
 class XsegError(RuntimeError):
@@ -47,42 +73,43 @@ def _oom_class():
 
 class OutOfMemoryError(_oom_class() or RuntimeError):
     """torch.cuda.OutOfMemoryError when torch is importable, with xseg's
-    message ("tried to allocate X; device has Y total, Z free; ...")."""
+    message; raised by this module's own calls (raise_if_failed)."""
 
 
-def _candidates():
-    env = os.environ.get("XSEG_LIBRARY")
-    if env:
-        yield env
-        return
+def _library_dirs():
     here = os.path.dirname(os.path.abspath(__file__))
     # Installed as <prefix>/lib/xseg/python/xseg_torch.py; or in a source
     # tree beside build/.
-    for rel in ("../../libxseg.so.0", "../build/libxseg.so.0"):
-        path = os.path.normpath(os.path.join(here, rel))
-        if os.path.exists(path):
-            yield path
-    yield "libxseg.so.0"
+    for rel in ("../..", "../build", "../build/torch_adapter"):
+        yield os.path.normpath(os.path.join(here, rel))
+
+
+def _find(env, name):
+    path = os.environ.get(env)
+    if path:
+        return path
+    for d in _library_dirs():
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return name
 
 
 class Library:
     """libxseg.so's xseg_torch_* entry points, typed for ctypes."""
 
     def __init__(self, path=None):
-        self.path = path or next(iter(_candidates()))
-        self.lib = lib = ctypes.CDLL(self.path)
+        self.path = path or _find("XSEG_LIBRARY", "libxseg.so.0")
+        self.lib = lib = ctypes.CDLL(self.path, mode=ctypes.RTLD_GLOBAL)
         vp, cp, i, d = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, \
             ctypes.c_double
-        ull = ctypes.c_ulonglong
+        sz = ctypes.c_size_t
         self._sig("xseg_torch_malloc", vp, ctypes.c_ssize_t, i, vp)
         self._sig("xseg_torch_free", None, vp, ctypes.c_ssize_t, i, vp)
         self._sig("xseg_torch_record_stream", None, vp, vp)
         self._sig("xseg_torch_empty_cache", None)
         self._sig("xseg_torch_set_memory_fraction", None, d, i)
-        self._sig("xseg_torch_begin_allocate_to_pool", None, i, ull, ull, vp)
-        self._sig("xseg_torch_end_allocate_to_pool", None, i, ull, ull)
-        self._sig("xseg_torch_release_pool", None, i, ull, ull)
         self._sig("xseg_torch_last_error", cp)
+        self._sig("xseg_torch_last_status", i)
         self._sig("xseg_torch_clear_error", None)
         self._sig("xseg_torch_allocator", vp, i)
         self._sig("xseg_torch_has_allocator", i, i)
@@ -93,6 +120,9 @@ class Library:
         self._sig("xseg_torch_string_free", None, vp)
         self._sig("xseg_check", i, vp)
         self._sig("xseg_last_error", cp)
+        self._sig("xseg_reset_peak_stats", i, vp)
+        self._sig("xseg_record_memory_history", i, vp, sz)
+        self._sig("xseg_empty_cache_blocking", i, vp)
         self.malloc = lib.xseg_torch_malloc
         self.free = lib.xseg_torch_free
         self.record_stream = lib.xseg_torch_record_stream
@@ -112,6 +142,20 @@ class Library:
         """The devices whose allocator exists (used since start)."""
         return [dev for dev in range(self.lib.xseg_torch_device_limit())
                 if self.lib.xseg_torch_has_allocator(dev)]
+
+    def allocator(self, device):
+        """Device's xseg_allocator *, created if need be."""
+        a = self.lib.xseg_torch_allocator(device)
+        if not a:
+            raise _error(self.last_error())
+        return a
+
+    def call(self, name, device, *args):
+        """xseg_<name>(allocator of device, *args); raises on failure."""
+        st = getattr(self.lib, "xseg_" + name)(self.allocator(device), *args)
+        if st != 0:
+            raise XsegError("xseg_%s(device %d): %s" % (
+                name, device, self.lib.xseg_last_error().decode()))
 
     def json(self, what, device):
         fn = getattr(self.lib, "xseg_torch_%s_json" % what)
@@ -141,44 +185,127 @@ def library(path=None):
     return _library
 
 
-def install(path=None):
-    """Makes xseg PyTorch's CUDA allocator; call before any CUDA tensor.
-    Returns the torch.cuda.memory.CUDAPluggableAllocator."""
-    import torch
-    lib = library(path)
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        lib.path, "xseg_torch_malloc", "xseg_torch_free")
-    torch.cuda.memory.change_current_allocator(allocator)
-    return allocator
+# ---- statistics, PyTorch's keys ---------------------------------------------
+
+# torch/csrc/cuda/Module.cpp's memoryStats: these StatArrays, each
+# {all, small_pool, large_pool} x {current, peak, allocated, freed}; the
+# counters; max_split_size; and two single Stats xseg does not keep (it
+# never serves an "oversize" block apart), reported as zero.
+_STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split",
+                "allocated_bytes", "reserved_bytes", "active_bytes",
+                "inactive_split_bytes", "requested_bytes")
+_STAT_SCOPES = ("all", "small_pool", "large_pool")
+_STAT_METRICS = ("current", "peak", "allocated", "freed")
+_COUNTERS = ("num_alloc_retries", "num_ooms", "num_sync_all_streams",
+             "num_device_alloc", "num_device_free")
+_UNTRACKED = ("oversize_allocations", "oversize_segments")
+
+# Per device, the accumulated values at the last
+# reset_accumulated_memory_stats (xseg's own counters never go back).
+_accumulated_base = {}
+
+
+def _zero_stats():
+    stats = {"%s.%s.%s" % (n, s, m): 0 for n in _STAT_ARRAYS
+             for s in _STAT_SCOPES for m in _STAT_METRICS}
+    stats.update({c: 0 for c in _COUNTERS})
+    stats["max_split_size"] = -1
+    return stats
+
+
+def _accumulated(key):
+    return key in _COUNTERS or key.endswith((".allocated", ".freed"))
 
 
 def memory_stats(device=0):
-    """torch.cuda.memory_stats()'s dict, with its keys, for xseg's
-    allocator of `device`."""
-    return library().json("stats", device)
+    """torch.cuda.memory_stats()'s flat dict for xseg's allocator of
+    `device`, with PyTorch's keys (zeros for a device xseg has not served:
+    reading stats creates no allocator)."""
+    lib = library()
+    stats = lib.json("stats", device) if lib.lib.xseg_torch_has_allocator(
+        device) else _zero_stats()
+    for name in _UNTRACKED:
+        for m in _STAT_METRICS:
+            stats.setdefault("%s.%s" % (name, m), 0)
+    for key, value in _accumulated_base.get(device, {}).items():
+        stats[key] -= value
+    return stats
 
 
-def memory_snapshot():
+def _nested(flat):
+    """The nested dict torch._C._cuda_memoryStats returns, whose keys
+    torch.cuda.memory_stats joins with '.'."""
+    nested = {}
+    for key, value in flat.items():
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def reset_peak_memory_stats(device=0):
+    """Every peak becomes the current value (torch.cuda's)."""
+    lib = library()
+    if lib.lib.xseg_torch_has_allocator(device):
+        lib.call("reset_peak_stats", device)
+
+
+def reset_accumulated_memory_stats(device=0):
+    """The "allocated"/"freed" values and the counters start again from 0
+    (torch.cuda's); xseg's own counters are kept, this module subtracts."""
+    _accumulated_base.pop(device, None)
+    stats = memory_stats(device)
+    _accumulated_base[device] = {k: v for k, v in stats.items()
+                                 if _accumulated(k)}
+
+
+# ---- snapshots ----------------------------------------------------------------
+
+def _pool_id(first, second):
+    """alloc/torch_pools.c's folding of a MempoolId_t."""
+    folded = ((first << 32) ^ second) & ~(1 << 63) & ((1 << 64) - 1)
+    return folded or 1
+
+
+def memory_snapshot(pool=None, include_traces=True):
     """torch.cuda.memory._snapshot()'s dict over every device in use:
-    {"segments": [...], "device_traces": [[...] per device]}."""
+    {"segments": [...], "device_traces": [[...] per device]}; with `pool` (a
+    MempoolId_t pair) the segments of that private pool alone."""
     lib = library()
     devices = lib.devices()
     snap = {"segments": [], "device_traces": []}
-    for dev in range(max(devices, default=-1) + 1):
+    for dev in range(max(devices, default=0) + 1):
         part = lib.json("snapshot", dev) if dev in devices else \
             {"segments": [], "device_traces": [[]]}
-        snap["segments"].extend(part["segments"])
-        snap["device_traces"].append(part["device_traces"][0])
+        for seg in part["segments"]:
+            seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
+            if pool is None or tuple(pool) == (0, 0) or \
+                    seg["segment_pool_id"][1] == _pool_id(*pool):
+                snap["segments"].append(seg)
+        traces = part["device_traces"][0] if include_traces else []
+        snap["device_traces"].append(traces)
     return snap
 
 
-def empty_cache():
-    """Releases every whole free granule of every device (as
-    torch.cuda.empty_cache(), which a pluggable allocator does not get)."""
+def record_memory_history(max_entries, devices=None):
+    """Keeps the last max_entries allocator events (0: stop and forget) of
+    `devices` (every device in use, by default) for the snapshot's
+    device_traces."""
     lib = library()
-    lib.clear_error()
-    lib.lib.xseg_torch_empty_cache()
-    raise_if_failed()
+    entries = max(0, min(int(max_entries), MAX_TRACE_ENTRIES))
+    for dev in (lib.devices() if devices is None else devices):
+        lib.call("record_memory_history", dev, entries)
+
+
+def empty_cache():
+    """Waits for the work that guards free memory, then releases every whole
+    free granule of every device (as torch.cuda.empty_cache() does once
+    install()ed)."""
+    lib = library()
+    for dev in lib.devices():
+        lib.call("empty_cache_blocking", dev)
 
 
 def check():
@@ -192,8 +319,10 @@ def check():
 
 
 def raise_if_failed():
-    """Raises the calling thread's last xseg failure (OutOfMemoryError for
-    an allocation that could not be served), then forgets it."""
+    """Raises the calling thread's last failure of a direct xseg_torch_* call
+    (Library.malloc etc.; OutOfMemoryError for an allocation that could not
+    be served), then forgets it. Not needed after install(): the hooks
+    PyTorch calls raise at the failing call."""
     lib = library()
     message = lib.last_error()
     if message:
@@ -201,19 +330,206 @@ def raise_if_failed():
         raise _error(message)
 
 
-@contextlib.contextmanager
-def oom_guard():
-    """Within it, an allocation xseg could not serve raises
-    OutOfMemoryError with xseg's message, whatever error PyTorch raised for
-    the NULL pointer it got (or none)."""
-    lib = library()
-    lib.clear_error()
-    try:
-        yield
-    except Exception as err:
-        message = lib.last_error()
-        if message:
-            lib.clear_error()
-            raise _error(message) from err
-        raise
-    raise_if_failed()
+# ---- install --------------------------------------------------------------------
+
+def _version_tuple(version):
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    if not m:
+        raise RuntimeError("xseg_torch: cannot read torch version %r" %
+                           (version,))
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_torch_version(torch):
+    """Raises RuntimeError unless torch.__version__ is in SUPPORTED_TORCH."""
+    found = _version_tuple(torch.__version__)
+    (lo, hi) = SUPPORTED_TORCH
+    if not lo <= found < hi:
+        raise RuntimeError(
+            "xseg_torch supports PyTorch %d.%d up to (not including) %d.%d; "
+            "this is torch %s (%s)" % (lo + hi + (
+                torch.__version__, getattr(torch, "__file__", "?"))))
+
+
+_HOOKS = (  # _CUDAPluggableAllocator's setter, libxseg_torch.so's function
+    ("set_record_stream_fn", "xseg_torch_cxx_record_stream"),
+    ("set_reset_fn", "xseg_torch_cxx_empty_cache"),
+    ("set_memory_fraction_fn", "xseg_torch_cxx_set_memory_fraction"),
+    ("set_init_fn", "xseg_torch_cxx_init"),
+    ("set_begin_allocate_to_pool", "xseg_torch_cxx_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "xseg_torch_cxx_end_allocate_to_pool"),
+    ("set_release_pool", "xseg_torch_cxx_release_pool"),
+)
+
+
+def _address(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def _oom_thrower(torch):
+    """The address of xseg_torch_throw_oom built against this torch (cached
+    by torch version, C++ ABI and source), or None with a warning when it
+    cannot be built (no C++ compiler, no torch headers)."""
+    if os.environ.get("XSEG_TORCH_NO_COMPILE"):
+        return None
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = os.path.join(here, "xseg_torch_oom.cc")
+    torch_dir = os.path.dirname(torch.__file__)
+    include = os.path.join(torch_dir, "include")
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    why = None
+    if not os.path.exists(source):
+        why = "%s is missing" % source
+    elif not cxx:
+        why = "no C++ compiler (c++, g++ or $CXX)"
+    elif not os.path.exists(os.path.join(include, "c10", "util",
+                                         "Exception.h")):
+        why = "torch's C++ headers are not installed (%s)" % include
+    if why:
+        warnings.warn("xseg_torch: %s: out of memory raises RuntimeError "
+                      "('CUDA out of memory. ...') instead of "
+                      "torch.cuda.OutOfMemoryError" % why)
+        return None
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    cache = os.environ.get("XSEG_TORCH_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "xseg")
+    name = "xseg_torch_oom-%s-abi%d-%s.so" % (
+        re.sub(r"[^0-9A-Za-z.]", "_", torch.__version__), abi, digest)
+    path = os.path.join(cache, name)
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        lib_dir = os.path.join(torch_dir, "lib")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+        os.close(fd)
+        cmd = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17",
+               "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I" + include, source,
+               "-L" + lib_dir, "-lc10", "-Wl,-rpath," + lib_dir, "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            os.unlink(tmp)
+            warnings.warn("xseg_torch: building %s failed (%s): out of "
+                          "memory raises RuntimeError instead of "
+                          "torch.cuda.OutOfMemoryError\n%s" % (
+                              source, " ".join(cmd), done.stderr[-2000:]))
+            return None
+        os.replace(tmp, path)
+    return _address(ctypes.CDLL(path), "xseg_torch_throw_oom")
+
+
+def _torch_memory_api(torch):
+    """Replacements for torch._C's functions beneath torch.cuda's memory API
+    (torch/cuda/memory.py calls each through the torch._C module at call
+    time, so that every public function answers alike)."""
+
+    def memory_stats_nested(device):
+        return _nested(memory_stats(int(device)))
+
+    def snapshot(*args):
+        # _cuda_memorySnapshot(None) from _snapshot, (a, b, include_traces)
+        # from memory_snapshot (2.8 on), a MempoolId_t or nothing before.
+        pool, include_traces = None, True
+        arg = args[0] if args else None
+        if isinstance(arg, (tuple, list)):
+            pool = tuple(arg[:2])
+            if len(arg) > 2:
+                include_traces = bool(arg[2])
+        return memory_snapshot(pool, include_traces)
+
+    def current_devices():
+        # Recording starts before the first tensor as a rule: the current
+        # device's allocator is made for it.
+        lib = library()
+        lib.allocator(torch.cuda.current_device())
+        return lib.devices()
+
+    def record_history(enabled, context=None, stacks="all",
+                       max_entries=sys.maxsize, *rest):
+        record_memory_history(max_entries if enabled else 0,
+                              current_devices())
+
+    def record_history_legacy(enabled, record_context=True,
+                              trace_alloc_max_entries=1, *rest):
+        record_memory_history(trace_alloc_max_entries if enabled else 0,
+                              current_devices())
+
+    api = {
+        "_cuda_memoryStats": memory_stats_nested,
+        "_cuda_resetPeakMemoryStats":
+            lambda device: reset_peak_memory_stats(int(device)),
+        "_cuda_resetAccumulatedMemoryStats":
+            lambda device: reset_accumulated_memory_stats(int(device)),
+        "_cuda_memorySnapshot": snapshot,
+        "_cuda_record_memory_history": record_history,
+        "_cuda_record_memory_history_legacy": record_history_legacy,
+    }
+    # torch.accelerator's memory functions (2.8 on) for the CUDA device.
+    if hasattr(torch._C, "_accelerator_getDeviceStats"):
+        api.update({
+            "_accelerator_getDeviceStats": memory_stats_nested,
+            "_accelerator_resetPeakStats":
+                lambda device: reset_peak_memory_stats(int(device)),
+            "_accelerator_resetAccumulatedStats":
+                lambda device: reset_accumulated_memory_stats(int(device)),
+        })
+    return api
+
+
+class _Installed:
+    """What install() made: kept so that nothing it handed torch is freed."""
+
+    def __init__(self, allocator, adapter, thrower, patched):
+        self.allocator = allocator
+        self.adapter = adapter
+        self.thrower = thrower
+        self.patched = patched
+
+
+_installed = None
+
+
+def installed():
+    """The _Installed record of install(), or None."""
+    return _installed
+
+
+def install(path=None, patch_memory_api=True, adapter_path=None):
+    """Makes xseg PyTorch's CUDA allocator; call before any CUDA tensor.
+    Returns the torch.cuda.memory.CUDAPluggableAllocator."""
+    global _installed
+    import torch
+    if _installed is not None:
+        return _installed.allocator
+    check_torch_version(torch)
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "xseg_torch.install() must run before CUDA is initialised "
+            "(before the first CUDA tensor): PyTorch cannot change the "
+            "allocator of an initialised device")
+    lib = library(path)
+    adapter_path = adapter_path or _find("XSEG_TORCH_LIBRARY",
+                                         "libxseg_torch.so.0")
+    adapter = ctypes.CDLL(adapter_path)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        adapter_path, "xseg_torch_cxx_malloc", "xseg_torch_cxx_free")
+    hooks = allocator.allocator()
+    missing = [setter for setter, _ in _HOOKS if not hasattr(hooks, setter)]
+    if missing:
+        raise RuntimeError("xseg_torch: torch %s's _CUDAPluggableAllocator "
+                           "lacks %s" % (torch.__version__,
+                                         ", ".join(missing)))
+    for setter, fn in _HOOKS:
+        getattr(hooks, setter)(_address(adapter, fn))
+    thrower = _oom_thrower(torch)
+    adapter.xseg_torch_cxx_set_oom_thrower.argtypes = [ctypes.c_void_p]
+    adapter.xseg_torch_cxx_set_oom_thrower(thrower)
+    torch.cuda.memory.change_current_allocator(allocator)
+    patched = {}
+    if patch_memory_api:
+        for name, fn in _torch_memory_api(torch).items():
+            patched[name] = getattr(torch._C, name, None)
+            setattr(torch._C, name, fn)
+    _installed = _Installed(allocator, adapter, thrower, patched)
+    del lib
+    return allocator

@@ -148,4 +148,23 @@ static inline xseg_stats at_stats(xseg_allocator *a) {
   return s;
 }
 
+/* The sum of the segments' total_size in xseg_snapshot_json (only
+   segments carry that key); -1 when the snapshot could not be written.
+   PyTorch's memory viewer takes it for the reserved bytes. */
+static inline int64_t at_snapshot_total(xseg_allocator *a) {
+  char *json = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&json, &len);
+  if (f == NULL) return -1;
+  xseg_status st = xseg_snapshot_json(a, f);
+  fclose(f);
+  int64_t total = st == XSEG_OK ? 0 : -1;
+  static const char key[] = "\"total_size\": ";
+  for (const char *k = json; st == XSEG_OK && (k = strstr(k, key)) != NULL;
+       k += sizeof key - 1)
+    total += strtoll(k + sizeof key - 1, NULL, 10);
+  free(json);
+  return total;
+}
+
 #endif /* XSEG_ALLOC_HELPERS_H */

@@ -124,6 +124,14 @@ static inline int32_t ipc_worker_do(ipc_worker *g, const ipc_cmd *c) {
     case 'c': return xseg_ipc_close(g->a, g->ptr);
     case 'f': return xseg_ipc_send(g->peer, g->h);
     case 'u': return consume(g->a, g->peer);   /* README's consumer */
+    case 'l':                          /* open and close until killed */
+      st = 0;
+      if (send(g->ctl, &st, sizeof st, MSG_NOSIGNAL) != (ssize_t)sizeof st)
+        return 94;
+      for (;;) {
+        if (xseg_ipc_open(g->a, g->h, &again) != XSEG_OK) return 95;
+        if (xseg_ipc_close(g->a, again) != XSEG_OK) return 96;
+      }
     case 'x':                                  /* export a block of its own */
       st = xseg_malloc(g->a, c->len, NULL, &g->own);
       if (st == XSEG_OK && !ipc_fill(g->own, c->len, c->tag)) return 93;

@@ -233,3 +233,121 @@ XSEG_TEST(alloc_flow, a_failed_growth_keeps_counting_what_it_had_lent) {
   XSEG_EXPECT_OK(xseg_check(f.a));
   lend_teardown(&f);
 }
+
+/* The snapshot shows what reserved_bytes counts: after a growth failed
+   having lent a busy free block's handles, they stay mapped at their old
+   address (the driver holds them) until the held work has run; each is a
+   segment of its own ("retiring"), so the segments' total_size adds up to
+   reserved_bytes before and after. */
+XSEG_TEST(alloc_flow, snapshot_shows_what_a_failed_growth_had_lent) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  lend_fixture f = {0};
+  lend_setup(&f);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a),
+                 at_stats(f.a).reserved_bytes.current);
+  xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
+  void *big = NULL;
+  XSEG_EXPECT_EQ(xseg_malloc(f.a, 56 * MiB, f.s, &big), XSEG_ERR_DRIVER);
+  xsim_fail_call("cuMemCreate", 0, CUDA_SUCCESS);
+  XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 48 * MiB);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a), 48 * MiB);
+  char *json = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&json, &len);
+  XSEG_EXPECT_OK(xseg_snapshot_json(f.a, out));
+  fclose(out);
+  XSEG_EXPECT_TRUE(strstr(json, "\"retiring\": true") != NULL);
+  free(json);
+  xt_latch_open(f.l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(f.s));
+  XSEG_EXPECT_OK(xseg_empty_cache(f.a));
+  XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 8 * MiB);
+  XSEG_EXPECT_EQ(at_snapshot_total(f.a), 8 * MiB);
+  lend_teardown(&f);
+}
+
+/* ---- destroy waits for the work that still uses its memory ------------- */
+
+typedef struct destroy_run {
+  xseg_allocator *a;
+  atomic_bool done;
+} destroy_run;
+
+static void *destroy_thread(void *arg) {
+  destroy_run *d = arg;
+  xseg_destroy(d->a);
+  atomic_store(&d->done, true);
+  return NULL;
+}
+
+static uint64_t unmaps_and_releases(void) {
+  return xsim_call_count("cuMemUnmap") + xsim_call_count("cuMemRelease");
+}
+
+/* Destroys a in another thread while latch l holds back work that writes
+   its memory. True when destroy waited for that work: it began a host
+   wait (on the guard's event) with nothing unmapped or released, and
+   finished only once the latch opened. False when it returned with the
+   work still held; the latch then stays closed for good, since the held
+   write would land in unmapped memory (a fault in the emulator, an
+   illegal address on a GPU). */
+static bool destroy_waits_for(xseg_allocator *a, xt_latch *l) {
+  destroy_run d = {.a = a};
+  uint64_t waits = host_waits(), gone = unmaps_and_releases();
+  pthread_t t;
+  if (pthread_create(&t, NULL, destroy_thread, &d) != 0) return false;
+  while (!atomic_load(&d.done) && host_waits() == waits) usleep(1000);
+  usleep(20000);                       /* a wrong destroy would go on */
+  bool waited = !atomic_load(&d.done) && unmaps_and_releases() == gone;
+  if (atomic_load(&d.done)) {
+    pthread_join(t, NULL);
+    return false;
+  }
+  xt_latch_open(l);
+  pthread_join(t, NULL);
+  return waited;
+}
+
+/* A block freed on its own stream while that stream's work on it is
+   still queued (a stream-ordered free: the block is back in the cache at
+   once) is unmapped by xseg_destroy only after that work ran. */
+XSEG_TEST(alloc_flow, destroy_waits_for_work_queued_before_a_free) {
+  XT_REQUIRE_SIM_FOR("counts driver calls");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new();
+  xt_latch *l = xt_latch_new();
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 8 * MiB, s, &p));
+  XSEG_ASSERT_CU(xt_latch_hold(s, l));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x77, 8 * MiB, s));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  if (!XSEG_EXPECT_TRUE(destroy_waits_for(a, l))) return;
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));  /* the held write went fine */
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  xsim_live now = live_now();
+  XSEG_EXPECT_EQ(now.handles, 0);
+  XSEG_EXPECT_EQ(now.mappings, 0);
+}
+
+/* The old mapping of a handle lent to a new block on the same stream
+   (lend_setup) is its old work's: destroy leaves it until that work ran,
+   then unmaps it and releases every handle. */
+XSEG_TEST(alloc_flow, destroy_waits_for_the_old_work_of_a_lent_handle) {
+  XT_REQUIRE_SIM_FOR("sets the device capacity");
+  lend_fixture f = {0};
+  lend_setup(&f);
+  XSEG_ASSERT_OK(xseg_malloc(f.a, 48 * MiB, f.s, &f.fresh));
+  xsim_live l = live_now();
+  XSEG_EXPECT_GT(l.mappings, l.handles);    /* the alias is there */
+  XSEG_EXPECT_OK(xseg_free(f.a, f.fresh));
+  XSEG_EXPECT_OK(xseg_free(f.a, f.pin));
+  if (!XSEG_EXPECT_TRUE(destroy_waits_for(f.a, f.l))) return;
+  XSEG_EXPECT_CU(cuStreamSynchronize(f.s));
+  xt_latch_free(f.l);
+  XSEG_EXPECT_CU(cuStreamDestroy(f.s));
+  l = live_now();
+  XSEG_EXPECT_EQ(l.handles, 0);
+  XSEG_EXPECT_EQ(l.mappings, 0);
+}

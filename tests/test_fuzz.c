@@ -2,7 +2,9 @@
  *
  * A seeded random walk over xseg_malloc, xseg_free, xseg_record_stream,
  * xseg_empty_cache(_blocking), xseg_set_memory_fraction, private pools
- * (begin / end / release) and streams created and destroyed, while streams
+ * (begin / end / release), graph captures (announced or found by the
+ * allocator) whose stream is destroyed after they end or while they run,
+ * and streams created and destroyed, while streams
  * are held back by latches, so that work queued before a free really is
  * late. A shadow model keeps every live block, the byte it should hold,
  * the counters of every call and the state of every pool, and after each
@@ -12,6 +14,8 @@
  *     are bounded by it (rounded bytes), and agree with each other and with
  *     the emulator's physical bytes;
  *   - xseg_check is OK;
+ *   - the snapshot's segments add up to reserved_bytes (PyTorch's memory
+ *     viewer takes their total_size for it);
  *   - whenever no stream is held, every live block holds its bytes (written
  *     on its own stream, and on the streams it was recorded on, read back
  *     through the driver): a late write into a reused block shows here.
@@ -84,16 +88,21 @@ static size_t fz_round(size_t size) {
 }
 
 /* Records a failure with the step it happened at; the walk stops there. */
+static void fz_vfail(bool *failed, const char *walk, uint64_t step,
+                     const char *fmt, va_list ap) {
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  XSEG_FAIL("%sstep %llu: %s", walk, (unsigned long long)step, msg);
+  *failed = true;
+}
+
 static void fz_fail(fz *f, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void fz_fail(fz *f, const char *fmt, ...) {
-  char msg[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  fz_vfail(&f->failed, "", f->step, fmt, ap);
   va_end(ap);
-  XSEG_FAIL("step %llu: %s", (unsigned long long)f->step, msg);
-  f->failed = true;
 }
 
 /* ---- latches and the watchdog ------------------------------------------ */
@@ -253,6 +262,10 @@ static void fz_check_stats(fz *f) {
     if (em[i].emulator != em[i].xseg)
       fz_fail(f, "the emulator holds %lld %s, xseg's stats say %lld",
               (long long)em[i].emulator, em[i].what, (long long)em[i].xseg);
+  int64_t shown = at_snapshot_total(f->a);
+  if (shown != s.reserved_bytes.current)
+    fz_fail(f, "the snapshot's segments total %lld bytes, reserved_bytes "
+            "is %lld", (long long)shown, (long long)s.reserved_bytes.current);
 }
 
 static void fz_check(fz *f) {
@@ -482,6 +495,87 @@ static void fz_stream_turn(fz *f) {
     if (f->live[k].stream == i) f->live[k].stream = -1;
 }
 
+/* One malloc (and its free at once) on stream slot si for the model:
+   counted as fz_malloc and fz_free count. */
+static void fz_malloc_free(fz *f, int si, size_t size) {
+  void *p = NULL;
+  fz_call_begin(f);
+  xseg_status st = xseg_malloc(f->a, size, f->streams[si].s, &p);
+  fz_call_end(f);
+  if (st == XSEG_ERR_OUT_OF_MEMORY || (st == XSEG_ERR_DRIVER && f->faults)) {
+    f->ooms += st == XSEG_ERR_OUT_OF_MEMORY;
+    return;
+  }
+  if (st != XSEG_OK) {
+    fz_fail(f, "malloc(%zu) on stream slot %d: %s: %s", size, si,
+            xseg_status_name(st), xseg_last_error());
+    return;
+  }
+  f->mallocs++;
+  f->requested_total += (int64_t)size;
+  while ((st = xseg_free(f->a, p)) == XSEG_ERR_DRIVER && f->faults) continue;
+  if (st != XSEG_OK) fz_fail(f, "free(%p): %s", p, xseg_last_error());
+  f->frees++;
+}
+
+/* A graph capture on an idle stream with no private pool, announced
+   (pool 3) or not (the allocator finds it on its slow path), with a few
+   mallocs and frees in it; then the stream is destroyed, after the
+   capture ended or while it runs (which ends it). The allocator goes on
+   as after any capture: mallocs on other streams, cached or not, and
+   empty_cache work, and the capture's pool is released. */
+static void fz_capture(fz *f) {
+  int i = 1 + (int)fz_rand(f, MAX_STREAMS);
+  fz_stream *st = &f->streams[i];
+  if (!st->alive || st->latch != NULL || st->pool != 0) return;
+  bool announce = fz_rand(f, 2), end_first = fz_rand(f, 3) != 0;
+  fz_call_begin(f);                     /* may wait on a held stream */
+  XSEG_EXPECT_CU(cuStreamSynchronize(st->s));
+  fz_call_end(f);
+  if (announce)
+    fz_expect(f, "begin_allocate_to_pool",
+              xseg_begin_allocate_to_pool(f->a, 3, st->s), XSEG_OK);
+  if (!XSEG_EXPECT_CU(cuStreamBeginCapture(st->s,
+                                           CU_STREAM_CAPTURE_MODE_GLOBAL)))
+    return;
+  cuuint64_t id = 0;
+  CUstreamCaptureStatus status;
+  XSEG_EXPECT_CU(cuStreamGetCaptureInfo(st->s, &status, &id, NULL, NULL, NULL,
+                                        NULL));
+  for (int n = (int)fz_rand(f, 4); n >= 0 && !f->failed; n--)
+    fz_malloc_free(f, i, fz_size(f));
+  CUgraph g = NULL;
+  if (end_first) XSEG_EXPECT_CU(cuStreamEndCapture(st->s, &g));
+  if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuStreamDestroy(st->s));
+  st->alive = false;
+  for (int k = 0; k < f->n_live; k++)
+    if (f->live[k].stream == i) f->live[k].stream = -1;
+  if (announce)
+    fz_expect(f, "end_allocate_to_pool", xseg_end_allocate_to_pool(f->a, 3),
+              XSEG_OK);
+  /* The allocator hears of the end from a malloc elsewhere or a release
+     pass; the pool may go only then. */
+  if (fz_rand(f, 2)) {
+    fz_malloc_free(f, 0, fz_size(f));
+  } else {
+    fz_call_begin(f);
+    xseg_status e = xseg_empty_cache(f->a);
+    fz_call_end(f);
+    if (e != XSEG_OK && !(e == XSEG_ERR_DRIVER && f->faults))
+      fz_fail(f, "empty_cache after a capture's stream went: %s",
+              xseg_last_error());
+  }
+  xseg_pool_id pool = announce ? 3 : XSEG_CAPTURE_POOL(id);
+  xseg_status r = xseg_release_pool(f->a, pool);
+  /* A capture that no malloc's slow path saw made no pool; under driver
+     faults the malloc that would have refreshed it may have failed. */
+  if (r != XSEG_OK && !(r == XSEG_ERR_INVALID_ARGUMENT && !announce) &&
+      !(r == XSEG_ERR_CAPTURE && f->faults))
+    fz_fail(f, "release_pool(%llu) after its capture: %s: %s",
+            (unsigned long long)pool, xseg_status_name(r), xseg_last_error());
+}
+
 /* Arms one failing call of a driver function that only the allocator
    calls (the test's own calls never fail). */
 static void fz_fault(fz *f) {
@@ -509,7 +603,8 @@ static void fz_step(fz *f) {
     if (f->streams[i].latch != NULL) fz_unhold(f, i);
   } else if (r < 87) fz_empty_cache(f);
   else if (r < 89) fz_fraction(f);
-  else if (r < 97) fz_pool(f);
+  else if (r < 96) fz_pool(f);
+  else if (r < 98) fz_capture(f);
   else fz_stream_turn(f);
 }
 
@@ -625,4 +720,241 @@ XSEG_TEST(fuzz, failing_driver_calls) {
 
 XSEG_TEST(fuzz, failing_driver_calls_classic) {
   fz_run("expandable_segments:False", 6, STEPS, DEVICE, true);
+}
+
+/* ---- several producers in one process, one consumer ----------------------- *
+ *
+ * A seeded walk over xseg_ipc_export, _open, _close and xseg_free across
+ * FI_PRODUCERS allocators of this one process (each numbers its blocks
+ * from the same start) and one consumer allocator, with producers
+ * destroyed and made again. The model knows each exported block's
+ * producer, bytes and opens. After every step:
+ *   - every block the consumer has open holds its producer's bytes (the
+ *     mapping of another producer's block, or a block its producer reused
+ *     while the consumer held it, shows here);
+ *   - each producer's open_by_others and pending_on_others, and the
+ *     consumer's opened_blocks, are the model's;
+ *   - xseg_check passes on every allocator.
+ * Opening an open block again gives the same pointer; opening a block
+ * that is gone (freed with no holder, or its producer destroyed) fails.
+ */
+
+enum { FI_PRODUCERS = 3, FI_BLOCKS = 24 };
+
+typedef struct fi_block {
+  int prod;              /* its producer */
+  void *p;               /* the producer's pointer; NULL once freed */
+  xseg_ipc_handle *h;
+  void *q;               /* the consumer's, while open */
+  int opens;
+  size_t size;
+  unsigned char tag;
+} fi_block;
+
+typedef struct fi {
+  xseg_allocator *prod[FI_PRODUCERS], *cons;
+  fi_block b[FI_BLOCKS];
+  int n;
+  /* Blocks of each producer freed while held whose last holder closed
+     since that producer last settled (a malloc or empty_cache): parked
+     still, or given back already. */
+  int64_t unsettled[FI_PRODUCERS];
+  uint64_t rng, step;
+  unsigned char next_tag;
+  bool failed;
+} fi;
+
+static void fi_fail(fi *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void fi_fail(fi *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fz_vfail(&f->failed, "ipc ", f->step, fmt, ap);
+  va_end(ap);
+}
+
+static uint64_t fi_rand(fi *f, uint64_t n) { return at_rand(&f->rng) % n; }
+
+/* A block that is gone for good (freed, nobody holds it) leaves the model. */
+static void fi_forget_if_gone(fi *f, int i) {
+  if (f->b[i].p != NULL || f->b[i].opens > 0) return;
+  xseg_ipc_handle_free(f->b[i].h);
+  f->b[i] = f->b[--f->n];
+}
+
+static void fi_export(fi *f) {
+  if (f->n == FI_BLOCKS) return;
+  int j = (int)fi_rand(f, FI_PRODUCERS);
+  size_t size = 512 + fi_rand(f, 6 << 20);
+  void *p = NULL;
+  xseg_status st = xseg_malloc(f->prod[j], size, NULL, &p);
+  f->unsettled[j] = 0;                /* a malloc settles parked blocks */
+  if (st != XSEG_OK) {
+    fi_fail(f, "producer %d: malloc(%zu): %s", j, size, xseg_last_error());
+    return;
+  }
+  unsigned char tag = ++f->next_tag;
+  XSEG_EXPECT_CU(cuMemsetD8(at_dptr(p), tag, size));
+  xseg_ipc_handle *h = NULL;
+  if ((st = xseg_ipc_export(f->prod[j], p, &h)) != XSEG_OK) {
+    fi_fail(f, "producer %d: export: %s", j, xseg_last_error());
+    xseg_free(f->prod[j], p);
+    return;
+  }
+  f->b[f->n++] = (fi_block){.prod = j, .p = p, .h = h, .size = size,
+                            .tag = tag};
+}
+
+/* Open: the same mapping again while open; a fresh one while the block
+   is exported (live, or freed while held); refused once it is gone. */
+static void fi_open(fi *f) {
+  if (f->n == 0) return;
+  fi_block *b = &f->b[fi_rand(f, (uint64_t)f->n)];
+  void *q = NULL;
+  xseg_status st = xseg_ipc_open(f->cons, b->h, &q);
+  bool openable = b->opens > 0 || b->p != NULL;
+  if (!openable) {
+    if (st == XSEG_OK) fi_fail(f, "a block that is gone opened at %p", q);
+    return;
+  }
+  if (st != XSEG_OK) {
+    fi_fail(f, "open of producer %d's block: %s", b->prod, xseg_last_error());
+    return;
+  }
+  if (b->opens > 0 && q != b->q)
+    fi_fail(f, "opened again at %p, open at %p", q, b->q);
+  b->q = q;
+  b->opens++;
+}
+
+static void fi_close(fi *f) {
+  if (f->n == 0) return;
+  int i = (int)fi_rand(f, (uint64_t)f->n);
+  fi_block *b = &f->b[i];
+  if (b->opens == 0) return;
+  if (xseg_ipc_close(f->cons, b->q) != XSEG_OK)
+    fi_fail(f, "close(%p): %s", b->q, xseg_last_error());
+  if (--b->opens == 0) b->q = NULL;
+  if (b->opens == 0 && b->p == NULL && b->prod >= 0) {
+    if (fi_rand(f, 2)) {
+      XSEG_EXPECT_OK(xseg_empty_cache(f->prod[b->prod]));
+      f->unsettled[b->prod] = 0;
+    } else {
+      f->unsettled[b->prod]++;
+    }
+  }
+  fi_forget_if_gone(f, i);
+}
+
+static void fi_free(fi *f) {
+  if (f->n == 0) return;
+  int i = (int)fi_rand(f, (uint64_t)f->n);
+  fi_block *b = &f->b[i];
+  if (b->p == NULL) return;
+  if (xseg_free(f->prod[b->prod], b->p) != XSEG_OK)
+    fi_fail(f, "producer %d: free(%p): %s", b->prod, b->p, xseg_last_error());
+  b->p = NULL;
+  fi_forget_if_gone(f, i);
+}
+
+/* Producer j frees its blocks and is destroyed; a new allocator takes its
+   place (its block ids start again where the old one's did). What the
+   consumer has open stays readable. */
+static void fi_renew(fi *f) {
+  int j = (int)fi_rand(f, FI_PRODUCERS);
+  for (int i = f->n - 1; i >= 0; i--) {
+    fi_block *b = &f->b[i];
+    if (b->prod != j) continue;
+    if (b->p != NULL && xseg_free(f->prod[j], b->p) != XSEG_OK)
+      fi_fail(f, "producer %d: free: %s", j, xseg_last_error());
+    b->p = NULL;
+    b->prod = -1;                 /* its producer is gone */
+    fi_forget_if_gone(f, i);
+  }
+  xseg_destroy(f->prod[j]);
+  f->unsettled[j] = 0;
+  f->prod[j] = at_create(NULL);
+  if (f->prod[j] == NULL) fi_fail(f, "producer %d not made again", j);
+}
+
+static void fi_check(fi *f) {
+  int64_t open_by[FI_PRODUCERS] = {0}, pending[FI_PRODUCERS] = {0};
+  int64_t opened = 0;
+  for (int i = 0; i < f->n; i++) {
+    const fi_block *b = &f->b[i];
+    if (b->opens == 0) continue;
+    opened++;
+    if (b->prod >= 0) {
+      open_by[b->prod]++;
+      pending[b->prod] += b->p == NULL;
+    }
+    CUdeviceptr d = at_dptr(b->q);
+    size_t n = b->size < SPAN ? b->size : SPAN;
+    if (!fz_span_is(d, n, b->tag) || !fz_span_is(d + b->size - n, n, b->tag))
+      fi_fail(f, "the consumer's %p (producer %d's %p, %zu bytes) does not "
+              "hold its bytes 0x%02x", b->q, b->prod, b->p, b->size, b->tag);
+  }
+  for (int j = 0; j < FI_PRODUCERS; j++) {
+    xseg_ipc_stats s;
+    xseg_ipc_get_stats(f->prod[j], &s);
+    if (s.open_by_others != open_by[j] || s.pending_on_others < pending[j] ||
+        s.pending_on_others > pending[j] + f->unsettled[j])
+      fi_fail(f, "producer %d: %lld open by others, %lld pending; the model "
+              "says %lld, %lld (+%lld not settled yet)", j,
+              (long long)s.open_by_others, (long long)s.pending_on_others,
+              (long long)open_by[j], (long long)pending[j],
+              (long long)f->unsettled[j]);
+    if (xseg_check(f->prod[j]) != XSEG_OK)
+      fi_fail(f, "producer %d: xseg_check: %s", j, xseg_last_error());
+  }
+  xseg_ipc_stats c;
+  xseg_ipc_get_stats(f->cons, &c);
+  if (c.opened_blocks != opened)
+    fi_fail(f, "the consumer has %lld blocks open, the model says %lld",
+            (long long)c.opened_blocks, (long long)opened);
+  if (xseg_check(f->cons) != XSEG_OK)
+    fi_fail(f, "consumer: xseg_check: %s", xseg_last_error());
+}
+
+static void fi_step(fi *f) {
+  uint64_t r = fi_rand(f, 100);
+  if (r < 30) fi_export(f);
+  else if (r < 60) fi_open(f);
+  else if (r < 78) fi_close(f);
+  else if (r < 96) fi_free(f);
+  else fi_renew(f);
+}
+
+XSEG_TEST(fuzz, ipc_several_producers_one_consumer) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  static fi f;
+  memset(&f, 0, sizeof f);
+  uint64_t seed = fz_env("XSEG_FUZZ_SEED", 20261126);
+  if (seed == 0) seed = (uint64_t)time(NULL);
+  f.rng = seed | 1;
+  uint64_t steps = fz_env("XSEG_FUZZ_STEPS", STEPS / 3);
+  for (int j = 0; j < FI_PRODUCERS; j++) f.prod[j] = at_create(NULL);
+  f.cons = at_create(NULL);
+  for (f.step = 0; f.step < steps && !f.failed; f.step++) {
+    fi_step(&f);
+    fi_check(&f);
+  }
+  if (f.failed)
+    fprintf(stderr, "fuzz: ipc failed at step %llu; reproduce with "
+            "XSEG_FUZZ_SEED=%llu XSEG_FUZZ_STEPS=%llu\n",
+            (unsigned long long)f.step, (unsigned long long)seed,
+            (unsigned long long)steps);
+  for (int i = 0; i < f.n; i++) {
+    fi_block *b = &f.b[i];
+    while (b->opens > 0 && xseg_ipc_close(f.cons, b->q) == XSEG_OK)
+      b->opens--;
+    if (b->p != NULL) XSEG_EXPECT_OK(xseg_free(f.prod[b->prod], b->p));
+    xseg_ipc_handle_free(b->h);
+  }
+  for (int j = 0; j < FI_PRODUCERS; j++) {
+    XSEG_EXPECT_OK(xseg_empty_cache(f.prod[j]));     /* settles the held */
+    XSEG_EXPECT_EQ(at_stats(f.prod[j]).pending_free_bytes, 0);
+    xseg_destroy(f.prod[j]);
+  }
+  xseg_destroy(f.cons);
 }

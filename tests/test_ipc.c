@@ -205,3 +205,224 @@ XSEG_TEST(ipc, handle_of_a_dead_producer_is_refused) {
   xseg_ipc_handle_free(h);
   xseg_destroy(a);
 }
+
+/* ---- several allocators in one producer process -------------------------- */
+
+/* Two allocators of one process both export (their block ids are equal:
+   each table counts from the same start), and a third allocator in a
+   fourth role, after the first was destroyed and a new one made. A
+   consumer opening each gets each block's own bytes, and its hold is
+   registered in the exporting allocator's table: that producer's free
+   leaves the block pending. */
+XSEG_TEST(ipc, blocks_of_two_allocators_of_one_process_are_told_apart) {
+  xseg_allocator *a1 = at_create(NULL), *a2 = at_create(NULL);
+  xseg_allocator *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a1 != NULL && a2 != NULL && b != NULL);
+  const size_t size = 1 * MiB;
+  void *p1 = NULL, *p2 = NULL, *p3 = NULL, *q1 = NULL, *q2 = NULL, *q3 = NULL;
+  XT_OK(xseg_malloc(a1, size, NULL, &p1));
+  XT_OK(xseg_malloc(a2, size, NULL, &p2));
+  XSEG_EXPECT_TRUE(ipc_fill(p1, size, 1));
+  XSEG_EXPECT_TRUE(ipc_fill(p2, size, 2));
+  xseg_ipc_handle *h1 = NULL, *h2 = NULL, *h3 = NULL;
+  XT_OK(xseg_ipc_export(a1, p1, &h1));
+  XT_OK(xseg_ipc_export(a2, p2, &h2));
+  XT_OK(xseg_ipc_open(b, h1, &q1));
+  XT_OK(xseg_ipc_open(b, h2, &q2));
+  XSEG_EXPECT_TRUE(q2 != q1);
+  XSEG_EXPECT_TRUE(ipc_same(q1, size, 1));
+  XSEG_EXPECT_TRUE(ipc_same(q2, size, 2));
+  XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 2);
+  XSEG_EXPECT_EQ(ipc_stats(a1).open_by_others, 1);
+  XSEG_EXPECT_EQ(ipc_stats(a2).open_by_others, 1);
+  /* a2's free must wait for the consumer: its hold is in a2's table. */
+  XT_OK(xseg_free(a2, p2));
+  XSEG_EXPECT_EQ(at_stats(a2).pending_free_bytes, (int64_t)size);
+  void *again = NULL;
+  XT_OK(xseg_malloc(a2, size, NULL, &again));
+  XSEG_EXPECT_TRUE(again != p2);                 /* not reused under b */
+  XSEG_EXPECT_TRUE(ipc_same(q2, size, 2));
+  XT_OK(xseg_free(a2, again));
+  /* A new allocator after a1 is gone numbers its blocks from the start
+     again: still another table. */
+  XT_OK(xseg_ipc_close(b, q1));
+  XT_OK(xseg_free(a1, p1));
+  xseg_destroy(a1);
+  xseg_allocator *a3 = at_create(NULL);
+  XSEG_ASSERT_TRUE(a3 != NULL);
+  XT_OK(xseg_malloc(a3, size, NULL, &p3));
+  XSEG_EXPECT_TRUE(ipc_fill(p3, size, 3));
+  XT_OK(xseg_ipc_export(a3, p3, &h3));
+  XSEG_EXPECT_EQ(h3->wire.block_id, h1->wire.block_id);
+  XT_OK(xseg_ipc_open(b, h3, &q3));
+  XSEG_EXPECT_TRUE(q3 != q2);
+  XSEG_EXPECT_TRUE(ipc_same(q3, size, 3));
+  XSEG_EXPECT_EQ(ipc_stats(a3).open_by_others, 1);
+  /* A handle whose table fd is another allocator's is refused. */
+  int table = h3->table_fd;
+  h3->table_fd = h2->table_fd;
+  void *q = (void *)1;
+  XSEG_EXPECT_EQ(xseg_ipc_close(b, q3), XSEG_OK);
+  XSEG_EXPECT_EQ(xseg_ipc_open(b, h3, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another allocator") != NULL);
+  XSEG_EXPECT_TRUE(q == NULL);
+  h3->table_fd = table;
+  XT_OK(xseg_ipc_close(b, q2));
+  XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
+  XT_OK(xseg_empty_cache(a2));                     /* settles p2 */
+  XSEG_EXPECT_EQ(at_stats(a2).pending_free_bytes, 0);
+  XT_OK(xseg_free(a3, p3));
+  XSEG_EXPECT_EQ(at_stats(a3).pending_free_bytes, 0);
+  XT_OK(xseg_check(a2));
+  XT_OK(xseg_check(a3));
+  xseg_ipc_handle_free(h1);
+  xseg_ipc_handle_free(h2);
+  xseg_ipc_handle_free(h3);
+  xseg_destroy(b);
+  xseg_destroy(a3);
+  xseg_destroy(a2);
+}
+
+/* ---- consumers killed inside xseg_ipc_open ------------------------------- */
+
+/* A producer a with an exported block p (handle h), a consumer b, and
+   a's table mapped here to look at its holder slots. */
+typedef struct ipc_slots {
+  xseg_allocator *a, *b;
+  void *p;
+  xseg_ipc_handle *h;
+  xs_ipc_table *t;
+} ipc_slots;
+
+static bool ipc_slots_setup(ipc_slots *f) {
+  f->a = at_create(NULL);
+  f->b = at_create(NULL);
+  if (f->a == NULL || f->b == NULL) return false;
+  if (!XT_OK(xseg_malloc(f->a, 1 * MiB, NULL, &f->p)) ||
+      !XT_OK(xseg_ipc_export(f->a, f->p, &f->h)))
+    return false;
+  return XT_OK(xs_ipc_table_map(f->h->table_fd, &f->h->wire, &f->t));
+}
+
+/* Frees p (unless the test did), checks a, and destroys both. */
+static void ipc_slots_teardown(ipc_slots *f) {
+  xs_ipc_table_unmap(f->t);
+  xseg_ipc_handle_free(f->h);
+  if (f->p != NULL) XT_OK(xseg_free(f->a, f->p));
+  XSEG_EXPECT_EQ(at_stats(f->a).pending_free_bytes, 0);
+  XT_OK(xseg_check(f->a));
+  xseg_destroy(f->b);
+  xseg_destroy(f->a);
+}
+
+/* Holder slots in use (not FREE) in t. */
+static size_t ipc_slots_in_use(xs_ipc_table *t) {
+  size_t n = 0, used = atomic_load(&t->holders_used);
+  for (size_t i = 0; i < used && i < XS_IPC_HOLDERS; i++)
+    n += atomic_load(&t->holders[i].word) != XS_IPC_HOLDER_FREE;
+  return n;
+}
+
+/* Consumers that open and close one block in a loop are SIGKILLed at
+   random moments, some of them between claiming a holder slot and
+   publishing it (about one kill in three lands there), others while they
+   hold it. Once the producer has reaped (the block freed, another
+   consumer holding it), the one live holder's slot is the only one in
+   use: no claim of a dead consumer is left behind. */
+XSEG_TEST(ipc, slots_of_consumers_killed_inside_open_are_reclaimed) {
+  ipc_slots f = {0};
+  XSEG_ASSERT_TRUE(ipc_slots_setup(&f));
+  void *q = NULL;
+  uint64_t rng = 0x5eed;
+  enum { KILLS = 40 };
+  for (int k = 0; k < KILLS; k++) {
+    ipc_child c = ipc_spawn(-1);
+    XSEG_ASSERT_GT(c.pid, 0);
+    XSEG_ASSERT_EQ(ipc_give(c, f.h), 0);
+    XSEG_ASSERT_EQ(ipc_ask(c, 'c', 0, 0), 0);
+    XSEG_ASSERT_EQ(ipc_ask(c, 'l', 0, 0), 0);    /* looping now */
+    usleep((useconds_t)(at_rand(&rng) % 3000));
+    kill(c.pid, SIGKILL);
+    XSEG_EXPECT_EQ(ipc_finish(c), 128 + SIGKILL);
+  }
+  XT_OK(xseg_ipc_open(f.b, f.h, &q));
+  XT_OK(xseg_free(f.a, f.p));                       /* b holds it */
+  f.p = NULL;
+  XT_OK(xseg_empty_cache(f.a));                     /* reaps the dead */
+  XSEG_EXPECT_EQ(ipc_slots_in_use(f.t), 1);
+  XT_OK(xseg_ipc_close(f.b, q));
+  XT_OK(xseg_empty_cache(f.a));
+  XSEG_EXPECT_EQ(ipc_slots_in_use(f.t), 0);
+  ipc_slots_teardown(&f);
+}
+
+/* Deterministically: every slot of a table claimed by a consumer that
+   died before publishing any (its pid and start time in the claim). The
+   table is not full for the next consumer: it takes a dead claimant's
+   slot. */
+XSEG_TEST(ipc, a_table_full_of_dead_claims_still_opens) {
+  ipc_slots f = {0};
+  XSEG_ASSERT_TRUE(ipc_slots_setup(&f));
+  void *q = NULL;
+  int fds[2];
+  XSEG_ASSERT_EQ(pipe(fds), 0);
+  pid_t dead = fork();
+  if (dead == 0) {                   /* tells its start time, then dies */
+    uint64_t start = xs_ipc_self_start();
+    _exit(write(fds[1], &start, sizeof start) == (ssize_t)sizeof start ? 0
+                                                                       : 1);
+  }
+  XSEG_ASSERT_GT(dead, 0);
+  uint64_t start = 0;
+  XSEG_EXPECT_EQ(read(fds[0], &start, sizeof start), (ssize_t)sizeof start);
+  int status = 0;
+  XSEG_EXPECT_EQ(waitpid(dead, &status, 0), dead);
+  close(fds[0]);
+  close(fds[1]);
+  uint64_t claim =
+      xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING, dead, start);
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
+    atomic_store(&f.t->holders[i].word, claim);
+  atomic_store(&f.t->holders_used, XS_IPC_HOLDERS);
+  XT_OK(xseg_ipc_open(f.b, f.h, &q));
+  XSEG_EXPECT_TRUE(q != NULL);
+  XSEG_EXPECT_EQ(ipc_stats(f.a).open_by_others, 1);
+  /* A live claimant's slot is not taken: this process's own claims. */
+  uint64_t mine = xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING,
+                                     xs_ipc_self_pid(), xs_ipc_self_start());
+  XT_OK(xseg_ipc_close(f.b, q));
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
+    atomic_store(&f.t->holders[i].word, mine);
+  q = (void *)1;
+  XSEG_EXPECT_EQ(xseg_ipc_open(f.b, f.h, &q), XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "is full") != NULL);
+  XSEG_EXPECT_TRUE(q == NULL);
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
+    atomic_store(&f.t->holders[i].word, XS_IPC_HOLDER_FREE);
+  ipc_slots_teardown(&f);
+}
+
+/* A producer in another PID namespace: its pid means nothing here, so
+   the open is refused, saying so (not that the producer exited). */
+XSEG_TEST(ipc, producer_in_another_pid_namespace_is_refused_naming_it) {
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  void *p = NULL, *q = (void *)1;
+  XT_OK(xseg_malloc(a, 4096, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XSEG_EXPECT_EQ(h->wire.pid_ns, xs_ipc_self_pid_ns());
+  h->wire.pid_ns ^= 0x10000;              /* as another namespace's */
+  h->wire.producer_pid = 1;               /* its init, say */
+  XSEG_EXPECT_EQ(xseg_ipc_open(b, h, &q), XSEG_ERR_UNSUPPORTED);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another PID namespace") !=
+                   NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "has exited") == NULL);
+  XSEG_EXPECT_TRUE(q == NULL);
+  XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_check(a));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}

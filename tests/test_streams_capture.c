@@ -192,6 +192,61 @@ XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
 }
 
+/* A capture whose stream the application destroys once the capture ended
+   (or while it still runs: cuStreamDestroy abandons it), before xseg
+   hears of the end. The capture's entry goes like any ended capture's:
+   cached and fresh mallocs on other streams, empty_cache and the pool's
+   release all work, and the pool's memory goes back. `announce`: the
+   capture was announced (xseg_begin_allocate_to_pool), else xseg
+   detected it on the slow path. */
+static void capture_then_destroy_stream(bool announce, bool end_first) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new(), s1 = at_stream_new();
+  void *warm, *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, s1, &warm));
+  XSEG_ASSERT_OK(xseg_free(a, warm));      /* s1's cache holds 2 MiB */
+  if (announce) XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 9, s));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  cuuint64_t id = 0;
+  CUstreamCaptureStatus status;
+  XSEG_ASSERT_CU(cuStreamGetCaptureInfo(s, &status, &id, NULL, NULL, NULL,
+                                        NULL));
+  xseg_pool_id pool = announce ? 9 : XSEG_CAPTURE_POOL(id);
+  XSEG_ASSERT_OK(xseg_malloc(a, 16 * MiB, s, &p));   /* slow path */
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  CUgraph g = NULL;
+  if (end_first) XSEG_ASSERT_CU(cuStreamEndCapture(s, &g));
+  XSEG_ASSERT_CU(cuStreamDestroy(s));
+  if (announce) XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 9));
+  XSEG_EXPECT_OK(xseg_malloc(a, 2 * MiB, s1, &q));   /* cached */
+  XSEG_EXPECT_TRUE(q == warm);
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_malloc(a, 32 * MiB, s1, &q));  /* grows */
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  XSEG_EXPECT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_GE(at_stats(a).reserved_bytes.current, 16 * MiB);
+  XSEG_EXPECT_OK(xseg_release_pool(a, pool));
+  XSEG_EXPECT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
+XSEG_TEST(streams_capture, detected_capture_on_a_destroyed_stream_ends) {
+  capture_then_destroy_stream(false, true);
+}
+
+XSEG_TEST(streams_capture, detected_capture_abandoned_by_stream_destroy) {
+  capture_then_destroy_stream(false, false);
+}
+
+XSEG_TEST(streams_capture, announced_capture_on_a_destroyed_stream_ends) {
+  capture_then_destroy_stream(true, true);
+}
+
 XSEG_TEST(streams_capture, pool_calls_check_their_arguments) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);

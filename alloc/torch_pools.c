@@ -1,0 +1,280 @@
+/* torch_pools.c: CUDA graph pools as PyTorch announces them to a
+ * pluggable allocator (beginAllocateToPool / endAllocateToPool /
+ * releasePool).
+ *
+ * PyTorch's beginAllocateToPool(device, MempoolId_t, filter) means: until
+ * endAllocateToPool, an allocation on a stream for which filter(stream) is
+ * true comes from the private pool. The filter is how torch.cuda.graph
+ * names the streams of its capture (cudaStreamGetCaptureInfo gives this
+ * capture's id) and how a MemPool names its thread or stream. A stream may
+ * join a capture after the begin (a side stream forked from the capturing
+ * one), so a stream the filter refused is asked again at its next
+ * allocation, as PyTorch's own allocator does; a stream it claims is
+ * announced once to the core (xseg_begin_allocate_to_pool) and stays in
+ * the pool until the end.
+ *
+ * Pools are counted as PyTorch counts its private pools: every begin of a
+ * pool id takes a use (graphs may share a pool), every releasePool drops
+ * one, and the last drop releases the pool's memory to the core (then
+ * empty_cache returns it to the driver). A pool into which nothing was
+ * allocated never reached the core and releases nothing.
+ *
+ *   begin(id, filter) ──► open, uses+1 ──malloc on s, filter(s)──► s announced
+ *   end(id)           ──► closed (core: end of every announced stream)
+ *   release(id)       ──► uses-1; at 0: core release (if any stream was
+ *                         announced), entry forgotten
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "alloc/torch.h"
+#include "vmm/array.h"
+
+typedef struct torch_pool {
+  int device;
+  unsigned long long first, second;   /* PyTorch's MempoolId_t */
+  int uses;                 /* begins not yet released (> 0 while kept) */
+  bool open;                /* between begin and end */
+  bool in_core;             /* a stream was announced: the core has it */
+  /* The open pool's claim on streams; NULL claims only `streams`. */
+  xseg_torch_stream_filter filter;
+  void *ctx;
+  void (*ctx_free)(void *ctx);
+  struct CUstream_st **streams;       /* announced since the begin */
+  size_t n_streams, cap_streams;
+} torch_pool;
+
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+static torch_pool *pools;
+static size_t n_pools, cap_pools;
+/* Open pools per device: the allocation path reads only this. */
+static atomic_int pools_open[XS_TORCH_MAX_DEVICES];
+
+/* MempoolId_t {a, b}: {capture id, 0} for a graph's own pool, {0, n} for a
+   pool from graph_pool_handle() or MemPool. Folded into one non-zero id
+   below the XSEG_CAPTURE_POOL range. */
+static xseg_pool_id pool_id(const torch_pool *p) {
+  xseg_pool_id id = ((xseg_pool_id)p->first << 32 ^ (xseg_pool_id)p->second) &
+                    ~((xseg_pool_id)1 << 63);
+  return id != 0 ? id : 1;
+}
+
+static torch_pool *pool_find(int device, unsigned long long first,
+                             unsigned long long second) {
+  for (size_t i = 0; i < n_pools; i++)
+    if (pools[i].device == device && pools[i].first == first &&
+        pools[i].second == second)
+      return &pools[i];
+  return NULL;
+}
+
+static void pool_drop_filter(torch_pool *p) {
+  if (p->ctx_free != NULL) p->ctx_free(p->ctx);
+  p->filter = NULL, p->ctx = NULL, p->ctx_free = NULL;
+}
+
+static void pool_forget(torch_pool *p) {
+  pool_drop_filter(p);
+  free(p->streams);
+  *p = pools[--n_pools];
+}
+
+static bool pool_has_stream(const torch_pool *p, struct CUstream_st *s) {
+  for (size_t i = 0; i < p->n_streams; i++)
+    if (p->streams[i] == s) return true;
+  return false;
+}
+
+/* Announces `stream` to the core as allocating to p. */
+static bool pool_announce(torch_pool *p, xseg_allocator *a,
+                          struct CUstream_st *stream, const char *fn) {
+  if (!XS_ARRAY_RESERVE(p->streams, p->cap_streams, p->n_streams + 1, 4)) {
+    xs_torch_error(fn, XSEG_ERR_OUT_OF_MEMORY,
+                   "out of host memory for pool (%llu, %llu)", p->first,
+                   p->second);
+    return false;
+  }
+  xseg_status st = xseg_begin_allocate_to_pool(a, pool_id(p), stream);
+  if (st != XSEG_OK) {
+    xs_torch_error_from_xseg(fn, st);
+    return false;
+  }
+  p->streams[p->n_streams++] = stream;
+  p->in_core = true;
+  return true;
+}
+
+/* Which open pool of `device` claims `stream`: 1 found (*out), 0 none, -1
+   a filter failed (the failure kept). */
+static int pools_claim_locked(int device, struct CUstream_st *stream,
+                              torch_pool **out) {
+  for (size_t i = 0; i < n_pools; i++) {
+    torch_pool *p = &pools[i];
+    if (!p->open || p->device != device) continue;
+    if (pool_has_stream(p, stream)) return 0;     /* announced already */
+    int claim = p->filter != NULL ? p->filter(p->ctx, stream) : 0;
+    if (claim < 0) {
+      xs_torch_error("xseg_torch_malloc", XSEG_ERR_INVALID_ARGUMENT,
+                     "the stream filter of pool (%llu, %llu) failed on "
+                     "stream %p", p->first, p->second, (void *)stream);
+      return -1;
+    }
+    if (claim > 0) {
+      *out = p;
+      return 1;
+    }
+  }
+  return 0;
+}
+
+bool xs_torch_pools_route(xseg_allocator *a, int device,
+                          struct CUstream_st *stream) {
+  if (atomic_load_explicit(&pools_open[device], memory_order_acquire) == 0)
+    return true;
+  pthread_mutex_lock(&pools_lock);
+  torch_pool *p = NULL;
+  int claim = pools_claim_locked(device, stream, &p);
+  bool ok = claim >= 0 &&
+            (claim == 0 || pool_announce(p, a, stream, "xseg_torch_malloc"));
+  pthread_mutex_unlock(&pools_lock);
+  return ok;
+}
+
+/* A pool opened for `device`, its use taken; NULL with the failure kept. */
+static torch_pool *pool_open_locked(const char *fn, int device,
+                                    unsigned long long first,
+                                    unsigned long long second) {
+  torch_pool *p = pool_find(device, first, second);
+  if (p != NULL && p->open) {
+    xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "pool (%llu, %llu) of "
+                   "device %d is already being allocated to", first, second,
+                   device);
+    return NULL;
+  }
+  if (p == NULL) {
+    if (!XS_ARRAY_RESERVE(pools, cap_pools, n_pools + 1, 4)) {
+      xs_torch_error(fn, XSEG_ERR_OUT_OF_MEMORY, "out of host memory for "
+                     "pool (%llu, %llu)", first, second);
+      return NULL;
+    }
+    p = &pools[n_pools++];
+    *p = (torch_pool){.device = device, .first = first, .second = second};
+  }
+  p->open = true;
+  p->uses++;
+  atomic_fetch_add_explicit(&pools_open[device], 1, memory_order_release);
+  return p;
+}
+
+void xseg_torch_begin_allocate_to_pool_if(int device, unsigned long long first,
+                                          unsigned long long second,
+                                          xseg_torch_stream_filter filter,
+                                          void *ctx,
+                                          void (*ctx_free)(void *ctx)) {
+  const char *fn = "xseg_torch_begin_allocate_to_pool_if";
+  torch_pool *p = NULL;
+  if (xs_torch_allocator(fn, device) != NULL) {
+    pthread_mutex_lock(&pools_lock);
+    p = pool_open_locked(fn, device, first, second);
+    if (p != NULL) p->filter = filter, p->ctx = ctx, p->ctx_free = ctx_free;
+    pthread_mutex_unlock(&pools_lock);
+  }
+  /* The context is the pool's from here; on failure nothing holds it. */
+  if (p == NULL && ctx_free != NULL) ctx_free(ctx);
+}
+
+void xseg_torch_begin_allocate_to_pool(int device, unsigned long long first,
+                                       unsigned long long second,
+                                       struct CUstream_st *stream) {
+  const char *fn = "xseg_torch_begin_allocate_to_pool";
+  xseg_allocator *a = xs_torch_allocator(fn, device);
+  if (a == NULL) return;
+  pthread_mutex_lock(&pools_lock);
+  torch_pool *p = pool_open_locked(fn, device, first, second);
+  if (p != NULL && !pool_announce(p, a, stream, fn)) {
+    /* Undone, so that the failed begin leaves no open pool behind. */
+    p->open = false;
+    atomic_fetch_sub_explicit(&pools_open[device], 1, memory_order_release);
+    if (--p->uses == 0 && !p->in_core) pool_forget(p);
+  }
+  pthread_mutex_unlock(&pools_lock);
+}
+
+/* A pool as the caller named it, found or not (p NULL). */
+typedef struct pool_ref {
+  torch_pool *p;
+  int device;
+  unsigned long long first, second;
+  const char *fn;
+} pool_ref;
+
+/* Ends the pool, as PyTorch's endAllocateToPool. */
+static void pool_end_locked(pool_ref r) {
+  torch_pool *p = r.p;
+  int device = r.device;
+  const char *fn = r.fn;
+  if (p == NULL || !p->open) {
+    xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "pool (%llu, %llu) of "
+                   "device %d is not being allocated to", r.first, r.second,
+                   device);
+    return;
+  }
+  xseg_status st = XSEG_OK;
+  if (p->n_streams > 0)
+    st = xseg_end_allocate_to_pool(xs_torch_existing(device), pool_id(p));
+  if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
+  p->open = false;
+  p->n_streams = 0;
+  pool_drop_filter(p);
+  atomic_fetch_sub_explicit(&pools_open[device], 1, memory_order_release);
+}
+
+/* Drops a use of p, as PyTorch's releasePool; a pool never begun here (or
+   released already) has nothing to release. */
+static void pool_release_locked(pool_ref r) {
+  torch_pool *p = r.p;
+  int device = r.device;
+  const char *fn = r.fn;
+  if (p == NULL) return;
+  if (p->open) {
+    xs_torch_error(fn, XSEG_ERR_CAPTURE, "pool (%llu, %llu) of device %d is "
+                   "still being allocated to (end it first)", p->first,
+                   p->second, device);
+    return;
+  }
+  if (--p->uses > 0) return;
+  xseg_status st = XSEG_OK;
+  if (p->in_core) st = xseg_release_pool(xs_torch_existing(device), pool_id(p));
+  if (st != XSEG_OK) xs_torch_error_from_xseg(fn, st);
+  pool_forget(p);
+}
+
+static void pools_apply(const char *fn, int device, unsigned long long first,
+                        unsigned long long second,
+                        void (*op)(pool_ref)) {
+  pthread_mutex_lock(&pools_lock);
+  op((pool_ref){pool_find(device, first, second), device, first, second, fn});
+  pthread_mutex_unlock(&pools_lock);
+}
+
+void xseg_torch_end_allocate_to_pool(int device, unsigned long long first,
+                                     unsigned long long second) {
+  pools_apply("xseg_torch_end_allocate_to_pool", device, first, second,
+              pool_end_locked);
+}
+
+void xseg_torch_release_pool(int device, unsigned long long first,
+                             unsigned long long second) {
+  pools_apply("xseg_torch_release_pool", device, first, second,
+              pool_release_locked);
+}
+
+void xs_torch_pools_forget_all(void) {
+  pthread_mutex_lock(&pools_lock);
+  while (n_pools > 0) pool_forget(&pools[n_pools - 1]);
+  free(pools);
+  pools = NULL, cap_pools = 0;
+  for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++) atomic_store(&pools_open[d], 0);
+  pthread_mutex_unlock(&pools_lock);
+}

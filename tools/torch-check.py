@@ -1,0 +1,560 @@
+#!/usr/bin/env python3
+"""torch-check.py: proves xseg as PyTorch's allocator on a machine with a GPU
+and torch, and compares it with PyTorch's own allocators. One command:
+
+    PYTHONPATH=python python3 tools/torch-check.py [--quick] [--json FILE]
+
+(the libraries are found beside python/ in a build tree, or from
+XSEG_LIBRARY / XSEG_TORCH_LIBRARY, as python/xseg_torch.py finds them).
+
+1. Correctness, with xseg installed (a subprocess of its own):
+   record_stream       a producer writes, a held consumer stream reads; the
+                       block is freed and the producer allocates and writes
+                       at once: the consumer must read the producer's data
+   cuda_graph          a graph captured with allocations inside, replayed
+                       (result checked), destroyed: its pool's memory returns
+   oom                 an impossible request raises at the call (its type and
+                       message shown), in autograd's thread too; then the
+                       program goes on
+   stats               memory_allocated / max_ / reserved equal what was
+                       allocated; reset_peak_memory_stats
+   snapshot            _record_memory_history + _dump_snapshot, the pickle
+                       opened by torch.cuda._memory_viz (segsum, trace,
+                       trace_plot)
+2. Side by side, each allocator in its own process (the allocator cannot
+   change once CUDA is initialised): PyTorch native,
+   expandable_segments:True, backend:cudaMallocAsync and xseg, on live
+   variable-batch models: GPT-2 prefill and generation (transformers, from
+   its config: no download) and ResNet-50 training (torchvision), or a small
+   transformer written here when those packages are missing. Throughput,
+   peak allocated, peak reserved, fragmentation (peak reserved / peak
+   allocated) and a checksum of the outputs, which must be identical across
+   allocators.
+
+Exit status 0 when every check passed and every checksum agreed.
+"""
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ALLOCATORS = {  # name: PYTORCH_CUDA_ALLOC_CONF (None: xseg_torch.install())
+    "native": "",
+    "expandable": "expandable_segments:True",
+    "cudaMallocAsync": "backend:cudaMallocAsync",
+    "xseg": None,
+}
+MiB = 1 << 20
+
+
+# ---- the parent: runs workers, prints tables ---------------------------------
+
+def run_worker(allocator, task, quick, timeout):
+    env = dict(os.environ)
+    conf = ALLOCATORS[allocator]
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(HERE, "..", "python")] +
+        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
+           task] + (["--quick"] if quick else [])
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after %d s" % timeout}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": "exit %d: %s" % (done.returncode,
+                                      (done.stderr or done.stdout)[-1500:])}
+
+
+def format_table(header, rows):
+    widths = [max(len(str(r[i])) for r in [header] + rows)
+              for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in
+                                      zip(r, widths)) + " |"
+    out = [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    return "\n".join(out + [line(r) for r in rows])
+
+
+def checks_table(result):
+    rows = []
+    for name, (ok, detail) in result.get("checks", {}).items():
+        rows.append([name, "ok" if ok else "FAILED", detail])
+    if "error" in result:
+        rows.append(["(worker)", "FAILED", result["error"]])
+    return rows
+
+
+def bench_rows(results):
+    """results: {workload: {allocator: result}} -> table rows, and the
+    workloads whose checksums differ."""
+    rows, mismatched = [], []
+    for workload, by_alloc in results.items():
+        sums = {a: r.get("checksum") for a, r in by_alloc.items()
+                if "error" not in r}
+        same = len(set(sums.values())) <= 1
+        if not same:
+            mismatched.append(workload)
+        unit = next((r["unit"] for r in by_alloc.values() if "unit" in r), "")
+        for metric in ("rate", "peak_allocated", "peak_reserved",
+                       "fragmentation"):
+            row = [workload if metric == "rate" else "",
+                   metric + (" (%s)" % unit if metric == "rate" else "")]
+            for a in ALLOCATORS:
+                r = by_alloc.get(a, {"error": "not run"})
+                if "error" in r:
+                    row.append("error")
+                elif metric.startswith("peak"):
+                    row.append("%.0f MiB" % (r[metric] / MiB))
+                elif metric == "fragmentation":
+                    row.append("%.3f" % r[metric])
+                else:
+                    row.append("%.1f" % r[metric])
+            rows.append(row)
+        rows.append(["", "outputs", *["same" if same else
+                                      str(sums.get(a))[:12]
+                                      for a in ALLOCATORS]])
+    return rows, mismatched
+
+
+def parent(args):
+    import torch   # the parent touches no CUDA memory: the workers do
+    print("torch %s, %s" % (torch.__version__, describe_gpu(torch)))
+    print("date %s" % time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    failed = False
+    checks = run_worker("xseg", "checks", args.quick, args.timeout)
+    rows = checks_table(checks)
+    print("\nCorrectness (xseg installed)\n" +
+          format_table(["check", "result", "detail"], rows))
+    failed |= any(r[1] != "ok" for r in rows)
+    results = {}
+    for workload in args.workloads:
+        results[workload] = {a: run_worker(a, "bench:" + workload, args.quick,
+                                           args.timeout) for a in ALLOCATORS}
+    rows, mismatched = bench_rows(results)
+    print("\nSide by side (one process per allocator and workload)\n" +
+          format_table(["workload", "metric", *ALLOCATORS], rows))
+    for workload, by_alloc in results.items():
+        for a, r in by_alloc.items():
+            if "error" in r:
+                failed = True
+                print("%s under %s: %s" % (workload, a, r["error"]))
+            elif r.get("note"):
+                print("%s: %s" % (workload, r["note"]))
+    if mismatched:
+        failed = True
+        print("outputs differ between allocators: %s" % ", ".join(mismatched))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"checks": checks, "bench": results}, f, indent=1)
+    print("\n%s" % ("FAILED" if failed else "all passed"))
+    return 1 if failed else 0
+
+
+def nvidia_smi(field):
+    """One field of the first GPU from nvidia-smi (no CUDA initialised in
+    the parent), or "?"."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=" + field, "--format=csv,noheader"],
+            capture_output=True, text=True,
+            timeout=30).stdout.splitlines()[0].strip()
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "?"
+
+
+def describe_gpu(torch):
+    if not torch.cuda.is_available():
+        return "no GPU"
+    return "%s, driver %s, CUDA %s" % (nvidia_smi("name"),
+                                       nvidia_smi("driver_version"),
+                                       torch.version.cuda)
+
+
+# ---- the worker: one allocator, one task ---------------------------------------
+
+def setup_allocator(name):
+    if name == "xseg":
+        import xseg_torch
+        xseg_torch.install()
+    import torch
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def check(results, name, fn):
+    try:
+        detail = fn()
+        results[name] = (True, detail or "")
+    except Exception as err:   # a failed check is reported, not fatal
+        results[name] = (False, "%s: %s" % (type(err).__name__,
+                                            str(err).splitlines()[0][:200]))
+
+
+def check_record_stream(torch):
+    dev = torch.device("cuda")
+    producer, consumer = torch.cuda.Stream(), torch.cuda.Stream()
+    n = 16 * MiB // 4
+    with torch.cuda.stream(producer):
+        a = torch.full((n,), 1.0, device=dev)
+    consumer.wait_stream(producer)
+    with torch.cuda.stream(consumer):
+        torch.cuda._sleep(1 << 30)          # the consumer is busy
+        b = a * 2                           # ...then reads a
+    a.record_stream(consumer)
+    a_ptr = a.data_ptr()
+    del a                                   # freed while the consumer waits
+    with torch.cuda.stream(producer):
+        c = torch.full((n,), 7.0, device=dev)
+    c_ptr = c.data_ptr()
+    torch.cuda.synchronize()
+    overlap = c_ptr < a_ptr + 4 * n and a_ptr < c_ptr + 4 * n
+    if overlap:
+        raise AssertionError("reused the recorded block at once")
+    if not bool((b == 2.0).all()):
+        raise AssertionError("the consumer read overwritten data")
+    return "no reuse while the consumer ran; its data intact"
+
+
+def check_cuda_graph(torch):
+    dev = torch.device("cuda")
+    lin = torch.nn.Linear(1024, 1024, device=dev)
+    x = torch.randn(64, 1024, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            lin(x).relu().sum()
+    torch.cuda.current_stream().wait_stream(side)
+    before = torch.cuda.memory_reserved()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        h = lin(x)
+        tmp = [torch.empty(8 * MiB, dtype=torch.uint8, device=dev)
+               for _ in range(4)]
+        y = (h.relu() * 2).sum(dim=1)
+        del tmp
+    with_graph = torch.cuda.memory_reserved()
+    x.copy_(torch.randn(64, 1024, device=dev))
+    g.replay()
+    torch.cuda.synchronize()
+    want = (lin(x).relu() * 2).sum(dim=1)
+    if not torch.allclose(y, want, rtol=1e-4, atol=1e-3):
+        raise AssertionError("replay computed something else")
+    del g, y, h
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_reserved()
+    if after >= with_graph:
+        raise AssertionError("reserved %d -> %d: the pool kept its memory" %
+                             (with_graph, after))
+    return "reserved %.0f MiB before, %.0f with the graph, %.0f after" % (
+        before / MiB, with_graph / MiB, after / MiB)
+
+
+def check_oom(torch):
+    dev = torch.device("cuda")
+    kinds = []
+    try:
+        torch.empty(1 << 46, dtype=torch.uint8, device=dev)
+        raise AssertionError("64 TiB allocated")
+    except RuntimeError as err:
+        if not str(err).startswith("CUDA out of memory."):
+            raise
+        kinds.append(type(err).__name__)
+        message = str(err).splitlines()[0]
+
+    class Greedy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 1
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad + torch.empty(1 << 46, dtype=torch.uint8,
+                                      device=grad.device).sum()
+
+    w = torch.ones(16, device=dev, requires_grad=True)
+    try:
+        Greedy.apply(w).sum().backward()
+        raise AssertionError("64 TiB allocated in backward")
+    except RuntimeError as err:
+        if "CUDA out of memory." not in str(err):
+            raise
+        kinds.append(type(err).__name__ + " (backward)")
+    z = torch.ones(1 << 20, device=dev) * 3       # the program goes on
+    if float(z.sum()) != 3.0 * (1 << 20):
+        raise AssertionError("wrong result after the OOM")
+    return "%s; %s" % (", ".join(kinds), message[:120])
+
+
+def check_stats(torch):
+    dev = torch.device("cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    t = torch.empty(10 * MiB, dtype=torch.uint8, device=dev)
+    u = torch.empty(1000, dtype=torch.uint8, device=dev)
+    got = torch.cuda.memory_allocated() - base
+    want = 10 * MiB + 1024             # 1000 bytes round to 512-byte units
+    if got != want:
+        raise AssertionError("memory_allocated grew by %d, not %d" %
+                             (got, want))
+    if torch.cuda.max_memory_allocated() != base + want:
+        raise AssertionError("max_memory_allocated %d" %
+                             torch.cuda.max_memory_allocated())
+    if torch.cuda.memory_reserved() < base + want:
+        raise AssertionError("memory_reserved below allocated")
+    stats = torch.cuda.memory_stats()
+    if stats["allocation.all.current"] < 2:
+        raise AssertionError("allocation.all.current %d" %
+                             stats["allocation.all.current"])
+    del t, u
+    if torch.cuda.memory_allocated() != base:
+        raise AssertionError("not back to %d after del" % base)
+    torch.cuda.memory_summary()
+    return "allocated +%d exactly; peak, reserved, summary agree" % want
+
+
+def check_snapshot(torch):
+    from torch.cuda import _memory_viz
+    dev = torch.device("cuda")
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    keep = [torch.empty(s * MiB, dtype=torch.uint8, device=dev)
+            for s in (1, 3, 7)]
+    del keep[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "snapshot.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    summary = _memory_viz.segsum(snap)
+    _memory_viz.trace(snap)
+    html = _memory_viz.trace_plot(snap)
+    actions = {e["action"] for d in snap["device_traces"] for e in d}
+    if "alloc" not in actions:
+        raise AssertionError("no alloc in the trace: %s" % actions)
+    return "%d segments, %d trace entries; segsum: %s; viz %d bytes" % (
+        len(snap["segments"]), sum(len(d) for d in snap["device_traces"]),
+        summary.splitlines()[-7].strip() if summary else "", len(html))
+
+
+def worker_checks(torch):
+    results = {}
+    torch.cuda.init()
+    for name, fn in (("record_stream", check_record_stream),
+                     ("cuda_graph", check_cuda_graph),
+                     ("oom", check_oom), ("stats", check_stats),
+                     ("snapshot", check_snapshot)):
+        check(results, name, lambda: fn(torch))
+    import xseg_torch
+    check(results, "xseg_check", xseg_torch.check)
+    return {"checks": results}
+
+
+# ---- workloads --------------------------------------------------------------------
+
+def schedule(seed, n, pick):
+    import random
+    rng = random.Random(seed)
+    return [pick(rng) for _ in range(n)]
+
+
+def gpt2(torch, quick):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config()).cuda().half().eval()
+    return model
+
+
+def tiny_lm(torch):
+    """A small decoder-only transformer, when transformers is missing."""
+    nn = torch.nn
+
+    class TinyLM(nn.Module):
+        def __init__(self, vocab=8192, d=512, layers=6):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, d)
+            layer = nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True,
+                                               dropout=0.0)
+            self.body = nn.TransformerEncoder(layer, layers)
+            self.head = nn.Linear(d, vocab)
+
+        def forward(self, ids):
+            n = ids.shape[1]
+            mask = torch.triu(torch.full((n, n), float("-inf"),
+                                         device=ids.device), 1)
+            return self.head(self.body(self.emb(ids), mask=mask))
+
+    torch.manual_seed(0)
+    return TinyLM().cuda().half().eval()
+
+
+def bench_prefill(torch, quick):
+    try:
+        model, vocab, note = gpt2(torch, quick), 50257, ""
+    except ImportError:
+        model, vocab = tiny_lm(torch), 8192
+        note = "transformers missing: a small transformer instead of GPT-2"
+    shapes = schedule(1, 12 if quick else 60,
+                      lambda r: (r.randint(1, 32), r.randint(16, 512)))
+    tokens, checksum = 0, 0.0
+    with torch.no_grad():
+        for i, (b, s) in enumerate(shapes):
+            if i == 2:
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                tokens = 0
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, vocab, (b, s), generator=g).cuda()
+            out = model(ids)
+            logits = out.logits if hasattr(out, "logits") else out
+            checksum += float(logits[:, -1].float().sum())
+            tokens += b * s
+    torch.cuda.synchronize()
+    return tokens / (time.perf_counter() - start), "tok/s", checksum, note
+
+
+def bench_generate(torch, quick):
+    try:
+        model = gpt2(torch, quick)
+    except ImportError:
+        return None, "tok/s", None, "transformers missing: skipped"
+    plan = schedule(2, 3 if quick else 10,
+                    lambda r: (r.randint(1, 16), r.randint(16, 128)))
+    new_tokens, checksum = 0, 0
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.no_grad():
+        for i, (b, n) in enumerate(plan):
+            g = torch.Generator().manual_seed(100 + i)
+            ids = torch.randint(0, 50257, (b, 32), generator=g).cuda()
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+            checksum += int(out.sum())
+            new_tokens += b * n
+    torch.cuda.synchronize()
+    return new_tokens / (time.perf_counter() - start), "tok/s", checksum, ""
+
+
+def bench_resnet(torch, quick):
+    try:
+        import torchvision
+        torch.manual_seed(0)
+        model, note = torchvision.models.resnet50().cuda(), ""
+        size = 224
+    except ImportError:
+        return None, "img/s", None, "torchvision missing: skipped"
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    batches = schedule(3, 8 if quick else 40, lambda r: r.randint(8, 96))
+    images, checksum = 0, 0.0
+    for i, b in enumerate(batches):
+        if i == 2:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            images = 0
+        g = torch.Generator().manual_seed(200 + i)
+        x = torch.randn(b, 3, size, size, generator=g).cuda()
+        y = torch.randint(0, 1000, (b,), generator=g).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        checksum += float(loss)
+        images += b
+    torch.cuda.synchronize()
+    return images / (time.perf_counter() - start), "img/s", checksum, note
+
+
+WORKLOADS = {"gpt2-prefill": bench_prefill, "gpt2-generate": bench_generate,
+             "resnet50-train": bench_resnet}
+
+
+def worker_bench(torch, workload, quick):
+    torch.cuda.init()
+    torch.cuda.reset_peak_memory_stats()
+    rate, unit, checksum, note = WORKLOADS[workload](torch, quick)
+    if rate is None:
+        return {"error": note}
+    stats = torch.cuda.memory_stats()
+    peak_alloc = stats.get("allocated_bytes.all.peak", 0)
+    peak_res = stats.get("reserved_bytes.all.peak", 0)
+    return {"rate": rate, "unit": unit, "checksum": repr(checksum),
+            "peak_allocated": peak_alloc, "peak_reserved": peak_res,
+            "fragmentation": peak_res / peak_alloc if peak_alloc else 0.0,
+            "note": note}
+
+
+def worker(args):
+    torch = setup_allocator(args.worker[0])
+    task = args.worker[1]
+    if task == "checks":
+        result = worker_checks(torch)
+    else:
+        result = worker_bench(torch, task.split(":", 1)[1], args.quick)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def self_test():
+    """The parent's logic on canned worker results, without torch or a GPU
+    (tests/CMakeLists.txt runs it): tables, failures, checksum agreement."""
+    same = {a: {"rate": 100.0 + i, "unit": "tok/s", "checksum": "1.5",
+                "peak_allocated": 100 * MiB, "peak_reserved": 110 * MiB,
+                "fragmentation": 1.1} for i, a in enumerate(ALLOCATORS)}
+    differ = {a: dict(r, checksum=repr(float(i)))
+              for i, (a, r) in enumerate(same.items())}
+    rows, bad = bench_rows({"same": same, "differ": differ})
+    assert bad == ["differ"], bad
+    assert rows[0][:3] == ["same", "rate (tok/s)", "100.0"], rows[0]
+    assert rows[3][2] == "1.100" and rows[1][2] == "100 MiB", rows
+    assert rows[4] == ["", "outputs"] + ["same"] * 4, rows[4]
+    assert rows[9][2:] == ["0.0", "1.0", "2.0", "3.0"], rows[9]
+    broken = dict(same, xseg={"error": "exit 1"})
+    assert bench_rows({"w": broken})[0][0][5] == "error"
+    checks = checks_table({"checks": {"a": (True, "fine"),
+                                      "b": (False, "why")}})
+    assert checks == [["a", "ok", "fine"], ["b", "FAILED", "why"]], checks
+    table = format_table(["x", "y"], [["1", "22"]])
+    assert table.splitlines() == ["| x | y  |", "|---|----|", "| 1 | 22 |"]
+    print("self-test passed")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="fewer iterations (a smoke test)")
+    p.add_argument("--json", help="also write every result to this file")
+    p.add_argument("--timeout", type=int, default=900,
+                   help="seconds per worker process")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
+                   choices=list(WORKLOADS))
+    p.add_argument("--self-test", action="store_true",
+                   help="check this script's own logic (no torch needed)")
+    p.add_argument("--worker", nargs=2, metavar=("ALLOCATOR", "TASK"),
+                   help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.self_test:
+        return self_test()
+    if args.worker:
+        return worker(args)
+    return parent(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
