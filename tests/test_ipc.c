@@ -269,7 +269,7 @@ XSEG_TEST(ipc, blocks_of_two_allocators_of_one_process_are_told_apart) {
   h3->table_fd = table;
   XT_OK(xseg_ipc_close(b, q2));
   XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
-  XT_OK(xseg_empty_cache(a2));                     /* settles p2 */
+  XT_OK(xseg_empty_cache(a2));                     /* completes p2 */
   XSEG_EXPECT_EQ(at_stats(a2).pending_free_bytes, 0);
   XT_OK(xseg_free(a3, p3));
   XSEG_EXPECT_EQ(at_stats(a3).pending_free_bytes, 0);

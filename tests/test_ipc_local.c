@@ -249,7 +249,7 @@ XSEG_TEST(ipc, snapshot_and_stats_json_show_shared_blocks) {
   XT_OK(xseg_free(a, p));
   XSEG_EXPECT_EQ(ipc_stats(a).pending_on_others, 1);
   XT_OK(xseg_ipc_close(b, q));
-  XT_OK(xseg_empty_cache(a));                          /* settles it */
+  XT_OK(xseg_empty_cache(a));                          /* completes it */
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
   XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 1);
   xseg_ipc_handle_free(h);
@@ -366,7 +366,7 @@ XSEG_TEST(ipc, readme_example) {
   XSEG_EXPECT_EQ(ipc_finish(c), 0);
   close(sv[0]);
   void *p = NULL;
-  XT_OK(xseg_malloc(a, 512, NULL, &p));        /* settles the hold */
+  XT_OK(xseg_malloc(a, 512, NULL, &p));        /* completes the hold */
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
   XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 0);
   XSEG_EXPECT_EQ(ipc_stats(a).exported_total, 1);
