@@ -169,16 +169,49 @@ static __attribute__((noinline)) bool alloc_retake_fits(
          xs_pool_retake_fits(p);
 }
 
+/* The cached malloc of a size below the parked block of its pool p: the
+   parked block's front, when settling then taking the best fit would cut
+   the same block off the merged block (xs_pool_carve). NULL (nothing
+   changed) otherwise. */
+static __attribute__((noinline)) xs_block *alloc_carve(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, size_t size,
+    size_t rounded, struct CUstream_st *stream) {
+  xs_block *b = p->parked, *rest = b->next;
+  size_t merged = b->size + rest->size;
+  if (!xs_alloc_fit_takes(a, merged, rounded) ||
+      !xs_alloc_splits(a, p->kind, merged, rounded) ||
+      !xs_pool_carve_fits(p, rounded) || !xs_ptrtable_reserve(&sp->live))
+    return NULL;
+  xs_block *spare = xs_blocks_get(p->blocks);
+  if (spare == NULL) return NULL;
+  xs_park_owed_pay(sp);
+  xs_pool_carve(p, rounded, spare);
+  /* The remainder is parked: it keeps an entry as every parked block. */
+  xs_ptrtable_add(&sp->live, spare);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, false,
+                        xs_alloc_has_pending(a), false);
+  return b;
+}
+
 /* The cached malloc with blocks parked (types.h, n_parked): the one of the
    request's pool when the request is its size and settling then taking
-   the best fit would hand out exactly it. NULL (nothing changed)
-   otherwise: the caller settles and goes the usual way. */
+   the best fit would hand out exactly it, or its front when the request
+   is smaller (alloc_carve). NULL (nothing changed) otherwise: the caller
+   settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool held) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
-  if (b == NULL || b->size != rounded) return NULL;
+  if (b == NULL) return NULL;
+  /* A carve is tried only where the parked block settles into the free
+     end of the mapped range (a layer's tensors, cut from there in turn):
+     elsewhere a smaller free block usually fits better, and the look
+     would be paid for nothing. */
+  if (b->size != rounded)
+    return b->size > rounded && xs_pool_parked_at_end(b)
+               ? alloc_carve(a, sp, p, size, rounded, stream)
+               : NULL;
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
   sp->n_parked--;

@@ -125,6 +125,30 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
   return st;
 }
 
+/* The cached free of live block b of pool p, which has a parked block,
+   its park counted already. A free in reverse order of allocation (b
+   parkable, the parked block its next neighbour) parks b in the parked
+   block's place, merged with it (xs_pool_park_onto), b's free counted at
+   once: SIZE_MAX, b freed (the parked block's entry left the table; b
+   keeps its own). Else the parked block settles first, its entry leaving
+   the table: b's slot, which may have moved. Out of line: the plain
+   free's registers stay few. */
+static __attribute__((noinline)) size_t alloc_free_beside_parked(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_block *b) {
+  assert(sp->park_stats == NULL && "the last park counted first");
+  if (p->parked != b->next || !xs_pool_parkable(b)) {
+    xs_park_settle_pool(p);
+    return xs_ptrtable_find(&sp->live, b->addr);
+  }
+  xs_ptrtable_remove_at(&sp->live,
+                        xs_ptrtable_find(&sp->live, p->parked->addr));
+  xs_alloc_account_free(&sp->stats, p->kind, b->size, b->requested);
+  alloc_stamp(a, t, sp, b, false);
+  xs_pool_park_onto(p, b);
+  return SIZE_MAX;
+}
+
 /* The cached free of the block in `slot` of the pair's pointer table
    (SIZE_MAX: not a block of the pair), pair lock held, not used on other
    streams (alloc_free_pair sends those to alloc_free_deferred): false
@@ -132,7 +156,7 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    pair. `t` as alloc_release_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
-    uint64_t addr, size_t slot) {
+    size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
@@ -144,9 +168,8 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   assert(a->trace.cap == 0);
   xs_pool *p = b->seg->pool;
   if (__builtin_expect(p->parked != NULL, 0)) {
-    /* Its entry leaves the table: b's may move. */
-    xs_park_settle_pool(p);
-    slot = xs_ptrtable_find(&sp->live, addr);
+    slot = alloc_free_beside_parked(a, t, sp, p, b);
+    if (slot == SIZE_MAX) return true;
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =
@@ -231,7 +254,7 @@ static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
   xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
   if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
     return alloc_free_deferred(a, sp, b, slot);
-  bool done = alloc_free_cached(a, t, sp, (uint64_t)(uintptr_t)ptr, slot);
+  bool done = alloc_free_cached(a, t, sp, slot);
   xs_pair_drop(sp);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);

@@ -42,7 +42,8 @@ static size_t pool_split_bytes(const xs_block *b) {
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
-static inline void pool_split_swap(xs_pool *p, size_t out, size_t in) {
+static inline __attribute__((always_inline)) void pool_split_swap(
+    xs_pool *p, size_t out, size_t in) {
   /* Both counted (the usual case): the count's -1 then +1 only adds to
      its total of increases. */
   if (out != 0 && in != 0)
@@ -153,6 +154,24 @@ void xs_pool_park_stats(xs_pool *p) {
   pool_split_swap(p, xs_pool_merge_rest(b), xs_pool_merge_whole(b));
 }
 
+void xs_pool_park_onto(xs_pool *p, xs_block *b) {
+  xs_block *parked = p->parked, *rest = parked->next;
+  assert(b->allocated && b->next == parked && xs_pool_parkable(b));
+  /* Settled, the parked block and the rest are one piece (b is before
+     it), which b's give merges into: a whole segment unless either end
+     has a neighbour. */
+  size_t merged_rest = parked->size + rest->size;
+  bool piece = b->prev != NULL || rest->next != NULL;
+  pool_split_swap(p, merged_rest, piece ? b->size + merged_rest : 0);
+  b->allocated = false;
+  b->requested = 0;
+  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  p->parked = b;
+  /* The parked block is another, of another size: a retake known for the
+     old one says nothing of it. */
+  xs_pool_trees_changed(p);
+}
+
 xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
@@ -165,19 +184,44 @@ xs_block *xs_pool_settle(xs_pool *p) {
   return b;
 }
 
-bool xs_pool_retake_fits(xs_pool *p) {
+/* Whether the merged block that p's parked block settles into is the best
+   fit for `size`: the merged block (indexed at the settle, so the newest
+   of its size) against the best fit among the other free blocks, which
+   is the real best fit unless that is the rest, and then the one after
+   it. */
+static bool pool_merged_fits(xs_pool *p, size_t size) {
   xs_block *b = p->parked, *rest = b->next;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
-  if (xs_pool_retake_known(p)) return true;
-  /* The best fit once merged: the merged block (b->size + rest->size at
-     b->addr, indexed at the settle, so the newest of its size) against the
-     best fit among the other free blocks, which is the real best fit
-     unless that is `rest`, and then the one after it. */
-  size_t merged = b->size + rest->size;
-  xs_block *other = xs_freetree_best_fit(&p->free, b->size);
+  /* The rest alone indexed (a layer's usual case): no other block. */
+  if (p->free.count == 1) return true;
+  xs_block *other = xs_freetree_best_fit(&p->free, size);
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
-  if (other != NULL && !xs_freetree_before(&p->free, merged, b->addr, other))
-    return false;
+  return other == NULL ||
+         xs_freetree_before(&p->free, b->size + rest->size, b->addr, other);
+}
+
+bool xs_pool_carve_fits(xs_pool *p, size_t size) {
+  assert(size < p->parked->size);
+  return pool_merged_fits(p, size);
+}
+
+void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare) {
+  xs_block *b = p->parked;
+  size_t merged = b->size + b->next->size;
+  /* pool_take_split's: the merged block out of inactive_split, the piece
+     left of it in (a piece: the block handed out is before it). */
+  pool_split_swap(p, xs_pool_merge_whole(b), merged - size);
+  xs_segment_split(b->seg, b, size, spare);
+  b->allocated = true;
+  p->parked = spare;
+  /* Another parked block: a retake known for the old one says nothing. */
+  xs_pool_trees_changed(p);
+}
+
+bool xs_pool_retake_fits(xs_pool *p) {
+  xs_block *b = p->parked, *rest = b->next;
+  if (xs_pool_retake_known(p)) return true;
+  if (!pool_merged_fits(p, b->size)) return false;
   /* The split then indexes the rest anew: in a bin it goes first, so a
      rest that is not its bin's newest would sit elsewhere than where the
      retake leaves it. */

@@ -140,7 +140,11 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    previous one is not, and the next malloc on the pool often asks for the
    same size again: merging then splitting the same two blocks back costs
    two tree updates for nothing. The allocator may instead park such a
-   block (one per pool): free, in no tree, not merged yet. The stats must
+   block (one per pool): free, in no tree, not merged yet. Freed in
+   reverse order of allocation, the block before it joins it
+   (xs_pool_park_onto), and mallocs in the order of allocation cut their
+   blocks off its front (xs_pool_carve): a model's layer of tensors comes
+   and goes without a tree update. The stats must
    count the merge before anything else moves them (xs_pool_park_stats),
    or the retake must count merge and split together. Until it is
    settled the pool breaks block.h's
@@ -162,6 +166,15 @@ static inline void xs_pool_park(xs_pool *p, xs_block *b) {
 }
 /* Moves the stats as merging p's parked block would. */
 void xs_pool_park_stats(xs_pool *p);
+/* A free in reverse order of allocation: live block b, parkable, whose
+   next neighbour is p's parked block (its stats counted already), takes
+   the parked block's place, merged with it, without the settle's tree
+   update: the tree holds the same blocks as when both are settled (the
+   rest beyond), only the merge into it waits. The stats move as b's give
+   would after the parked block's settle (its free is the caller's); the
+   parked block's struct goes back to the cache (its pointer-table entry
+   is the caller's to remove first). */
+void xs_pool_park_onto(xs_pool *p, xs_block *b);
 /* Merges p's parked block as xs_pool_give would have; returns the merged
    block, indexed. */
 xs_block *xs_pool_settle(xs_pool *p);
@@ -173,6 +186,26 @@ xs_block *xs_pool_settle(xs_pool *p);
    (retake_known) until either tree changes, so that a repeated retake of
    the same block walks no tree. */
 bool xs_pool_retake_fits(xs_pool *p);
+/* Whether a request of `size` bytes, less than p's parked block, would
+   take the merged block once the parked block settles (the caller checks
+   that its policy takes and splits it): the merged block is the best fit
+   for that size. No bin condition, unlike the retake: the rest stays
+   where it is until the remainder settles into it, which reindexes it as
+   the split would have. */
+bool xs_pool_carve_fits(xs_pool *p, size_t size);
+/* Whether parked block b merges into the free block at the end of its
+   segment's mapped part (nothing mapped after it). */
+static inline bool xs_pool_parked_at_end(const xs_block *b) {
+  const xs_block *after = b->next->next;
+  return after == NULL || !after->mapped;
+}
+/* Hands out the front `size` bytes of p's parked block
+   (xs_pool_carve_fits; its merge counted already); `spare` becomes the
+   parked remainder, which merges into the rest later. The stats move as
+   the merged block's split. A layer's tensors, freed in reverse order
+   onto the parked block (xs_pool_park_onto), are taken back this way, in
+   order, with no tree update. */
+void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare);
 /* Whether xs_pool_retake_fits is known to hold for p's parked block (the
    caller's policy then took it too: the sizes are the same as then). */
 static inline bool xs_pool_retake_known(const xs_pool *p) {
@@ -284,13 +317,12 @@ static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
 }
 /* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
    totals of increases alone, and no call (`s` and `kind` as there). The
-   caller looked at the peaks; they are not looked at again here: another
-   pair's crossing may lower this shard's thresholds meanwhile (to its
-   current, segments/shards.c), which the bound of shards.h allows for,
-   and no current moves here. */
+   caller checked the peaks; not asserted again here: another pair's
+   crossing may have lowered this shard's thresholds since, a threshold
+   its owner sees late, as segments/shards.h allows. */
 static inline void xs_pool_retake_under(xs_pool *p, xs_stats *s,
                                         xs_pool_kind kind) {
-  assert(xs_pool_retake_known(p) && p->stats == s && p->kind == kind);
+  assert(xs_pool_retake_known(p));
   xs_pool_retake_totals(p, s, kind);
   xs_pool_retake_finish(p);
 }

@@ -149,15 +149,15 @@ static uint64_t lazy_step(lazy_run *r, CUstream *streams, int n_streams,
    stats. A park's stats wait for the pair's next operation; on two
    streams what they hold back is published for the other pair's
    crossings. */
-static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
-                         int n_streams) {
+enum { LAZY_STEPS = 1500 };
+static void lazy_compare_rolls(const char *conf, const uint64_t *rolls,
+                               bool addresses, int n_streams) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream streams[2] = {NULL, NULL};
   XSEG_ASSERT_CU(cuStreamCreate(&streams[1], CU_STREAM_NON_BLOCKING));
   lazy_run eager = {.a = at_create(conf)}, lazy = {.a = at_create(conf)};
-  uint64_t s = seed;
-  for (int step = 0; step < 1500; step++) {
-    uint64_t roll = lazy_rng(&s);
+  for (int step = 0; step < LAZY_STEPS; step++) {
+    uint64_t roll = rolls[step];
     uint64_t e = lazy_step(&eager, streams, n_streams, roll);
     /* Any entry point but malloc and free settles: merging at once. */
     xseg_stats unused;
@@ -186,6 +186,44 @@ static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
   XSEG_EXPECT_CU(cuStreamDestroy(streams[1]));
 }
 
+/* lazy_compare_rolls on random steps. */
+static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
+                         int n_streams) {
+  uint64_t rolls[LAZY_STEPS], s = seed;
+  for (int step = 0; step < LAZY_STEPS; step++) rolls[step] = lazy_rng(&s);
+  lazy_compare_rolls(conf, rolls, addresses, n_streams);
+}
+
+/* lazy_compare_rolls on a model's layers: a batch of 2..8 tensors of
+   sizes in both pools allocated in turn (slots 0, 1, ...) on one stream,
+   then freed in reverse order, the same batch a few times over. The
+   frees join the parked block (xs_pool_park_onto) and the mallocs are
+   cut off its front (xs_pool_carve). One batch in four frees only its
+   upper half, and one in four changes a size, so that carves that would
+   hand out another block than the best fit are refused as well. */
+static void lazy_compare_layers(const char *conf, uint64_t seed,
+                                int n_streams) {
+  uint64_t rolls[LAZY_STEPS], s = seed, idx[8] = {0};
+  int step = 0, k = 0, repeats = 0, stream = 0;
+  while (step < LAZY_STEPS) {
+    if (repeats == 0) {
+      k = 2 + (int)(lazy_rng(&s) % 7);
+      for (int j = 0; j < k; j++) idx[j] = lazy_rng(&s) % 12;
+      repeats = 2 + (int)(lazy_rng(&s) % 4);
+      stream = (int)(lazy_rng(&s) % (uint64_t)n_streams);
+    }
+    repeats--;
+    uint64_t shape = lazy_rng(&s) % 4;
+    if (shape == 0) idx[lazy_rng(&s) % (uint64_t)k] = lazy_rng(&s) % 12;
+    int freed = shape == 1 ? k / 2 : k;   /* the upper ones, in reverse */
+    for (int j = 0; j < k && step < LAZY_STEPS; j++)
+      rolls[step++] = (uint64_t)j | (uint64_t)stream << 8 | idx[j] << 16;
+    for (int j = k; j-- > k - freed && step < LAZY_STEPS;)
+      rolls[step++] = (uint64_t)j | (uint64_t)stream << 8 | idx[j] << 16;
+  }
+  lazy_compare_rolls(conf, rolls, true, n_streams);
+}
+
 /* Many seeds: a park held back on one stream while the other stream's
    gauges rise under their thresholds is what a missed peak needs (before
    xs_park_owe refused to hide a rise above a threshold, 23 of 120
@@ -198,6 +236,13 @@ XSEG_TEST(alloc_lazy, matches_merging_at_free_expandable) {
 XSEG_TEST(alloc_lazy, matches_merging_at_free_classic) {
   for (uint64_t seed = 1; seed <= 24; seed++)
     lazy_compare("expandable_segments:False", seed, false, 2);
+}
+
+XSEG_TEST(alloc_lazy, layers_match_merging_at_free) {
+  for (uint64_t seed = 1; seed <= 12; seed++) {
+    lazy_compare_layers(NULL, seed, 2);
+    lazy_compare_layers(NULL, seed, 1);
+  }
 }
 
 XSEG_TEST(alloc_lazy, matches_merging_at_free_on_one_stream) {
