@@ -1,16 +1,17 @@
-/* alloc.c: the public entry points of the device allocator: create and
- * destroy, malloc and free.
+/* alloc.c: the public entry point xseg_malloc, its cached path and its
+ * slow path (free is free.c's; an allocator's creation, destruction and
+ * check are create.c's).
  *
  * The cached path (a free block fits) makes no driver call and no heap
  * allocation once warm: a best-fit lookup, a split from the block cache,
  * one pointer-table insert, all under the lock of the stream's pair of
- * pools alone (the pair found from the stream for a malloc, from the
- * address for a free; allocator.h). Anything else (a miss, pending frees,
- * captures, tracing, shared blocks) drops that lock and runs with every
- * lock held. A free that would only merge the block back into the rest it
- * was split from parks it instead, and a malloc of the same size on the
- * same pool takes it back when that is what merging and splitting would
- * give (lazy merging, segments/pool.h); every other entry point settles
+ * pools alone (the pair found from the stream; pairs.h). Anything else (a
+ * miss, pending frees of a busy pair, captures, tracing, shared blocks)
+ * drops that lock and runs with every lock held (enter.h). A free that
+ * would only merge the block back into the rest it was split from parks
+ * it instead (free.c), and a malloc of the same size on the same pool
+ * takes it back when that is what merging and splitting would give (lazy
+ * merging, segments/pool.h, park.h); every other entry point settles
  * first.
  */
 #include <assert.h>
@@ -18,177 +19,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
-#include "alloc/ipc.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
+#include "alloc/enter.h"
+#include "alloc/frees.h"
+#include "alloc/grow.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/policy.h"
 #include "streams/stream_set.h"
 #include "vmm/error.h"
 
 /* Larger requests cannot be rounded to granules without overflow. */
 #define XS_MAX_REQUEST ((size_t)1 << 62)
-
-/* Rounds a granule setting up to the device's granularity. */
-static size_t alloc_granule(const xs_vmm *v, size_t want) {
-  size_t g = v->granularity;
-  if (want == 0) want = (size_t)2 << 20;
-  return (want + g - 1) / g * g;
-}
-
-/* PyTorch's reservation: 9/8 of the device's memory, or xseg_reserve_mb,
-   but never more: a larger range could never be filled, and its page map
-   would cost host memory in proportion (64 TiB of 2 MiB granules: 32 M
-   entries). */
-static void alloc_sizes(xseg_allocator *a) {
-  size_t most = a->vmm.total_memory / 8 * 9;
-  size_t want = a->cfg.reserve_size != 0 && a->cfg.reserve_size < most
-                    ? a->cfg.reserve_size
-                    : most;
-  a->granule[XS_POOL_SMALL] = alloc_granule(&a->vmm, a->cfg.small_granule);
-  a->granule[XS_POOL_LARGE] = alloc_granule(&a->vmm, a->cfg.large_granule);
-  for (int k = 0; k < 2; k++) {
-    size_t g = a->granule[k];
-    a->reserve[k] = want < g ? g : (want + g - 1) / g * g;
-  }
-  a->cap = (size_t)(a->cfg.memory_fraction * (double)a->vmm.total_memory);
-}
-
-/* Debug builds: XSEG_DEBUG_CHECK=N validates everything every N operations
-   (the tests set it; see allocator.h). Release builds ignore it. */
-static void alloc_debug_checks(xseg_allocator *a) {
-#ifndef NDEBUG
-  const char *every = getenv("XSEG_DEBUG_CHECK");
-  a->debug_check_every = every != NULL ? (uint32_t)strtoul(every, NULL, 10)
-                                       : 0;
-#else
-  (void)a;
-#endif
-}
-
-xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
-  if (out == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_create: out is NULL");
-  *out = NULL;
-  xseg_allocator *a = calloc(1, sizeof *a);
-  if (a == NULL)
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
-  xseg_status st = xs_config_parse(conf, &a->cfg);
-  if (st == XSEG_OK) st = xs_vmm_open(&a->vmm, a->cfg.driver, device);
-  if (st != XSEG_OK) {
-    xs_vmm_close(&a->vmm);
-    free(a);
-    return st;
-  }
-  alloc_sizes(a);
-  alloc_debug_checks(a);
-  xs_event_pool_init(&a->events, &a->vmm);
-  atomic_init(&a->lock.state, 0);
-  a->id = xs_pairs_new_id();
-  xs_stats_group_init(&a->stats);
-  a->shared_stats.rare = true;
-  xs_stats_group_add(&a->stats, &a->shared_stats);
-  *out = a;
-  return XSEG_OK;
-}
-
-/* Reports live blocks on stderr (a leak in the caller) before they go. */
-static void alloc_report_live(xseg_allocator *a) {
-  size_t n = xs_alloc_live_count_locked(a);
-  if (n == 0) return;
-  const xs_stream_pools *sp = a->streams;
-  while (sp->live.count == 0) sp = sp->next;
-  const xs_ptrtable_slot *slot = sp->live.slot;
-  while (slot->addr == 0) slot++;
-  const xs_block *some = slot->block;
-  int64_t bytes = xs_alloc_current(a, XS_GAUGE_allocated_bytes);
-  fprintf(stderr,
-          "xseg_destroy: device %d still has %zu live blocks (%lld bytes), "
-          "e.g. %p of %zu bytes; releasing them\n",
-          a->vmm.device, n, (long long)bytes, (void *)(uintptr_t)some->addr,
-          some->requested);
-  xs_error(XSEG_ERR_INVALID_ARGUMENT,
-           "xseg_destroy: %zu live blocks (%lld bytes) on device %d", n,
-           (long long)bytes, a->vmm.device);
-}
-
-/* Pending frees still wait on recorded work that may use their memory:
-   wait for it (on the events alone) before everything is unmapped. Block
-   structs go with the pools; the recorded-stream arrays of pending and
-   live blocks go here. */
-static void alloc_destroy_pending(xseg_allocator *a, bool entered) {
-  if (entered && xs_alloc_has_pending(a)) {
-    a->n_captures = 0;          /* nothing captures into a dying allocator */
-    a->n_implicit = 0;
-    xs_alloc_settle_frees_locked(a, true);
-  }
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    for (int k = 0; k < 2; k++)
-      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
-        for (xs_block *b = s->first; b != NULL; b = b->next)
-          xs_stream_set_clear(&b->uses);
-}
-
-/* Work a stream queued before freeing a block on that same stream (a
-   stream-ordered free: the block went back to the stream's cache at once)
-   may still use it, and the old mapping of a handle lent to a newer block
-   (an alias, segments/release.c) is its old work's until the pair's guard
-   passes it. So before the pools unmap anything, each pair's guard waits
-   for its newest free (on one event; a stream the caller destroyed proves
-   itself idle, streams/guard.h). A guard that cannot be advanced leaves
-   the whole context to wait for. Captures are over: a dying allocator
-   serves none. */
-static void alloc_destroy_guards(xseg_allocator *a) {
-  bool failed = false;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (sp->guard.safe >= sp->clock) continue;
-    CUstreamCaptureMode mode;
-    xseg_status st = xs_capture_mode_relax(a, &mode);
-    if (st != XSEG_OK) {
-      failed = true;
-      continue;
-    }
-    st = xs_guard_advance(&sp->guard, &a->events, sp->stream, sp->clock,
-                          sp->clock, true);
-    xs_capture_mode_restore(a, mode);
-    failed |= st != XSEG_OK;
-  }
-  if (!failed) return;
-  CUresult r = XS_DRV(a->vmm.drv, cuCtxSynchronize);
-  if (r == CUDA_SUCCESS) return;
-  xs_driver_error(a->vmm.drv, r, "cuCtxSynchronize (xseg_destroy, device %d)",
-                  a->vmm.device);
-  fprintf(stderr, "xseg_destroy: %s; unmapping without knowing that queued "
-          "work is done\n", xseg_last_error());
-}
-
-void xseg_destroy(xseg_allocator *a) {
-  if (a == NULL) return;
-  xs_alloc_lock(a);
-  alloc_report_live(a);
-  CUcontext saved;
-  bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
-  alloc_destroy_pending(a, entered);
-  if (entered) alloc_destroy_guards(a);
-  xs_ipc_destroy_locked(a, entered);
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
-    for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
-    xs_guard_drop(&sp->guard, &a->events);
-  }
-  xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
-  xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
-  if (entered) {
-    for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
-      xs_pending_destroy(&sp->pending);
-      xs_event_pool_destroy(&sp->events);
-    }
-    xs_event_pool_destroy(&a->events);
-    xs_vmm_ctx_leave(&a->vmm, saved);
-  }
-  free(a->deferred);
-  free(a->captures);
-  xs_trace_resize(&a->trace, 0);
-  xs_vmm_close(&a->vmm);
-  xs_alloc_unlock_destroyed(a);
-  free(a);
-}
 
 /* Nothing announces the end of a capture found by the driver: ask, lest
    the stream keep allocating to its pool after it ended. */
@@ -216,10 +59,10 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
   if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
 }
 
-/* A free whose count was deferred (allocator.h, park_stats) and the
+/* A free whose count was deferred (types.h, park_stats) and the
    malloc that takes the same block back for the same requested size, in
    one: each gauge falls and rises back to the value it had, which is
-   under its threshold (xs_park_refill_under), so only the totals of
+   under its threshold (xs_park_cancel_under), so only the totals of
    increases move. */
 static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
                                         xs_pool_kind k) {
@@ -341,7 +184,7 @@ static __attribute__((noinline)) xs_block *alloc_carve(
     return NULL;
   xs_block *spare = xs_blocks_get(p->blocks);
   if (spare == NULL) return NULL;
-  xs_pair_park_stats(sp);
+  xs_park_owed_pay(sp);
   xs_pool_carve(p, rounded, spare);
   /* The remainder is parked: it keeps an entry as every parked block. */
   xs_ptrtable_add(&sp->live, spare);
@@ -350,7 +193,7 @@ static __attribute__((noinline)) xs_block *alloc_carve(
   return b;
 }
 
-/* The cached malloc with blocks parked (allocator.h): the one of the
+/* The cached malloc with blocks parked (types.h, n_parked): the one of the
    request's pool when the request is its size and settling then taking
    the best fit would hand out exactly it, or its front when the request
    is smaller (alloc_carve). NULL (nothing changed) otherwise: the caller
@@ -376,10 +219,10 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
      pass its peak at a malloc that only restores allocation: no refill
      then, active's peak gets its look. */
   if (sp->park_stats == p && sp->park_requested == size &&
-      !held && xs_park_refill_under(sp, kind)) {
+      !held && xs_park_cancel_under(sp, kind)) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
-    xs_pair_park_refilled(sp, kind);
+    xs_park_owed_cancel(sp, kind);
     xs_pool_retake(p, kind, false);
     alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false,
                           true);
@@ -387,7 +230,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   }
   /* Any park not counted yet (the other pool's, or this one's for
      another requested size) goes in the stats before this one's moves. */
-  xs_pair_park_stats(sp);
+  xs_park_owed_pay(sp);
   xs_pool_retake(p, kind, true);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
                         false);
@@ -412,27 +255,27 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   return b;
 }
 
-/* The cached malloc's settling of pending frees (PyTorch's
+/* The cached malloc's polling of pending frees (PyTorch's
    process_events): the pair's own (its parked blocks merge first, as the
    completed frees go back to their pools), then the other streams' pairs'
-   that a try of their lock gets (xs_pairs_settle_others). False when some
-   may be left unsettled: every lock settles them all. Out of line: only
+   that a try of their lock gets (xs_alloc_poll_others). False when some
+   may be left waiting: every lock completes them all. Out of line: only
    cross-stream frees make it. */
-static __attribute__((noinline)) bool alloc_cached_settle(xseg_allocator *a,
+static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
                                                           xs_stream_pools *sp) {
   xs_alloc_poll_pair(a, sp);
-  return xs_alloc_pending_all_pair(a, sp) || xs_pairs_settle_others(a, sp);
+  return xs_alloc_pending_all_pair(a, sp) || xs_alloc_poll_others(a, sp);
 }
 
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
-   slow path's turn) on a miss. Pending frees of the pair are settled
+   slow path's turn) on a miss. Pending frees of the pair are polled
    first, then parked blocks are taken back or settled. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   bool held = xs_alloc_has_pending(a);
   if (__builtin_expect(held, 0)) {
-    if (!alloc_cached_settle(a, sp)) return NULL;
+    if (!alloc_cached_poll(a, sp)) return NULL;
     held = xs_alloc_has_pending(a);
   }
   if (sp->n_parked != 0) {
@@ -444,7 +287,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
             : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream,
                            held);
     if (b != NULL) return b;
-    xs_pair_settle(sp);
+    xs_park_settle_pair(sp);
   }
   /* The kind a constant in each copy, as above. */
   return xs_alloc_kind(rounded) == XS_POOL_SMALL
@@ -475,15 +318,6 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
                                      : xs_config_round_size(c, size);
 }
 
-/* Whether the cached path may run on pair sp (its lock held): nothing
-   calls for the slow path and the pair is alive (allocator.h). */
-static inline bool alloc_cached_on(const xseg_allocator *a,
-                                   const xs_stream_pools *sp) {
-  assert(sp->cached_off == (a->slow || sp->dead));
-  (void)a;
-  return __builtin_expect(!sp->cached_off, 1);
-}
-
 /* xseg_malloc's refusals: *ptr NULL (when there is one). */
 static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
     xseg_allocator *a, size_t size, void **ptr) {
@@ -503,14 +337,14 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
     xseg_allocator *a, size_t size, size_t rounded,
     struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
   xs_block *b = NULL;
-  xs_alloc_lock(a);
-  /* Frees waiting on other streams are settled first, as PyTorch's
+  xs_alloc_enter(a);
+  /* Frees waiting on other streams are completed first, as PyTorch's
      process_events; a counter check when none waits. A failed query only
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
-    xs_alloc_settle_frees_locked(a, false);
+    xs_alloc_complete_frees_locked(a, false);
   xseg_status st = alloc_block_locked(a, size, rounded, stream, own, &b);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
 }
@@ -529,7 +363,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   /* Held frees (any pair's) give active's peak a look: the cached path's,
-     as do the pair's own pending frees, which settle first. (Read first:
+     as do the pair's own pending frees, which are polled first. (Read first:
      an atomic load makes the compiler read the pool's fields again.) */
   if (xs_alloc_has_pending(a)) return false;
   /* A park not counted yet is the parked block's, in p. */
@@ -537,7 +371,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
   assert(p->parked != NULL);
   if (!xs_pool_retake_known(p) ||
       !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
-      !xs_park_refill_under(sp, k))
+      !xs_park_cancel_under(sp, k))
     return false;
   /* So the block is the request's size rounded, without a look: it was
      handed out last for `size` (park_requested), and retake_known, never
@@ -552,21 +386,12 @@ static inline __attribute__((always_inline)) void alloc_retake_again(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  xs_pair_park_refilled(sp, k);
+  xs_park_owed_cancel(sp, k);
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
   alloc_account_refill(&sp->stats, b, k);
   sp->n_parked--;
   b->stream = stream;
-}
-
-/* A cached operation dropped its pair lock with a waiter on it: woken
-   here, out of the common path. */
-static __attribute__((noinline, cold)) xseg_status alloc_pair_woken(
-    xseg_allocator *a, xs_stream_pools *sp) {
-  xs_lock_wake(&sp->lock);
-  xs_alloc_debug_after_cached(a);
-  return XSEG_OK;
 }
 
 /* A malloc of a valid size (`rounded`: its rounding) with pair sp's lock
@@ -580,7 +405,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
     xs_stream_pools *sp, size_t rounded) {
   xs_block *b = NULL;
-  if (alloc_cached_on(a, sp))
+  if (xs_pair_cached_on(a, sp))
     b = alloc_cached(a, sp, size, rounded, stream);
   xs_pair_drop(sp);
   if (__builtin_expect(b != NULL, 1)) {
@@ -634,330 +459,14 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     return alloc_malloc_any(a, size, stream, ptr);
   sp->used_at = use;
   if (__builtin_expect(
-          !alloc_cached_on(a, sp) || !alloc_retake_again_fits(a, sp, size), 0))
+          !xs_pair_cached_on(a, sp) || !alloc_retake_again_fits(a, sp, size), 0))
     return alloc_malloc_pair(a, size, stream, ptr, sp,
                              alloc_round_plain(size));
   /* The address first: its register is free for the moves. */
   *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
   alloc_retake_again(sp, size, stream);
-  if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-    return alloc_pair_woken(a, sp);
+  if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
+    return xs_alloc_wake_after_cached(a, sp);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
-}
-
-/* A block of pair sp whose last use is over: stamped, and traced when
-   `slow` (tracing sends the cached path the slow way, pairs.c). `t`: the
-   calling thread's xs_pairs_tls (one access for a caller that has it). */
-static inline __attribute__((always_inline)) void alloc_stamp(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_block *b,
-    bool slow) {
-  assert(slow || a->trace.cap == 0);
-  if (slow)
-    xs_alloc_stamp_pair(a, sp, b);
-  else
-    b->free_epoch = xs_pair_tick(t, sp);
-}
-
-/* Parks b, freed, in its pool p (of `kind`, given apart as in
-   alloc_release_plain; lazy merging): stamped and traced as
-   xs_alloc_give_locked does, merged later; its pointer-table entry stays
-   (allocator.h, n_parked). Its free and merge count in the stats later
-   (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (allocator.h, xs_pair_park_hold). False when
-   holding them back would hide a rise above a threshold: the caller
-   counts them at once (xs_pair_park_stats), once it is parked. */
-static inline __attribute__((always_inline)) bool alloc_park(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
-    xs_pool_kind kind, xs_block *b, bool slow) {
-  alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_pair_park_hold(sp, p, kind, b, a->n_pairs > 1);
-  xs_pool_park(p, b);
-  sp->n_parked++;
-  return held;
-}
-
-/* A live block's free that needs nothing outside its pair (no recorded
-   streams, not shared): back to its pool p (of `kind`, given apart so
-   that a caller that knows it at compile time folds it), or parked (true:
-   its entry in the pair's pointer table must stay, or be put back).
-   `slow`: with every lock held, the only way traced. `t`: the calling
-   thread's xs_pairs_tls (alloc_stamp). */
-static inline __attribute__((always_inline)) bool alloc_release_plain(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
-    xs_pool_kind kind, xs_block *b, bool slow) {
-  assert(b->seg->pool == p && p->kind == kind);
-  /* Looked at once, before the stores that the compiler cannot tell from
-     the neighbours'. */
-  unsigned merges = xs_pool_merges(b);
-  if (merges != XS_MERGE_NEXT) {          /* not parkable */
-    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
-    alloc_stamp(a, t, sp, b, slow);
-    if (merges == 0)
-      xs_pool_give_alone(p, &sp->stats, kind, b);
-    else
-      xs_pool_give(p, b);
-    return false;
-  }
-  /* A merge that would pass a threshold unseen counts now, crossing. */
-  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
-    xs_pair_park_stats(sp);
-  return true;
-}
-
-/* The one way a block stops being live. A block used on other streams
-   (xseg_record_stream) waits, pending, until the work they had queued at
-   this free is done (deferred.c); any other goes back to its pool at once,
-   where its own stream may reuse it (stream order makes that safe), or is
-   parked there (*parked: its pointer-table entry goes back). */
-static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
-                                              bool *parked) {
-  XS_ASSERT_LOCKED(a);
-  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
-                  b->stream);
-  xs_pool *p = b->seg->pool;
-  *parked = false;
-  /* Its pool's parked block merges first, as at its own free. */
-  xs_alloc_settle_pool_locked(p);
-  if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
-    /* Shared or deferred frees may look at other pools: none parked. */
-    xs_alloc_settle_locked(a);
-    /* Exported and held by another process: pending until it lets go. */
-    if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
-    if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
-  }
-  *parked = alloc_release_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
-                                b, true);
-  return XSEG_OK;
-}
-
-/* The cached free of live block b, used on other streams, `slot` in the
-   pointer table of pair sp, whose lock is held and dropped here: pending
-   behind their events, its entry out of the table, unless recording them
-   fails (its status, nothing changed). The pair's parked blocks merge
-   first, as completions may give blocks back to their pools. Out of line:
-   the plain free's registers stay few. */
-static __attribute__((noinline)) xseg_status alloc_free_deferred(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
-  if (sp->n_parked != 0) {
-    xs_pair_settle(sp);                 /* entries after b's may move */
-    slot = xs_ptrtable_find(&sp->live, b->addr);
-  }
-  xseg_status st = xs_alloc_defer_free_pair(a, b);
-  if (st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
-  xs_pair_drop(sp);
-  xs_alloc_debug_after_cached(a);
-  return st;
-}
-
-/* The cached free of live block b of pool p, which has a parked block,
-   its park counted already. A free in reverse order of allocation (b
-   parkable, the parked block its next neighbour) parks b in the parked
-   block's place, merged with it (xs_pool_park_onto), b's free counted at
-   once: SIZE_MAX, b freed (the parked block's entry left the table; b
-   keeps its own). Else the parked block settles first, its entry leaving
-   the table: b's slot, which may have moved. Out of line: the plain
-   free's registers stay few. */
-static __attribute__((noinline)) size_t alloc_free_beside_parked(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
-    xs_block *b) {
-  assert(sp->park_stats == NULL && "the last park counted first");
-  if (p->parked != b->next || !xs_pool_parkable(b)) {
-    xs_alloc_settle_pool_locked(p);
-    return xs_ptrtable_find(&sp->live, b->addr);
-  }
-  xs_ptrtable_remove_at(&sp->live,
-                        xs_ptrtable_find(&sp->live, p->parked->addr));
-  xs_alloc_account_free(&sp->stats, p->kind, b->size, b->requested);
-  alloc_stamp(a, t, sp, b, false);
-  xs_pool_park_onto(p, b);
-  return SIZE_MAX;
-}
-
-/* The cached free of the block in `slot` of the pair's pointer table
-   (SIZE_MAX: not a block of the pair), pair lock held, not used on other
-   streams (alloc_free_pair sends those to alloc_free_deferred): false
-   (nothing changed) when there is none or its free needs more than the
-   pair. `t` as alloc_release_plain's. */
-static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
-    size_t slot) {
-  if (slot == SIZE_MAX) return false;
-  xs_block *b = sp->live.slot[slot].block;
-  /* A parked block (freed twice) is the slow path's to report. */
-  if (!b->allocated) return false;
-  assert(b->uses.n == 0);
-  /* The last park's merge counts before this free's moves. */
-  xs_pair_park_stats(sp);
-  /* Tracing sends the cached path the slow way (pairs.c). */
-  assert(a->trace.cap == 0);
-  xs_pool *p = b->seg->pool;
-  if (__builtin_expect(p->parked != NULL, 0)) {
-    slot = alloc_free_beside_parked(a, t, sp, p, b);
-    if (slot == SIZE_MAX) return true;
-  }
-  /* The kind a constant in each copy: the stats' offsets fold. */
-  bool parked =
-      p->kind == XS_POOL_SMALL
-          ? alloc_release_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
-          : alloc_release_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
-  if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
-  return true;
-}
-
-/* xseg_free with every lock: after the cached path declined, or when it
-   may not run. */
-static __attribute__((noinline)) xseg_status alloc_free_locked(
-    xseg_allocator *a, void *ptr) {
-  uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  xs_alloc_lock(a);
-  size_t slot;
-  xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
-  if (b == NULL) {
-    xs_alloc_unlock(a);
-    return xs_error(XSEG_ERR_UNKNOWN_POINTER,
-                    "xseg_free(%p): not a live block of the allocator of "
-                    "device %d (never allocated here, already freed, or not "
-                    "the start of a block)", ptr, a->vmm.device);
-  }
-  xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
-  xs_ptrtable_remove_at(live, slot);
-  bool parked;
-  xseg_status st = alloc_release_block_locked(a, b, &parked);
-  if (st != XSEG_OK || parked) {
-    /* Still live, as the caller sees it, or parked: back in the table,
-       where the slot just freed leaves room. */
-    xs_ptrtable_add(live, b);
-  }
-  xs_alloc_unlock(a);
-  return st;
-}
-
-/* Where the cached free finds addr in pair sp's pointer table, pair lock
-   held: SIZE_MAX when absent or when the cached path may not run. */
-static inline size_t alloc_free_slot(const xseg_allocator *a,
-                                     const xs_stream_pools *sp,
-                                     uint64_t addr) {
-  return alloc_cached_on(a, sp)
-             ? xs_ptrtable_find(&sp->live, addr)
-             : SIZE_MAX;
-}
-
-/* The repeated size's free: the block at addr of the pair's small pool
-   that the pool parked and took back last (xs_pool_parkable_again: live,
-   parkable, used on no other stream, found without the pointer table),
-   with no park uncounted, so that it is parked with its free and merge
-   counted later (alloc_park), keeping its table entry, and no gauge
-   moves. Pair lock held. NULL when it does not apply: alloc_free_held
-   then does what it would. */
-static inline __attribute__((always_inline)) xs_block *alloc_park_again(
-    xs_stream_pools *sp, uint64_t addr) {
-  xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
-  if (b == NULL || sp->park_stats != NULL) return NULL;
-  /* Recording a use forgets the block (deferred.c, record_use). */
-  assert(b->uses.n == 0 && xs_ptrtable_get(&sp->live, addr) == b);
-  return b;
-}
-
-/* The repeated size's park when holding its stats back would hide a rise
-   above a threshold (alloc_park): they count now; the pair lock drops. */
-static __attribute__((noinline, cold)) xseg_status alloc_park_crossed(
-    xseg_allocator *a, xs_stream_pools *sp) {
-  xs_pair_park_stats(sp);
-  xs_pair_drop(sp);
-  xs_alloc_debug_after_cached(a);
-  return XSEG_OK;
-}
-
-/* A free with pair sp's lock held (nothing else), the block in `slot` of
-   its pointer table (alloc_free_slot): the cached path
-   (alloc_free_cached), else every lock. `t`: the calling thread's
-   xs_pairs_tls. */
-static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, void *ptr,
-    size_t slot) {
-  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
-  if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
-    return alloc_free_deferred(a, sp, b, slot);
-  bool done = alloc_free_cached(a, t, sp, slot);
-  xs_pair_drop(sp);
-  if (__builtin_expect(done, 1)) {
-    xs_alloc_debug_after_cached(a);
-    return XSEG_OK;
-  }
-  return alloc_free_locked(a, ptr);
-}
-
-/* xseg_free's every case but the repeated size's. */
-static __attribute__((noinline)) xseg_status alloc_free_any(
-    xseg_allocator *a, void *ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
-    if (a == NULL)
-      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
-                      "is NULL", ptr);
-    return XSEG_OK;                         /* as free(NULL) */
-  }
-  uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  /* The slow flag up (a hint, read without the lock): every lock at
-     once, not the pair's first. */
-  xs_stream_pools *sp =
-      xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
-  if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
-  xs_pair_take(sp);
-  return alloc_free_pair(a, xs_pairs_self(), sp, ptr,
-                         alloc_free_slot(a, sp, addr));
-}
-
-/* A free with pair sp's lock held, sp the thread's last (not the repeated
-   size's): alloc_free_pair when the block is one of the pair's, else the
-   range table decides (alloc_free_any). Out of line: xseg_free then makes
-   no call but tail calls, and keeps its values in scratch registers (its
-   arguments first, as alloc_malloc_pair's). */
-static __attribute__((noinline)) xseg_status alloc_free_held(
-    xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
-  size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
-  if (__builtin_expect(slot != SIZE_MAX, 1))
-    return alloc_free_pair(a, t, sp, ptr, slot);
-  /* Another pair's block, or none. */
-  xs_pair_drop(sp);
-  return alloc_free_any(a, ptr);
-}
-
-/* The pair of the thread's last malloc first (the block's, when a stream
-   frees what it allocated), its lock free: the repeated size's park
-   (alloc_park_again), else alloc_free_held with that lock. Anything else
-   goes by the range table (alloc_free_any). */
-xseg_status xseg_free(xseg_allocator *a, void *ptr) {
-  if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
-    xs_pairs_thread *t = xs_pairs_self();
-    xs_stream_pools *sp = t->pair;
-    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
-      xs_block *b = alloc_cached_on(a, sp)
-                        ? alloc_park_again(sp, (uint64_t)(uintptr_t)ptr)
-                        : NULL;
-      if (__builtin_expect(b == NULL, 0))
-        return alloc_free_held(a, ptr, sp, t);
-      bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
-                             XS_POOL_SMALL, b, false);
-      if (__builtin_expect(!held, 0)) return alloc_park_crossed(a, sp);
-      if (__builtin_expect(!xs_pair_drop_unwoken(sp), 0))
-        return alloc_pair_woken(a, sp);
-      xs_alloc_debug_after_cached(a);
-      return XSEG_OK;
-    }
-  }
-  return alloc_free_any(a, ptr);
-}
-
-/* The walk is check.c's; the locks are taken here, with the other entry
-   points, so that check.c stays below pairs.c (whose unlock runs the
-   debug builds' check). */
-xseg_status xseg_check(xseg_allocator *a) {
-  if (a == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_check: allocator is "
-                    "NULL");
-  xs_alloc_lock(a);
-  xseg_status st = xs_alloc_check_locked(a);
-  xs_alloc_unlock(a);
-  return st;
 }

@@ -3,11 +3,16 @@
  * xseg maps (set_memory_fraction), and let a peer device reach every
  * mapping.
  */
-#include "alloc/allocator.h"
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/enter.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 static xseg_status cache_empty(xseg_allocator *a, bool wait) {
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st == XSEG_OK) {
@@ -20,7 +25,7 @@ static xseg_status cache_empty(xseg_allocator *a, bool wait) {
                     a->vmm.device);
     xs_vmm_ctx_leave(&a->vmm, saved);
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -46,14 +51,14 @@ xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_set_memory_fraction(%g): the fraction must be in "
                     "(0, 1]", fraction);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   a->cfg.memory_fraction = fraction;
   a->cap = (size_t)(fraction * (double)a->vmm.total_memory);
   /* As PyTorch's: the fraction limits growth; what is mapped stays (the
      out-of-memory path releases cached memory when growth needs room). */
   size_t mapped = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   a->cap_over = mapped > a->cap ? mapped : 0;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return XSEG_OK;
 }
 
@@ -101,7 +106,7 @@ xseg_status xseg_enable_peer_access(xseg_allocator *a, int peer_device) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_enable_peer_access: allocator is NULL");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xseg_status st = peer_check(a, peer_device);
   int before = a->vmm.n_access;
   if (st == XSEG_OK && peer_device != a->vmm.device)
@@ -116,6 +121,6 @@ xseg_status xseg_enable_peer_access(xseg_allocator *a, int peer_device) {
     /* Future growth would fail on the same grant: forget the peer. */
     if (st != XSEG_OK) a->vmm.n_access = before;
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

@@ -22,7 +22,10 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/capture.h"
+#include "alloc/enter.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 
@@ -165,7 +168,7 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                     "xseg_begin_allocate_to_pool(%llu, stream %p): %s",
                     (unsigned long long)pool, (void *)stream,
                     a == NULL ? "allocator is NULL" : "pool id 0 is no pool");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_capture *c = capture_of_stream(a, stream);
   xseg_status st;
   if (c != NULL && !c->implicit)
@@ -177,7 +180,7 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
     if (c != NULL) capture_remove(a, (size_t)(c - a->captures));
     st = capture_add(a, (xs_capture){.stream = stream, .pool = pool}, NULL);
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -186,14 +189,14 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_end_allocate_to_pool(%llu): allocator is NULL",
                     (unsigned long long)pool);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   size_t ended = 0;
   for (size_t i = 0; i < a->n_captures;)
     if (a->captures[i].pool == pool && !a->captures[i].implicit)
       capture_remove(a, i), ended++;
     else
       i++;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   if (ended == 0)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_end_allocate_to_pool(%llu): no stream allocates to "
@@ -218,7 +221,7 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_release_pool(%llu): allocator is NULL",
                     (unsigned long long)pool);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xseg_status st = XSEG_OK;
   if (!capture_pool_exists(a, pool))
     st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
@@ -234,6 +237,6 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
             memory of each of its streams' pairs */
     for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
       if (sp->private_id == pool) sp->released = true;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

@@ -15,7 +15,7 @@
  * deferred.c records no event into a capture, and reclaim.c does nothing
  * while a capture it knows of is under way.
  */
-#include "alloc/allocator.h"
+#include "alloc/capture_mode.h"
 #include "vmm/error.h"
 
 xseg_status xs_capture_mode_relax(xseg_allocator *a,

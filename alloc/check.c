@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/flow.h"
+#include "alloc/check.h"
+#include "alloc/policy.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 
@@ -239,7 +242,7 @@ static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
   CHECK_STAT(c, inactive_split_bytes, w->split_free_bytes);
   /* Orphans: handles owned nowhere that aliases still map (vmm/aliases.c). */
   CHECK_STAT(c, reserved_bytes, w->mapped_bytes + a->vmm.orphan_bytes);
-  size_t most = xs_flow_mapped_most(a);
+  size_t most = xs_alloc_mapped_most(a);
   if ((size_t)xs_stats_current(sum, XS_GAUGE_reserved_bytes) > most)
     CHECK_FAIL(c, "%lld bytes mapped, more than the memory fraction's cap "
                "of %zu bytes", (long long)xs_stats_current(

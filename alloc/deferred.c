@@ -9,11 +9,11 @@
  *
  * Each pair of pools keeps the queues of its own blocks' frees, under its
  * lock: a cross-stream free on the cached path and the next malloc of the
- * same pair, which settles that pair's pending blocks first (as PyTorch's
- * process_events), take that lock alone; the malloc settles the other
+ * same pair, which polls that pair's pending blocks first (as PyTorch's
+ * process_events), take that lock alone; the malloc polls the other
  * streams' pairs' too, each by a try of its lock (alloc/pairs.c).
  * empty_cache, the out-of-memory path and every malloc that takes every
- * lock settle every pair's. Each stream's queue is polled in order up to
+ * lock complete every pair's. Each stream's queue is polled in order up to
  * its first unfired event (streams/pending.h), so a slow stream holds
  * back only its own frees.
  *
@@ -26,8 +26,14 @@
 #include <assert.h>
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
-#include "alloc/ipc.h"
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
+#include "alloc/enter.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/ranges.h"
+#include "alloc/types.h"
 #include "streams/stream_query.h"
 #include "streams/stream_set.h"
 #include "vmm/array.h"
@@ -70,7 +76,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xseg_status st = XSEG_OK;
   if (record_in_pair(a, addr, stream, &st)) return st;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
   if (b == NULL)
@@ -80,7 +86,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   a->vmm.device);
   else
     st = record_use(b, stream);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -93,7 +99,7 @@ static void deferred_complete(xseg_allocator *a, xs_block *b) {
   xs_stream_set_clear(&b->uses);
   xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
-  xs_alloc_give_locked(a, b);
+  xs_pair_give_block(a, b);
 }
 
 static void deferred_fired(void *ctx, void *block) {
@@ -241,7 +247,7 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   XS_ASSERT_PAIR_LOCKED(a, sp);
   if (sp->pending.entries == 0) return;
   /* Completions give blocks back to their pools: settled pools. */
-  xs_pair_settle(sp);
+  xs_park_settle_pair(sp);
   CUcontext saved;
   if (xs_vmm_ctx_enter(&a->vmm, &saved) != XSEG_OK) return;
   /* Captures xseg does not know of may be under way (capture_mode.c). */
@@ -252,4 +258,26 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
     xs_capture_mode_restore(a, mode);
   }
   xs_vmm_ctx_leave(&a->vmm, saved);
+}
+
+bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp) {
+  XS_ASSERT_PAIR_LOCKED(a, sp);
+  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+  xs_stream_index *x =
+      atomic_load_explicit(&a->stream_index, memory_order_acquire);
+  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
+  for (size_t i = 0; i < n; i++) {
+    xs_stream_pools *q = x->entry[i].pair;
+    if (q == sp ||
+        atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
+      continue;
+    if (!xs_pair_try_second(q)) return false;
+    /* A stream's pair never dies; the slow flag was down for sp's. */
+    assert(!q->dead);
+    xs_alloc_poll_pair(a, q);
+    seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
+    xs_pair_drop_second(q);
+  }
+  return seen ==
+         atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);
 }

@@ -15,7 +15,7 @@
  *      but never from a stream that itself took other streams' memory
  *      within the last XS_FLOW_QUIET frees (steps 2 and 3): memory that
  *      just moved does not bounce straight back, so streams cannot
- *      ping-pong handles, and a repeated request mix settles with each
+ *      ping-pong handles, and a repeated request mix steadies with each
  *      stream holding what it needs (no driver call per request; on
  *      varbatch with 4 streams and one repeated request the quiet period
  *      takes its calls from ~30 per request to 0, and fragmentation from
@@ -50,7 +50,14 @@
  */
 #include <assert.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/frees.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes) {
@@ -178,7 +185,7 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
   if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
   xseg_status st = xs_capture_sweep_locked(a);
   if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
-  xs_alloc_settle_frees_locked(a, false);
+  xs_alloc_complete_frees_locked(a, false);
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
     if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))

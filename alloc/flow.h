@@ -7,7 +7,7 @@
  * behind an event, creating and releasing handles). The layers call only
  * downward:
  *
- *     alloc.c     entry points, the cached path
+ *     alloc.c     malloc, its cached path (free.c: free)
  *     grow.c      the slow path: placement, mapping, the out-of-memory
  *                 ladder
  *     flow.c      the policy: which memory serves a growth
@@ -19,7 +19,7 @@
 #ifndef XS_ALLOC_FLOW_H
 #define XS_ALLOC_FLOW_H
 
-#include "alloc/allocator.h"
+#include "alloc/types.h"
 
 /* ---- the policy (flow.c) ------------------------------------------------ */
 
@@ -35,14 +35,6 @@ xs_flow_plan xs_flow_plan_for(const xseg_allocator *a, const xs_place *pl);
    the error when they do not. */
 bool xs_flow_within_cap(const xseg_allocator *a, size_t bytes);
 xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes);
-
-/* The most xseg may have mapped: the cap, or more while a cap lowered
-   under what was mapped (xseg_set_memory_fraction) has not been reached
-   again. The fraction limits growth only: nothing is unmapped for it, and
-   memory that merely moves may stay above it. */
-static inline size_t xs_flow_mapped_most(const xseg_allocator *a) {
-  return a->cap_over > a->cap ? a->cap_over : a->cap;
-}
 
 /* Gets handles for at least pl->n granules (at most `max`) into
    handles[0..*have), a run of equal values being one handle: the

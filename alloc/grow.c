@@ -15,7 +15,7 @@
  *
  * Before growing, garbage_collection_threshold releases the oldest free
  * granules while what is mapped exceeds its share of the cap. On running
- * out: settle pending frees and collect garbage, retry; release every safe
+ * out: complete pending frees and collect garbage, retry; release every safe
  * free granule, retry; take any stream's free memory behind an event,
  * retry; only then wait on the host (on the guards' and pending frees'
  * events, never on a stream or the device: what is left is memory freed
@@ -28,7 +28,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/frees.h"
+#include "alloc/grow.h"
+#include "alloc/pairs.h"
+#include "alloc/policy.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 /* Most granules a growth maps beyond what it needs when a reused handle is
@@ -181,7 +190,7 @@ static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
   a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
   if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
-  xs_alloc_settle_frees_locked(a, false);
+  xs_alloc_complete_frees_locked(a, false);
   if (xs_alloc_collect_garbage_locked(a)) st = grow_once(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
   xs_alloc_release_locked(a, SIZE_MAX, false);
@@ -195,7 +204,7 @@ static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
   if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
   /* Wait for the recorded work that still guards free memory (its events
      only), then let growth take it, and last release everything. */
-  xs_alloc_settle_frees_locked(a, true);
+  xs_alloc_complete_frees_locked(a, true);
   a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
   xs_alloc_guards_locked(a, true);
   st = grow_once(a, p, rounded, out);

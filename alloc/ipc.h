@@ -22,7 +22,7 @@
  *
  * Lifetime: a block freed by its producer while any holder remains is
  * parked pending (pending_free_bytes), out of every tree; the producer
- * looks at its parked blocks whenever it settles pending frees (every
+ * looks at its parked blocks whenever it completes pending frees (every
  * malloc while any is pending), reclaims the holds of processes that
  * died, and gives a block back once no holder is left.
  */
@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "alloc/allocator.h"
+#include "alloc/types.h"
 
 /* SCM_MAX_FD is 253 per message: the table's fd and the handles'. A block
    that touches more physical handles than this cannot be exported. */

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
@@ -71,7 +72,7 @@ xseg_status xseg_ipc_record(xseg_allocator *a, struct CUstream_st *stream,
   if (a == NULL || event_handle == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_record: %s is NULL",
                     a == NULL ? "allocator" : "event_handle");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st == XSEG_OK) {
@@ -82,7 +83,7 @@ xseg_status xseg_ipc_record(xseg_allocator *a, struct CUstream_st *stream,
     if (st == XSEG_OK) memcpy(event_handle, &h, sizeof h);
     xs_vmm_ctx_leave(&a->vmm, saved);
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -93,7 +94,7 @@ xseg_status xseg_ipc_wait(xseg_allocator *a, const void *event_handle,
                     a == NULL ? "allocator" : "event_handle");
   CUipcEventHandle h;
   memcpy(&h, event_handle, sizeof h);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st == XSEG_OK) {
@@ -105,6 +106,6 @@ xseg_status xseg_ipc_wait(xseg_allocator *a, const void *event_handle,
     }
     xs_vmm_ctx_leave(&a->vmm, saved);
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

@@ -19,7 +19,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc/account.h"
+#include "alloc/deferred.h"
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 #include "vmm/ipc.h"
@@ -175,9 +179,9 @@ xseg_status xseg_ipc_export(xseg_allocator *a, void *ptr,
   if (h == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_export(%p): out of "
                     "host memory", ptr);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xseg_status st = export_locked(a, ptr, h);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   if (st != XSEG_OK) {
     free(h);
     return st;
@@ -218,7 +222,7 @@ static bool export_release(xseg_allocator *a, xs_block *b) {
   b->pending = false;
   xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
-  xs_alloc_give_locked(a, b);
+  xs_pair_give_block(a, b);
   return true;
 }
 
@@ -277,9 +281,9 @@ xseg_status xseg_ipc_get_stats(xseg_allocator *a, xseg_ipc_stats *out) {
   if (a == NULL || out == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_get_stats: %s is "
                     "NULL", a == NULL ? "allocator" : "out");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_ipc_stats_locked(a, out);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return XSEG_OK;
 }
 

@@ -15,7 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/error.h"
 #include "vmm/ipc.h"
 
@@ -202,7 +204,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
                     a == NULL ? "allocator" : h == NULL ? "handle" : "ptr");
   *ptr = NULL;
   xseg_status st = XSEG_OK;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_ipc *ipc = xs_ipc_get_locked(a);
   xs_ipc_mapping *m = ipc != NULL ? open_find(ipc, &h->wire) : NULL;
   if (ipc == NULL)
@@ -212,7 +214,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
   else if ((st = open_check(a, h)) == XSEG_OK)
     st = open_new(a, ipc, h, &m);
   if (st == XSEG_OK) *ptr = (void *)(uintptr_t)m->ptr;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -245,7 +247,7 @@ xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_close(%p): "
                     "allocator is NULL", ptr);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_ipc *ipc = a->ipc;
   xs_ipc_mapping *m = ipc != NULL ? ipc->mappings : NULL;
   while (m != NULL && m->ptr != (uint64_t)(uintptr_t)ptr) m = m->next;
@@ -264,7 +266,7 @@ xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr) {
       xs_vmm_ctx_leave(&a->vmm, saved);
     }
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 

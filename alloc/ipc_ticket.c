@@ -16,7 +16,9 @@
  */
 #include <stdatomic.h>
 
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/error.h"
 
 /* Tickets of this process, counted: with the slot, a ticket names one hold
@@ -55,7 +57,7 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
   if (a == NULL || ticket == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_take(%p): "
                     "%s is NULL", ptr, a == NULL ? "allocator" : "ticket");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   size_t where, slot = 0;
   uint64_t addr = (uint64_t)(uintptr_t)ptr, id = 0;
   xs_ipc_table *t = NULL;
@@ -75,7 +77,7 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
     *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
     t->holders[slot].pad[0] = *ticket;
   }
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }
 
@@ -95,7 +97,7 @@ xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_ticket_give(%p): "
                     "allocator is NULL", ptr);
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_ipc_table *table = NULL;
   uint64_t id = 0;
   xseg_status st = XSEG_OK;
@@ -109,6 +111,6 @@ xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
                   "xseg_ipc_ticket_give(%p): ticket %llu is no hold on this "
                   "block (given back already, of another block, or forged)",
                   ptr, (unsigned long long)ticket);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return st;
 }

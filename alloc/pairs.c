@@ -1,4 +1,4 @@
-/* pairs.c: the pairs of pools and the locks (see allocator.h).
+/* pairs.c: the pairs of pools and the locks (see pairs.h).
  *
  * Lock order: the allocator's lock, then pairs in creation order (the
  * `order` array), never the other way. The cached malloc and free hold one
@@ -19,7 +19,7 @@
  *
  * Recency: flow.c and the release passes walk the pairs most recently used
  * first. The cached malloc cannot relink a shared list, so it stamps its
- * pair with the calling thread's count of uses, and xs_alloc_lock sorts
+ * pair with the calling thread's count of uses, and xs_alloc_enter sorts
  * the list by those stamps. On one thread that is the order relinking
  * gave; with several, the counts of different threads are not comparable
  * and the order between their pairs is a guess.
@@ -29,11 +29,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "alloc/types.h"
 #include "vmm/array.h"
 #include "vmm/error.h"
 
-__thread xs_pairs_thread xs_pairs_tls;
 static atomic_uint_fast64_t pairs_next_id = 1;
 
 #ifndef NDEBUG
@@ -45,43 +48,28 @@ static __thread struct {
 } pairs_held;
 #endif
 
-uint64_t xs_pairs_use(void) { return ++xs_pairs_tls.uses; }
-
 uint64_t xs_pairs_new_id(void) {
   return atomic_fetch_add_explicit(&pairs_next_id, 1, memory_order_relaxed);
 }
 
 #ifndef NDEBUG
-void xs_pair_held(xs_stream_pools *sp, bool taken) {
+void xs_pair_held(xs_stream_pools *sp, bool taken, int nth) {
+  assert((nth == 1 || nth == 2) && !pairs_held.all);
   if (taken) {
-    assert(!pairs_held.all && pairs_held.pairs == 0 &&
+    assert(pairs_held.pairs == nth - 1 &&
            "lock order: the cached path holds one pair lock and nothing "
-           "else");
-    pairs_held.pairs = 1;
-    pairs_held.last = sp->order;
-    sp->owner = pthread_self();
-    sp->owned = true;
-    return;
-  }
-  assert(sp->owned && pthread_equal(sp->owner, pthread_self()));
-  sp->owned = false;
-  pairs_held.pairs = 0;
-  pairs_held.last = 0;
-}
-
-void xs_pair_held_beside(xs_stream_pools *sp, bool taken) {
-  if (taken) {
-    assert(!pairs_held.all && pairs_held.pairs == 1 &&
-           "a second pair lock only beside the cached path's one");
-    pairs_held.pairs = 2;
+           "else, and a second one only beside it, by a try");
+    pairs_held.pairs = nth;
+    if (nth == 1) pairs_held.last = sp->order;
     sp->owner = pthread_self();
     sp->owned = true;
     return;
   }
   assert(sp->owned && pthread_equal(sp->owner, pthread_self()) &&
-         pairs_held.pairs == 2);
+         (nth == 1 || pairs_held.pairs == 2));
   sp->owned = false;
-  pairs_held.pairs = 1;
+  pairs_held.pairs = nth - 1;
+  if (nth == 1) pairs_held.last = 0;
 }
 #endif
 
@@ -107,28 +95,6 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
     }
   }
   return NULL;
-}
-
-bool xs_pairs_settle_others(xseg_allocator *a, xs_stream_pools *sp) {
-  XS_ASSERT_PAIR_LOCKED(a, sp);
-  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
-  xs_stream_index *x =
-      atomic_load_explicit(&a->stream_index, memory_order_acquire);
-  size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
-  for (size_t i = 0; i < n; i++) {
-    xs_stream_pools *q = x->entry[i].pair;
-    if (q == sp ||
-        atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
-      continue;
-    if (!xs_pair_try_beside(q)) return false;
-    /* A stream's pair never dies; the slow flag was down for sp's. */
-    assert(!q->dead);
-    xs_alloc_poll_pair(a, q);
-    seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);
-    xs_pair_drop_beside(q);
-  }
-  return seen ==
-         atomic_load_explicit(&a->pending_blocks, memory_order_relaxed);
 }
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing
@@ -196,7 +162,7 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
     return NULL;
   xs_stream_pools *sp = pairs_memory(a);
   if (sp == NULL) return NULL;
-  /* Born locked: dropped with the others at xs_alloc_unlock. */
+  /* Born locked: dropped with the others at xs_alloc_leave. */
   sp->stream = stream;
   sp->private_id = private_id;
   if (!xs_ptrtable_init(&sp->live)) {
@@ -329,14 +295,15 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
 
 static inline void pairs_settle(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->n_parked != 0) xs_pair_settle(sp);
+    if (sp->n_parked != 0) xs_park_settle_pair(sp);
 }
 
-void xs_alloc_settle_locked(xseg_allocator *a) { pairs_settle(a); }
+void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
-static void pairs_sort_by_use(xseg_allocator *a) {
+void xs_pairs_sort_by_use_locked(xseg_allocator *a) {
+  XS_ASSERT_LOCKED(a);
   xs_stream_pools *sorted = NULL, *sp = a->streams;
   while (sp != NULL) {
     xs_stream_pools *next = sp->next, **link = &sorted;
@@ -349,7 +316,7 @@ static void pairs_sort_by_use(xseg_allocator *a) {
   a->streams = sorted;
 }
 
-void xs_alloc_lock(xseg_allocator *a) {
+void xs_pairs_lock_all(xseg_allocator *a) {
 #ifndef NDEBUG
   assert(!pairs_held.all && pairs_held.pairs == 0 &&
          "lock order: the allocator's lock is taken holding no other");
@@ -368,27 +335,17 @@ void xs_alloc_lock(xseg_allocator *a) {
   a->owner = pthread_self();
   a->owned = true;
 #endif
-  pairs_settle(a);
-  pairs_sort_by_use(a);
 }
 
-/* Whether the cached path must go the slow way (allocator.h). */
-static bool pairs_slow(const xseg_allocator *a) {
-  return a->n_deferred != 0 || xs_alloc_capturing(a) || a->ipc != NULL ||
-         a->trace.cap != 0;
-}
-
-static void pairs_unlock(xseg_allocator *a) {
-  bool slow = pairs_slow(a);
-  atomic_store_explicit(&a->slow, slow, memory_order_relaxed);
-  xs_ranges_refresh_locked(a);
+void xs_pairs_unlock_all(xseg_allocator *a) {
+  bool slow = atomic_load_explicit(&a->slow, memory_order_relaxed);
 #ifndef NDEBUG
   a->owned = false;
   pairs_held.all = false;
   pairs_held.last = 0;
 #endif
-  /* Every pair in `order` is locked: those there at xs_alloc_lock, and
-     those born since. Pairs gone meanwhile leave it now. */
+  /* Every pair in `order` is locked: those there at xs_pairs_lock_all,
+     and those born since. Pairs gone meanwhile leave it now. */
   size_t kept = 0;
   for (size_t i = 0; i < a->n_order; i++) {
     xs_stream_pools *sp = a->order[i];
@@ -409,35 +366,6 @@ static void pairs_unlock(xseg_allocator *a) {
   xs_lock_drop(&a->lock);
 }
 
-#ifndef NDEBUG
-/* Whether this operation is one that XSEG_DEBUG_CHECK validates after. */
-static bool pairs_debug_due(xseg_allocator *a) {
-  if (a->debug_check_every == 0) return false;
-  unsigned ops = atomic_fetch_add_explicit(&a->debug_ops, 1,
-                                           memory_order_relaxed) + 1;
-  return ops % a->debug_check_every == 0;
-}
-
-static void pairs_debug_check(xseg_allocator *a) {
-  xs_alloc_settle_locked(a);
-  xs_alloc_debug_check_locked(a);
-}
-
-void xs_alloc_debug_after_cached(xseg_allocator *a) {
-  if (!pairs_debug_due(a)) return;
-  xs_alloc_lock(a);
-  pairs_debug_check(a);
-  pairs_unlock(a);
-}
-#endif
-
-void xs_alloc_unlock(xseg_allocator *a) {
-#ifndef NDEBUG
-  if (pairs_debug_due(a)) pairs_debug_check(a);
-#endif
-  pairs_unlock(a);
-}
-
 /* Frees a list of pairs gone (their tables and caches went with them). */
 static void pairs_free_gone(xs_stream_pools **list) {
   while (*list != NULL) {
@@ -447,7 +375,7 @@ static void pairs_free_gone(xs_stream_pools **list) {
   }
 }
 
-void xs_alloc_unlock_destroyed(xseg_allocator *a) {
+void xs_pairs_unlock_destroyed(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL;) {
     xs_stream_pools *next = sp->next;
     xs_ptrtable_destroy(&sp->live);
@@ -469,7 +397,6 @@ void xs_alloc_unlock_destroyed(xseg_allocator *a) {
   a->n_order = a->order_cap = 0;
   pairs_free_gone(&a->dying);
   pairs_free_gone(&a->spare);
-  xs_ranges_destroy(a);
 #ifndef NDEBUG
   a->owned = false;
   pairs_held.all = false;

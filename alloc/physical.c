@@ -7,7 +7,11 @@
  */
 #include <assert.h>
 
+#include "alloc/capture.h"
 #include "alloc/flow.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,

@@ -1,9 +1,10 @@
 /* policy.c: PyTorch's caching-allocator rules (CUDACachingAllocator.cpp):
  * how large a classic segment is. Which pool a request goes to, which free
  * block it may take and when the block is split are asked on every cached
- * malloc, so they are inline in allocator.h.
+ * malloc, so they are inline in policy.h.
  */
-#include "alloc/allocator.h"
+#include "alloc/policy.h"
+#include "alloc/types.h"
 
 /* kLargeBuffer / kMinLargeAlloc / kRoundLarge of PyTorch. */
 #define XS_LARGE_BUFFER ((size_t)20 << 20)

@@ -1,8 +1,8 @@
 /* ranges.c: the range table, from an address to the pair that reserved it,
- * for the cached free (see allocator.h).
+ * for the cached free (see ranges.h).
  *
  * A sorted array of (base, end, pair) searched without a lock. It changes
- * only with every lock held (xs_alloc_unlock, when segments were added
+ * only with every lock held (xs_alloc_leave, when segments were added
  * since it was made) and is rewritten in place under a sequence count
  * (a seqlock): odd while it is written, so a reader that sees an odd count,
  * or a different one after its search, gives up and takes the slow path.
@@ -17,7 +17,10 @@
  */
 #include <stdlib.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "alloc/types.h"
 
 static size_t ranges_count(const xseg_allocator *a) {
   size_t n = 0;

@@ -8,7 +8,7 @@
  *
  * Every pass first makes sure no graph capture is under way (announced, or
  * seen by cuStreamGetCaptureInfo on a stream with pools): a capture forbids
- * the queries below and may use any cached block. Then it settles pending
+ * the queries below and may use any cached block. Then it completes pending
  * frees and advances the unmap guard of each pair of pools that has unsafe
  * free memory (streams/guard.h): an idle stream costs one cuStreamQuery, a
  * busy one a recorded event that a later pass finds fired. Only blocks
@@ -19,7 +19,14 @@
 #include <assert.h>
 #include <stdlib.h>
 
+#include "alloc/account.h"
+#include "alloc/capture.h"
+#include "alloc/deferred.h"
 #include "alloc/flow.h"
+#include "alloc/frees.h"
+#include "alloc/pairs.h"
+#include "alloc/reclaim.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
@@ -40,7 +47,7 @@ static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
   *st = xs_capture_sweep_locked(a);
   if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
   if (wait) a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
-  *st = xs_alloc_settle_frees_locked(a, wait);
+  *st = xs_alloc_complete_frees_locked(a, wait);
   xseg_status gs = xs_alloc_guards_locked(a, wait);
   if (*st == XSEG_OK) *st = gs;
   return true;

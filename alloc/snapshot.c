@@ -11,14 +11,16 @@
  * reserved_bytes, as PyTorch's do. A block's state is active_allocated (live), active_pending_free
  * (freed, waiting on work recorded on other streams) or inactive (free).
  * device_traces is the allocator's ring (alloc/trace.c), oldest first,
- * empty unless xseg_record_memory_history turned it on. Written under the
- * allocator's mutex: a consistent picture, while other calls wait.
+ * empty unless xseg_record_memory_history (here too) turned it on. Written
+ * under the allocator's mutex: a consistent picture, while other calls wait.
  */
 #include <inttypes.h>
 #include <stdio.h>
 
-#include "alloc/allocator.h"
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "vmm/error.h"
 
 static const char *snapshot_state(const xs_block *b) {
@@ -165,12 +167,22 @@ xseg_status xseg_snapshot_json(xseg_allocator *a, FILE *out) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_snapshot_json: %s is NULL",
                     a == NULL ? "allocator" : "out");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   snapshot_segments(out, a);
   snapshot_traces(out, &a->trace);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   if (ferror(out))
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_snapshot_json: writing the snapshot failed");
   return XSEG_OK;
+}
+
+xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries) {
+  if (a == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_record_memory_history: allocator is NULL");
+  xs_alloc_enter(a);
+  xseg_status st = xs_trace_resize(&a->trace, max_entries);
+  xs_alloc_leave(a);
+  return st;
 }

@@ -1,12 +1,13 @@
 /* stats.c: xseg_get_stats, xseg_reset_peak_stats and xseg_stats_json, all
  * generated from the X-macro lists of segments/stats.h, so that a stat
  * added there appears everywhere under PyTorch's name. Each reads the sum
- * of the shards (alloc/shards.h).
+ * of the shards (segments/shards.h).
  */
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/enter.h"
 #include "alloc/ipc.h"
+#include "alloc/pairs.h"
 #include "vmm/error.h"
 
 xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
@@ -15,11 +16,11 @@ xseg_status xseg_get_stats(xseg_allocator *a, xseg_stats *out) {
                     a == NULL ? "allocator" : "out");
   memset(out, 0, sizeof *out);
   xs_stats s;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_stats_sum(&a->stats, &s);
   out->pending_free_bytes = atomic_load(&a->pending_bytes);
   out->handles_awaiting_release = (int64_t)a->vmm.n_unreleased;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
 #define XS_STATS_GAUGE_(name)                                                \
   out->name = xs_stats_get(&s, XS_GAUGE_##name, XS_STAT_ALL);
   XS_STAT_GAUGES(XS_STATS_GAUGE_)
@@ -35,9 +36,9 @@ xseg_status xseg_reset_peak_stats(xseg_allocator *a) {
   if (a == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_reset_peak_stats: allocator is NULL");
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_stats_reset_peaks(&a->shared_stats);   /* resets the whole group */
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   return XSEG_OK;
 }
 
@@ -73,13 +74,13 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_stats_json: %s is NULL",
                     a == NULL ? "allocator" : "out");
   xs_stats s;
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_stats_sum(&a->stats, &s);
   size_t max_split = a->cfg.max_split_size;
   xseg_ipc_stats ipc;
   xs_ipc_stats_locked(a, &ipc);
   size_t unreleased = a->vmm.n_unreleased;
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   fputs("{\n", out);
   for (int g = 0; g < XS_GAUGE_COUNT; g++) stats_json_gauge(out, &s, g);
   for (int c = 0; c < XS_COUNTER_COUNT; c++)

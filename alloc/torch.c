@@ -11,7 +11,8 @@
  * NULL. PyTorch does not check for NULL; libxseg_torch.so (torch_adapter/)
  * wraps these in the C++ signatures PyTorch's setters take and turns a kept
  * failure into an exception at the failing call. The graph pools, with
- * PyTorch's stream filter, are in torch_pools.c.
+ * PyTorch's stream filter, are in torch_pools.c; the allocators per device
+ * and the kept failure in torch_device.c.
  */
 #define _GNU_SOURCE   /* open_memstream */
 #include <pthread.h>
@@ -22,86 +23,6 @@
 #include <string.h>
 
 #include "alloc/torch.h"
-
-static _Atomic(xseg_allocator *) torch_allocators[XS_TORCH_MAX_DEVICES];
-static pthread_mutex_t torch_create_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The device count PyTorch gave xseg_torch_init; 0 until then. */
-static atomic_int torch_device_count;
-static _Thread_local char torch_error[1024];
-static _Thread_local xseg_status torch_status;
-
-void xs_torch_error(const char *fn, xseg_status st, const char *fmt, ...) {
-  int n = snprintf(torch_error, sizeof torch_error, "%s: %s: ", fn,
-                   xseg_status_name(st));
-  va_list ap;
-  va_start(ap, fmt);
-  if (n > 0 && (size_t)n < sizeof torch_error)
-    vsnprintf(torch_error + n, sizeof torch_error - (size_t)n, fmt, ap);
-  va_end(ap);
-  torch_status = st;
-}
-
-void xs_torch_error_from_xseg(const char *fn, xseg_status st) {
-  xs_torch_error(fn, st, "%s", xseg_last_error());
-}
-
-const char *xseg_torch_last_error(void) { return torch_error; }
-
-xseg_status xseg_torch_last_status(void) { return torch_status; }
-
-void xseg_torch_clear_error(void) {
-  torch_error[0] = '\0';
-  torch_status = XSEG_OK;
-}
-
-/* A device PyTorch may name: below the compiled limit, and below the
-   count PyTorch announced once it did. */
-static bool torch_device_valid(const char *fn, int device) {
-  int count = atomic_load_explicit(&torch_device_count, memory_order_relaxed);
-  int limit = count > 0 ? count : XS_TORCH_MAX_DEVICES;
-  if (device >= 0 && device < limit) return true;
-  xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "device %d is not in [0, %d)%s",
-                 device, limit, count > 0 ? " (the device count PyTorch "
-                 "gave xseg_torch_init)" : "");
-  return false;
-}
-
-/* Creation is serialised (two threads' first calls make one allocator);
-   later calls take no lock. */
-xseg_allocator *xs_torch_allocator(const char *fn, int device) {
-  if (!torch_device_valid(fn, device)) return NULL;
-  xseg_allocator *a =
-      atomic_load_explicit(&torch_allocators[device], memory_order_acquire);
-  if (a != NULL) return a;
-  pthread_mutex_lock(&torch_create_lock);
-  a = atomic_load_explicit(&torch_allocators[device], memory_order_acquire);
-  if (a == NULL) {
-    xseg_status st = xseg_create(device, NULL, &a);
-    if (st == XSEG_OK)
-      atomic_store_explicit(&torch_allocators[device], a,
-                            memory_order_release);
-    else
-      xs_torch_error_from_xseg(fn, st);
-  }
-  pthread_mutex_unlock(&torch_create_lock);
-  return a;
-}
-
-xseg_allocator *xs_torch_existing(int device) {
-  if (device < 0 || device >= XS_TORCH_MAX_DEVICES) return NULL;
-  return atomic_load_explicit(&torch_allocators[device], memory_order_acquire);
-}
-
-void xseg_torch_init(int device_count) {
-  if (device_count < 0 || device_count > XS_TORCH_MAX_DEVICES) {
-    xs_torch_error("xseg_torch_init", XSEG_ERR_UNSUPPORTED,
-                   "%d devices: xseg serves devices 0 to %d", device_count,
-                   XS_TORCH_MAX_DEVICES - 1);
-    return;
-  }
-  atomic_store_explicit(&torch_device_count, device_count,
-                        memory_order_relaxed);
-}
 
 void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream) {
   const char *fn = "xseg_torch_malloc";
@@ -125,7 +46,7 @@ void xseg_torch_free(void *ptr, ssize_t size, int device,
                      struct CUstream_st *stream) {
   (void)size;     /* xseg knows each block's size */
   (void)stream;   /* and its stream */
-  if (ptr == NULL || !torch_device_valid("xseg_torch_free", device)) return;
+  if (ptr == NULL || !xs_torch_device_valid("xseg_torch_free", device)) return;
   xseg_allocator *a = xs_torch_existing(device);
   xseg_status st = a != NULL ? xseg_free(a, ptr) : XSEG_ERR_UNKNOWN_POINTER;
   if (st == XSEG_OK) return;
@@ -136,7 +57,7 @@ void xseg_torch_free(void *ptr, ssize_t size, int device,
     xs_torch_error_from_xseg("xseg_torch_free", st);
   /* PyTorch ignores a free's outcome (it frees from destructors): a lost
      free must not go unseen. */
-  fprintf(stderr, "xseg: %s\n", torch_error);
+  fprintf(stderr, "xseg: %s\n", xseg_torch_last_error());
 }
 
 /* PyTorch's record_stream hook names no device: the pointer's own allocator
@@ -213,9 +134,5 @@ int xseg_torch_has_allocator(int device) {
 
 void xs_torch_destroy_all(void) {
   xs_torch_pools_forget_all();
-  pthread_mutex_lock(&torch_create_lock);
-  for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++)
-    xseg_destroy(atomic_exchange(&torch_allocators[d], NULL));
-  atomic_store(&torch_device_count, 0);
-  pthread_mutex_unlock(&torch_create_lock);
+  xs_torch_devices_destroy();
 }

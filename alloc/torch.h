@@ -17,6 +17,10 @@ enum { XS_TORCH_MAX_DEVICES = 64 };
    for xseg_torch_last_error under entry point `fn`) if the device is out of
    range or creation failed. */
 xseg_allocator *xs_torch_allocator(const char *fn, int device);
+/* Whether PyTorch may name `device`: below the compiled limit, and below
+   the count PyTorch announced once it did; false with the failure kept
+   under entry point `fn`. */
+bool xs_torch_device_valid(const char *fn, int device);
 /* The allocator of `device` if it exists; never creates one. */
 xseg_allocator *xs_torch_existing(int device);
 /* Keeps a failure of entry point `fn` (status and message) for
@@ -35,6 +39,10 @@ bool xs_torch_pools_route(xseg_allocator *a, int device,
 /* Forgets every pool (their filters' contexts freed); for
    xs_torch_destroy_all. */
 void xs_torch_pools_forget_all(void);
+
+/* torch_device.c: destroys every device's allocator and forgets the
+   device count (xs_torch_destroy_all's second half). */
+void xs_torch_devices_destroy(void);
 
 /* Destroys every allocator the xseg_torch_* entry points created, so that a
    test ends with nothing live; the next entry point creates them again. Not

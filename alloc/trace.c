@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "alloc/allocator.h"
 #include "alloc/trace.h"
 #include "vmm/error.h"
 
@@ -44,14 +43,4 @@ const xs_trace_entry *xs_trace_at(const xs_trace *t, size_t i) {
   assert(i < t->count);
   size_t oldest = (t->next + t->cap - t->count) % t->cap;
   return &t->ring[(oldest + i) % t->cap];
-}
-
-xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries) {
-  if (a == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                    "xseg_record_memory_history: allocator is NULL");
-  xs_alloc_lock(a);
-  xseg_status st = xs_trace_resize(&a->trace, max_entries);
-  xs_alloc_unlock(a);
-  return st;
 }

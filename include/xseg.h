@@ -227,7 +227,7 @@ void  xseg_torch_string_free(char *s);
    holds the block,
    the producer's xseg_free leaves it pending (pending_free_bytes) instead
    of reusing it; the producer reclaims the holds of processes that died
-   (even by SIGKILL, even inside xseg_ipc_open) whenever it settles pending
+   (even by SIGKILL, even inside xseg_ipc_open) whenever it completes pending
    frees, e.g. at its next xseg_malloc. A consumer may pass a handle it
    received on; the producer still decides the block's lifetime. */
 typedef struct xseg_ipc_handle xseg_ipc_handle;            /* opaque */

@@ -319,7 +319,7 @@ static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
    totals of increases alone, and no call (`s` and `kind` as there). The
    caller checked the peaks; not asserted again here: another pair's
    crossing may have lowered this shard's thresholds since, a threshold
-   its owner sees late, as alloc/shards.h allows. */
+   its owner sees late, as segments/shards.h allows. */
 static inline void xs_pool_retake_under(xs_pool *p, xs_stats *s,
                                         xs_pool_kind kind) {
   assert(xs_pool_retake_known(p));

@@ -7,7 +7,7 @@
  *   counters only ever increase.
  * They are updated where the state changes (blocks and segments here, the
  * allocation counts in alloc/), each pool in its own shard under its own
- * lock (alloc/shards.h sums them), and xseg_check compares every current
+ * lock (segments/shards.h sums them), and xseg_check compares every current
  * value with a walk of the blocks.
  *
  * Meanings, as PyTorch's memory_stats():
@@ -65,7 +65,7 @@ enum { XS_STAT_ALL = 0, XS_STAT_SCOPES = 3 };
 
    Sharding: the allocator keeps one xs_stats per pair of pools (each under
    that pair's lock) and one of its own; a value read is the sum of the
-   shards (alloc/shards.c). A peak of a sum is not a sum of peaks, so in a
+   shards (segments/shards.c). A peak of a sum is not a sum of peaks, so in a
    shard that belongs to a group `peak` is a threshold t: the group keeps
    the true peak P of each gauge and scope, with the shards' thresholds
    summing to at most P. While every shard stays at or under its threshold
@@ -109,27 +109,27 @@ typedef struct xs_stats {
   struct xs_stats_group *group;          /* NULL: a lone shard */
   struct xs_stats *next_shard;           /* in the group's list */
   bool rare;                             /* moves only on slow paths: no
-                                            slack for it (alloc/shards.c) */
+                                            slack for it (segments/shards.c) */
   /* What the owner holds back (alloc/, a park whose free and merge count
      later): for each kind and gauge, the shard's current less its true
      value, 0 when nothing is held back. Other shards' crossings read the
-     true values (xs_stats_cur_posted); the owner clears these before it
+     true values (xs_stats_cur_true); the owner clears these before it
      moves a current to post what they held (a release fence between), so
      that a reader that sees the new current sees them cleared. */
-  _Atomic int64_t unposted[2][XS_GAUGE_COUNT];
+  _Atomic int64_t owed[2][XS_GAUGE_COUNT];
 } xs_stats;
 
 /* The true current of gauge g in `scope` of shard s, read by another
    shard's crossing while s's owner may move it: each kind's current, then
    (an acquire fence between) what it holds back, so that the value is
-   one the shard really had (see `unposted`). */
-static inline int64_t xs_stats_cur_posted(const xs_stats *s, int g,
+   one the shard really had (see `owed`). */
+static inline int64_t xs_stats_cur_true(const xs_stats *s, int g,
                                           int scope);
 
 /* Gauge g of scope `scope` (XS_STAT_ALL or kind + 1) of shard s went over
    its threshold, `top` being the shard's value at its highest (its current
    or, for xs_stats_bounce, above it): raises the peak, resets thresholds
-   (alloc/shards.c; the lone shard's peak here). The caller holds s's own
+   (segments/shards.c; the lone shard's peak here). The caller holds s's own
    lock. */
 void xs_stats_crossed(xs_stats *s, xs_gauge g, int scope, int64_t top);
 
@@ -145,13 +145,13 @@ static inline int64_t xs_stats_cur(const xs_stats *s, int g, int scope) {
          xs_gv_get(&s->pool[1][g].current);
 }
 
-static inline int64_t xs_stats_cur_posted(const xs_stats *s, int g,
+static inline int64_t xs_stats_cur_true(const xs_stats *s, int g,
                                           int scope) {
   int64_t cur = xs_stats_cur(s, g, scope);
   atomic_thread_fence(memory_order_acquire);
   if (scope != XS_STAT_ALL)
-    return cur - xs_gv_get(&s->unposted[scope - 1][g]);
-  return cur - xs_gv_get(&s->unposted[0][g]) - xs_gv_get(&s->unposted[1][g]);
+    return cur - xs_gv_get(&s->owed[scope - 1][g]);
+  return cur - xs_gv_get(&s->owed[0][g]) - xs_gv_get(&s->owed[1][g]);
 }
 
 /* Raises gauge g of pool `kind` (and of all pools) by delta >= 0. */
@@ -241,7 +241,7 @@ static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
    With several threads at once, a malloc on one pair reads whether
    anything is held before its moves, and a free deferred on another pair
    meanwhile is not seen: allocation's peak then misses active's new value
-   by what that malloc added (the bound of alloc/shards.h, for active).
+   by what that malloc added (the bound of segments/shards.h, for active).
    A read never reports a peak below the current value it reports
    (xs_stats_get): the current is one the allocator really had. */
 static inline int xs_stats_base(xs_gauge g) {
@@ -252,7 +252,7 @@ static inline int xs_stats_base(xs_gauge g) {
 
 /* After a malloc of pool `kind` while something is held (the caller knows:
    alloc/ counts pending blocks): active's peaks see the new value. In a
-   group, the sums of every shard's (alloc/shards.c; every shard's lock
+   group, the sums of every shard's (segments/shards.c; every shard's lock
    held). */
 void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind);
 
@@ -301,7 +301,7 @@ static inline xseg_stat xs_stats_get(const xs_stats *s, xs_gauge g,
 }
 
 /* xseg_reset_peak_stats: every peak becomes the current value (in a
-   group: of the sums, every shard's lock held; alloc/shards.c). */
+   group: of the sums, every shard's lock held; segments/shards.c). */
 void xs_stats_reset_peaks(xs_stats *s);
 
 #endif /* XS_SEGMENTS_STATS_H */

@@ -21,20 +21,20 @@
 #include <stdatomic.h>
 #include <string.h>
 
-#define XS_CTX_POOL      64   /* contexts from cuCtxCreate alive at once */
-#define XS_CTX_STACK_MAX 64   /* depth of a thread's context stack */
-#define XS_DRIVER_VERSION CUDA_VERSION  /* 13000: the toolkit's cuda.h */
+#define XSIM_CTX_POOL      64   /* contexts from cuCtxCreate alive at once */
+#define XSIM_CTX_STACK_MAX 64   /* depth of a thread's context stack */
+#define XSIM_DRIVER_VERSION CUDA_VERSION  /* 13000: the toolkit's cuda.h */
 
-typedef enum xs_ctx_state {
-  XS_CTX_FREE = 0,   /* pool slot never used, or primary never retained */
-  XS_CTX_LIVE,
-  XS_CTX_DESTROYED   /* destroyed, or a primary released to refcount 0 */
-} xs_ctx_state;
+typedef enum xsim_ctx_state {
+  XSIM_CTX_FREE = 0,   /* pool slot never used, or primary never retained */
+  XSIM_CTX_LIVE,
+  XSIM_CTX_DESTROYED   /* destroyed, or a primary released to refcount 0 */
+} xsim_ctx_state;
 
 /* CUcontext is `struct CUctx_st *`. Invariant: a slot is LIVE exactly while
    it may be made current; `device` and `primary` never change while LIVE. */
 struct CUctx_st {
-  _Atomic int state;  /* xs_ctx_state */
+  _Atomic int state;  /* xsim_ctx_state */
   int device;
   bool primary;
   unsigned flags;
@@ -45,17 +45,17 @@ static struct {
   pthread_mutex_t lock;                       /* contexts and refcounts */
   struct CUctx_st primary[XSIM_MAX_DEVICES];
   unsigned primary_refs[XSIM_MAX_DEVICES];    /* retains minus releases */
-  struct CUctx_st pool[XS_CTX_POOL];
+  struct CUctx_st pool[XSIM_CTX_POOL];
   size_t pool_cursor;                         /* where the next search starts */
-} xs_dev = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} xsim_dev = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static _Thread_local CUcontext xs_stack[XS_CTX_STACK_MAX];
-static _Thread_local int xs_depth;
+static _Thread_local CUcontext xsim_stack[XSIM_CTX_STACK_MAX];
+static _Thread_local int xsim_depth;
 
 /* ---- shared with the other files --------------------------------------- */
 
 CUresult xsim_require_init(void) {
-  return atomic_load_explicit(&xs_dev.initialized, memory_order_acquire)
+  return atomic_load_explicit(&xsim_dev.initialized, memory_order_acquire)
              ? CUDA_SUCCESS
              : CUDA_ERROR_NOT_INITIALIZED;
 }
@@ -66,20 +66,20 @@ CUresult xsim_device_check(int device) {
              : CUDA_ERROR_INVALID_DEVICE;
 }
 
-static CUcontext xs_ctx_top(void) {
-  return xs_depth > 0 ? xs_stack[xs_depth - 1] : NULL;
+static CUcontext xsim_ctx_top(void) {
+  return xsim_depth > 0 ? xsim_stack[xsim_depth - 1] : NULL;
 }
 
-static bool xs_ctx_live(CUcontext c) {
-  return atomic_load_explicit(&c->state, memory_order_acquire) == XS_CTX_LIVE;
+static bool xsim_ctx_live(CUcontext c) {
+  return atomic_load_explicit(&c->state, memory_order_acquire) == XSIM_CTX_LIVE;
 }
 
 CUresult xsim_current_device(int *device) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  CUcontext c = xs_ctx_top();
+  CUcontext c = xsim_ctx_top();
   if (c == NULL) return CUDA_ERROR_INVALID_CONTEXT;
-  if (!xs_ctx_live(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  if (!xsim_ctx_live(c)) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
   *device = c->device;
   return CUDA_SUCCESS;
 }
@@ -89,7 +89,7 @@ CUresult xsim_current_device(int *device) {
 /* Every CUresult of the toolkit's cuda.h, in its order. The strings are short
    phrases in the style of the real driver's, not guaranteed to equal its
    text. */
-#define XS_ERRORS(X)                                                         \
+#define XSIM_ERRORS(X)                                                         \
   X(CUDA_SUCCESS, "no error")                                                 \
   X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                             \
   X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                \
@@ -198,26 +198,29 @@ CUresult xsim_current_device(int *device) {
   X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,                                \
     "invalid resource configuration")                                         \
   X(CUDA_ERROR_KEY_ROTATION, "key rotation")                                  \
-  X(CUDA_ERROR_UNKNOWN, "unknown error")                                      \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")
 
-typedef struct xs_error { CUresult code; const char *name, *text; } xs_error;
+typedef struct xsim_error {
+  CUresult code;
+  const char *name, *text;
+} xsim_error;
 
-static const xs_error xs_errors[] = {
-#define XS_ERROR_ENTRY(code, text) {code, #code, text},
-    XS_ERRORS(XS_ERROR_ENTRY)
-#undef XS_ERROR_ENTRY
+static const xsim_error xsim_errors[] = {
+#define XSIM_ERROR_ENTRY(code, text) {code, #code, text},
+    XSIM_ERRORS(XSIM_ERROR_ENTRY)
+#undef XSIM_ERROR_ENTRY
 };
 
-static const xs_error *xs_error_find(CUresult code) {
-  for (size_t i = 0; i < sizeof xs_errors / sizeof xs_errors[0]; i++)
-    if (xs_errors[i].code == code) return &xs_errors[i];
+static const xsim_error *xsim_error_find(CUresult code) {
+  for (size_t i = 0; i < sizeof xsim_errors / sizeof xsim_errors[0]; i++)
+    if (xsim_errors[i].code == code) return &xsim_errors[i];
   return NULL;
 }
 
 bool xsim_error_parse(const char *name, CUresult *out) {
-  for (size_t i = 0; i < sizeof xs_errors / sizeof xs_errors[0]; i++) {
-    if (strcmp(xs_errors[i].name, name) != 0) continue;
-    *out = xs_errors[i].code;
+  for (size_t i = 0; i < sizeof xsim_errors / sizeof xsim_errors[0]; i++) {
+    if (strcmp(xsim_errors[i].name, name) != 0) continue;
+    *out = xsim_errors[i].code;
     return true;
   }
   return false;
@@ -229,7 +232,7 @@ bool xsim_error_parse(const char *name, CUresult *out) {
 CUresult cuGetErrorName(CUresult error, const char **pStr) {
   XSIM_ENTER("cuGetErrorName");
   if (pStr == NULL) return CUDA_ERROR_INVALID_VALUE;
-  const xs_error *e = xs_error_find(error);
+  const xsim_error *e = xsim_error_find(error);
   *pStr = e ? e->name : NULL;
   return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -237,7 +240,7 @@ CUresult cuGetErrorName(CUresult error, const char **pStr) {
 CUresult cuGetErrorString(CUresult error, const char **pStr) {
   XSIM_ENTER("cuGetErrorString");
   if (pStr == NULL) return CUDA_ERROR_INVALID_VALUE;
-  const xs_error *e = xs_error_find(error);
+  const xsim_error *e = xsim_error_find(error);
   *pStr = e ? e->text : NULL;
   return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -252,7 +255,7 @@ CUresult cuInit(unsigned int Flags) {
   if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   xsim_control_init();
   if (xsim_knob_device_count() == 0) return CUDA_ERROR_NO_DEVICE;
-  atomic_store_explicit(&xs_dev.initialized, true, memory_order_release);
+  atomic_store_explicit(&xsim_dev.initialized, true, memory_order_release);
   return CUDA_SUCCESS;
 }
 
@@ -261,14 +264,14 @@ CUresult cuInit(unsigned int Flags) {
 CUresult cuDriverGetVersion(int *driverVersion) {
   XSIM_ENTER("cuDriverGetVersion");
   if (driverVersion == NULL) return CUDA_ERROR_INVALID_VALUE;
-  *driverVersion = XS_DRIVER_VERSION;
+  *driverVersion = XSIM_DRIVER_VERSION;
   return CUDA_SUCCESS;
 }
 
 /* ---- devices ----------------------------------------------------------- */
 
 /* Checks shared by the per-device queries: initialized, output, ordinal. */
-static CUresult xs_device_query_check(const void *out, CUdevice dev) {
+static CUresult xsim_device_query_check(const void *out, CUdevice dev) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
@@ -278,7 +281,7 @@ static CUresult xs_device_query_check(const void *out, CUdevice dev) {
 /* cuda.h: an ordinal "in the range [0, cuDeviceGetCount()-1]". */
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
   XSIM_ENTER("cuDeviceGet");
-  CUresult r = xs_device_query_check(device, ordinal);
+  CUresult r = xsim_device_query_check(device, ordinal);
   if (r != CUDA_SUCCESS) return r;
   *device = ordinal;
   return CUDA_SUCCESS;
@@ -296,7 +299,7 @@ CUresult cuDeviceGetCount(int *count) {
 /* cuda.h: "name is shortened to the specified len". */
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
   XSIM_ENTER("cuDeviceGetName");
-  CUresult r = xs_device_query_check(name, dev);
+  CUresult r = xsim_device_query_check(name, dev);
   if (r != CUDA_SUCCESS) return r;
   if (len <= 0) return CUDA_ERROR_INVALID_VALUE;
   snprintf(name, (size_t)len, "xsim emulated GPU (H100-like)");
@@ -305,7 +308,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 
 CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
   XSIM_ENTER("cuDeviceTotalMem");
-  CUresult r = xs_device_query_check(bytes, dev);
+  CUresult r = xsim_device_query_check(bytes, dev);
   if (r != CUDA_SUCCESS) return r;
   *bytes = (size_t)xsim_knob_device_memory(dev);
   return CUDA_SUCCESS;
@@ -315,9 +318,9 @@ CUresult cuDeviceTotalMem(size_t *bytes, CUdevice dev) {
    CUDA_ERROR_INVALID_VALUE, as the real driver does for an attribute it does
    not know. Features the emulator lacks (memory pools, fabric handles,
    multicast) report 0. */
-typedef struct xs_attr { CUdevice_attribute attr; int value; } xs_attr;
+typedef struct xsim_attr { CUdevice_attribute attr; int value; } xsim_attr;
 
-static const xs_attr xs_attrs[] = {
+static const xsim_attr xsim_attrs[] = {
     {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024},
     {CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024},
@@ -382,15 +385,15 @@ static const xs_attr xs_attrs[] = {
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
                               CUdevice dev) {
   XSIM_ENTER("cuDeviceGetAttribute");
-  CUresult r = xs_device_query_check(pi, dev);
+  CUresult r = xsim_device_query_check(pi, dev);
   if (r != CUDA_SUCCESS) return r;
   if (attrib == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
     *pi = dev + 1;  /* distinct per device, as on a multi-GPU host */
     return CUDA_SUCCESS;
   }
-  for (size_t i = 0; i < sizeof xs_attrs / sizeof xs_attrs[0]; i++) {
-    if (xs_attrs[i].attr != attrib) continue;
-    *pi = xs_attrs[i].value;
+  for (size_t i = 0; i < sizeof xsim_attrs / sizeof xsim_attrs[0]; i++) {
+    if (xsim_attrs[i].attr != attrib) continue;
+    *pi = xsim_attrs[i].value;
     return CUDA_SUCCESS;
   }
   return CUDA_ERROR_INVALID_VALUE;
@@ -399,12 +402,12 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib,
 /* ---- contexts ---------------------------------------------------------- */
 
 /* Whether c is one of our context slots: checked before c is read. */
-static bool xs_ctx_known(CUcontext c) {
+static bool xsim_ctx_known(CUcontext c) {
   uintptr_t p = (uintptr_t)c;
-  uintptr_t pb = (uintptr_t)xs_dev.primary, qb = (uintptr_t)xs_dev.pool;
-  bool in_primary = p >= pb && p < pb + sizeof xs_dev.primary &&
+  uintptr_t pb = (uintptr_t)xsim_dev.primary, qb = (uintptr_t)xsim_dev.pool;
+  bool in_primary = p >= pb && p < pb + sizeof xsim_dev.primary &&
                     (p - pb) % sizeof *c == 0;
-  bool in_pool = p >= qb && p < qb + sizeof xs_dev.pool &&
+  bool in_pool = p >= qb && p < qb + sizeof xsim_dev.pool &&
                  (p - qb) % sizeof *c == 0;
   return in_primary || in_pool;
 }
@@ -413,16 +416,16 @@ static bool xs_ctx_known(CUcontext c) {
    creating it on first use; each retain is paired with a release. */
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   XSIM_ENTER("cuDevicePrimaryCtxRetain");
-  CUresult r = xs_device_query_check(pctx, dev);
+  CUresult r = xsim_device_query_check(pctx, dev);
   if (r != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_dev.lock);
-  CUcontext c = &xs_dev.primary[dev];
-  if (xs_dev.primary_refs[dev]++ == 0) {
+  pthread_mutex_lock(&xsim_dev.lock);
+  CUcontext c = &xsim_dev.primary[dev];
+  if (xsim_dev.primary_refs[dev]++ == 0) {
     c->device = dev;
     c->primary = true;
-    atomic_store_explicit(&c->state, XS_CTX_LIVE, memory_order_release);
+    atomic_store_explicit(&c->state, XSIM_CTX_LIVE, memory_order_release);
   }
-  pthread_mutex_unlock(&xs_dev.lock);
+  pthread_mutex_unlock(&xsim_dev.lock);
   *pctx = c;
   return CUDA_SUCCESS;
 }
@@ -436,31 +439,31 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if ((r = xsim_device_check(dev)) != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_dev.lock);
-  if (xs_dev.primary_refs[dev] == 0) {
+  pthread_mutex_lock(&xsim_dev.lock);
+  if (xsim_dev.primary_refs[dev] == 0) {
     r = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (--xs_dev.primary_refs[dev] == 0) {
-    atomic_store_explicit(&xs_dev.primary[dev].state, XS_CTX_DESTROYED,
+  } else if (--xsim_dev.primary_refs[dev] == 0) {
+    atomic_store_explicit(&xsim_dev.primary[dev].state, XSIM_CTX_DESTROYED,
                           memory_order_release);
   }
-  pthread_mutex_unlock(&xs_dev.lock);
+  pthread_mutex_unlock(&xsim_dev.lock);
   return r;
 }
 
-static CUresult xs_stack_push(CUcontext c) {
-  if (xs_depth == XS_CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
-  xs_stack[xs_depth++] = c;
+static CUresult xsim_stack_push(CUcontext c) {
+  if (xsim_depth == XSIM_CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+  xsim_stack[xsim_depth++] = c;
   return CUDA_SUCCESS;
 }
 
 /* A free (or destroyed) pool slot, searched round-robin from the cursor so
    that a just-destroyed context is reused last. */
-static CUcontext xs_pool_take_locked(void) {
-  for (size_t i = 0; i < XS_CTX_POOL; i++) {
-    size_t k = (xs_dev.pool_cursor + i) % XS_CTX_POOL;
-    CUcontext c = &xs_dev.pool[k];
-    if (xs_ctx_live(c)) continue;
-    xs_dev.pool_cursor = (k + 1) % XS_CTX_POOL;
+static CUcontext xsim_pool_take_locked(void) {
+  for (size_t i = 0; i < XSIM_CTX_POOL; i++) {
+    size_t k = (xsim_dev.pool_cursor + i) % XSIM_CTX_POOL;
+    CUcontext c = &xsim_dev.pool[k];
+    if (xsim_ctx_live(c)) continue;
+    xsim_dev.pool_cursor = (k + 1) % XSIM_CTX_POOL;
     return c;
   }
   return NULL;
@@ -472,24 +475,24 @@ static CUcontext xs_pool_take_locked(void) {
 CUresult cuCtxCreate(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
                      unsigned int flags, CUdevice dev) {
   XSIM_ENTER("cuCtxCreate");
-  CUresult r = xs_device_query_check(pctx, dev);
+  CUresult r = xsim_device_query_check(pctx, dev);
   if (r != CUDA_SUCCESS) return r;
   if (flags & ~(unsigned)CU_CTX_FLAGS_MASK) return CUDA_ERROR_INVALID_VALUE;
   if (ctxCreateParams != NULL && (ctxCreateParams->numExecAffinityParams != 0 ||
                                   ctxCreateParams->cigParams != NULL))
     return CUDA_ERROR_NOT_SUPPORTED;
-  if (xs_depth == XS_CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&xs_dev.lock);
-  CUcontext c = xs_pool_take_locked();
+  if (xsim_depth == XSIM_CTX_STACK_MAX) return CUDA_ERROR_OUT_OF_MEMORY;
+  pthread_mutex_lock(&xsim_dev.lock);
+  CUcontext c = xsim_pool_take_locked();
   if (c != NULL) {
     c->device = dev;
     c->primary = false;
     c->flags = flags;
-    atomic_store_explicit(&c->state, XS_CTX_LIVE, memory_order_release);
+    atomic_store_explicit(&c->state, XSIM_CTX_LIVE, memory_order_release);
   }
-  pthread_mutex_unlock(&xs_dev.lock);
+  pthread_mutex_unlock(&xsim_dev.lock);
   if (c == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-  r = xs_stack_push(c);
+  r = xsim_stack_push(c);
   assert(r == CUDA_SUCCESS && "depth checked above");
   *pctx = c;
   return r;
@@ -504,36 +507,37 @@ CUresult cuCtxDestroy(CUcontext ctx) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if (!xs_ctx_known(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
-  pthread_mutex_lock(&xs_dev.lock);
-  if (xs_ctx_live(ctx))
-    atomic_store_explicit(&ctx->state, XS_CTX_DESTROYED, memory_order_release);
+  if (!xsim_ctx_known(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&xsim_dev.lock);
+  if (xsim_ctx_live(ctx))
+    atomic_store_explicit(&ctx->state, XSIM_CTX_DESTROYED,
+                          memory_order_release);
   else
     r = CUDA_ERROR_INVALID_CONTEXT;
-  pthread_mutex_unlock(&xs_dev.lock);
-  if (r == CUDA_SUCCESS && xs_ctx_top() == ctx) xs_depth--;
+  pthread_mutex_unlock(&xsim_dev.lock);
+  if (r == CUDA_SUCCESS && xsim_ctx_top() == ctx) xsim_depth--;
   return r;
 }
 
 /* A context the caller passes in must be ours and live. */
-static CUresult xs_ctx_check(CUcontext ctx) {
-  return xs_ctx_known(ctx) && xs_ctx_live(ctx) ? CUDA_SUCCESS
+static CUresult xsim_ctx_check(CUcontext ctx) {
+  return xsim_ctx_known(ctx) && xsim_ctx_live(ctx) ? CUDA_SUCCESS
                                                : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* Checks shared by calls on a named context: initialized, a non-NULL
-   argument `arg` (CUDA_ERROR_INVALID_VALUE), then xs_ctx_check(ctx). */
-static CUresult xs_ctx_call_check(const void *arg, CUcontext ctx) {
+   argument `arg` (CUDA_ERROR_INVALID_VALUE), then xsim_ctx_check(ctx). */
+static CUresult xsim_ctx_call_check(const void *arg, CUcontext ctx) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (arg == NULL) return CUDA_ERROR_INVALID_VALUE;
-  return xs_ctx_check(ctx);
+  return xsim_ctx_check(ctx);
 }
 
 CUresult cuCtxPushCurrent(CUcontext ctx) {
   XSIM_ENTER("cuCtxPushCurrent");
-  CUresult r = xs_ctx_call_check(ctx, ctx);
-  return r ? r : xs_stack_push(ctx);
+  CUresult r = xsim_ctx_call_check(ctx, ctx);
+  return r ? r : xsim_stack_push(ctx);
 }
 
 /* cuda.h lists CUDA_ERROR_INVALID_CONTEXT: popping an empty stack. */
@@ -541,8 +545,8 @@ CUresult cuCtxPopCurrent(CUcontext *pctx) {
   XSIM_ENTER("cuCtxPopCurrent");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (xs_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  CUcontext c = xs_stack[--xs_depth];
+  if (xsim_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  CUcontext c = xsim_stack[--xsim_depth];
   if (pctx != NULL) *pctx = c;
   return CUDA_SUCCESS;
 }
@@ -554,12 +558,12 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (ctx == NULL) {
-    if (xs_depth > 0) xs_depth--;
+    if (xsim_depth > 0) xsim_depth--;
     return CUDA_SUCCESS;
   }
-  if ((r = xs_ctx_check(ctx)) != CUDA_SUCCESS) return r;
-  if (xs_depth == 0) return xs_stack_push(ctx);
-  xs_stack[xs_depth - 1] = ctx;
+  if ((r = xsim_ctx_check(ctx)) != CUDA_SUCCESS) return r;
+  if (xsim_depth == 0) return xsim_stack_push(ctx);
+  xsim_stack[xsim_depth - 1] = ctx;
   return CUDA_SUCCESS;
 }
 
@@ -570,7 +574,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
-  *pctx = xs_ctx_top();
+  *pctx = xsim_ctx_top();
   return CUDA_SUCCESS;
 }
 
@@ -596,7 +600,7 @@ CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx) {
     if (r == CUDA_SUCCESS) *device = dev;
     return r;
   }
-  CUresult r = xs_ctx_call_check(device, ctx);
+  CUresult r = xsim_ctx_call_check(device, ctx);
   if (r != CUDA_SUCCESS) return r;
   *device = ctx->device;
   return CUDA_SUCCESS;
@@ -624,9 +628,13 @@ CUresult cuMemGetInfo(size_t *free, size_t *total) {
    entry is served by the symbol of that name. A base name whose entries all
    start after the requested version existed only in an ABI the emulator does
    not implement: CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT. */
-typedef struct xs_proc { const char *base; int since; const char *symbol; } xs_proc;
+typedef struct xsim_proc {
+  const char *base;
+  int since;
+  const char *symbol;
+} xsim_proc;
 
-static const xs_proc xs_procs[] = {
+static const xsim_proc xsim_procs[] = {
     {"cuMemGetInfo", 3020, "cuMemGetInfo_v2"},
     {"cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"},
     {"cuCtxCreate", 12050, "cuCtxCreate_v4"},
@@ -676,11 +684,12 @@ static const xs_proc xs_procs[] = {
 
 /* The symbol serving `base` at cudaVersion; NULL with *newer set when only
    later versions have one. */
-static const char *xs_proc_symbol(const char *base, int version, bool *newer) {
-  const xs_proc *best = NULL;
+static const char *xsim_proc_symbol(const char *base, int version,
+                                    bool *newer) {
+  const xsim_proc *best = NULL;
   *newer = false;
-  for (size_t i = 0; i < sizeof xs_procs / sizeof xs_procs[0]; i++) {
-    const xs_proc *p = &xs_procs[i];
+  for (size_t i = 0; i < sizeof xsim_procs / sizeof xsim_procs[0]; i++) {
+    const xsim_proc *p = &xsim_procs[i];
     if (strcmp(p->base, base) != 0) continue;
     if (p->since > version) *newer = true;
     else if (best == NULL || p->since > best->since) best = p;
@@ -691,22 +700,22 @@ static const char *xs_proc_symbol(const char *base, int version, bool *newer) {
 
 /* The emulator's own handle, so lookups never find another library's
    symbol. dlopen with RTLD_NOLOAD only takes a reference to ourselves. */
-static void *xs_self;
-static pthread_once_t xs_self_once = PTHREAD_ONCE_INIT;
+static void *xsim_self;
+static pthread_once_t xsim_self_once = PTHREAD_ONCE_INIT;
 
-static void xs_self_open(void) {
+static void xsim_self_open(void) {
   Dl_info info;
   if (dladdr((void *)&cuInit, &info) && info.dli_fname != NULL)
-    xs_self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    xsim_self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
 }
 
 /* `symbol` as exported by this library itself, or NULL. dlsym on a library
    handle also searches its dependencies (libc exports "cuserid"), hence the
    dladdr check that the address is ours. */
-static void *xs_self_lookup(const char *symbol) {
-  pthread_once(&xs_self_once, xs_self_open);
-  if (xs_self == NULL || strncmp(symbol, "cu", 2) != 0) return NULL;
-  void *fn = dlsym(xs_self, symbol);
+static void *xsim_self_lookup(const char *symbol) {
+  pthread_once(&xsim_self_once, xsim_self_open);
+  if (xsim_self == NULL || strncmp(symbol, "cu", 2) != 0) return NULL;
+  void *fn = dlsym(xsim_self, symbol);
   Dl_info mine, found;
   if (fn == NULL || !dladdr((void *)&cuInit, &mine) || !dladdr(fn, &found))
     return NULL;
@@ -723,14 +732,14 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                           cuuint64_t flags,
                           CUdriverProcAddressQueryResult *symbolStatus) {
   XSIM_ENTER("cuGetProcAddress");
-  if (symbol == NULL || pfn == NULL || cudaVersion > XS_DRIVER_VERSION)
+  if (symbol == NULL || pfn == NULL || cudaVersion > XSIM_DRIVER_VERSION)
     return CUDA_ERROR_INVALID_VALUE;
   if (flags & ~(cuuint64_t)(CU_GET_PROC_ADDRESS_LEGACY_STREAM |
                             CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM))
     return CUDA_ERROR_INVALID_VALUE;
   bool newer;
-  const char *name = xs_proc_symbol(symbol, cudaVersion, &newer);
-  *pfn = name ? xs_self_lookup(name) : NULL;
+  const char *name = xsim_proc_symbol(symbol, cudaVersion, &newer);
+  *pfn = name ? xsim_self_lookup(name) : NULL;
   CUdriverProcAddressQueryResult status = CU_GET_PROC_ADDRESS_SUCCESS;
   if (*pfn == NULL)
     status = newer ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT

@@ -10,7 +10,7 @@
  * serial than a GPU would run it, never less ordered.
  *
  * "Potentially unsafe" calls during capture follow cuda.h's comment on
- * cuThreadExchangeStreamCaptureMode; see xs_capture_check_unsafe_locked.
+ * cuThreadExchangeStreamCaptureMode; see xsim_capture_check_unsafe_locked.
  * Graphs built with cuGraphCreate / cuGraphAdd*Node are not emulated; only
  * captured graphs exist.
  */
@@ -20,49 +20,50 @@
 #include <stdlib.h>
 #include <string.h>
 
-static xs_capture *xs_captures;          /* active capture sequences */
-static uint64_t xs_next_capture_id = 1;  /* ids are unique per process */
-static _Thread_local CUstreamCaptureMode xs_thread_mode =
+static xsim_capture *xsim_captures;          /* active capture sequences */
+static uint64_t xsim_next_capture_id = 1;  /* ids are unique per process */
+static _Thread_local CUstreamCaptureMode xsim_thread_mode =
     CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 /* ---- graphs: lists of work --------------------------------------------- */
 
-static struct CUgraph_st *xs_graph_new(void) {
+static struct CUgraph_st *xsim_graph_new(void) {
   struct CUgraph_st *g = calloc(1, sizeof *g);
-  if (g) g->magic = XS_GRAPH_MAGIC;
+  if (g) g->magic = XSIM_GRAPH_MAGIC;
   return g;
 }
 
-static CUresult xs_graph_push_locked(struct CUgraph_st *g, const xs_work *w) {
+static CUresult xsim_graph_push_locked(struct CUgraph_st *g,
+                                       const xsim_work *w) {
   if (g->count == g->cap) {
-    xs_work *nodes = xs_array_grow(g->nodes, &g->cap, 8, sizeof *nodes);
+    xsim_work *nodes = xsim_array_grow(g->nodes, &g->cap, 8, sizeof *nodes);
     if (!nodes) return CUDA_ERROR_OUT_OF_MEMORY;
     g->nodes = nodes;
   }
-  xs_work_retain_locked(w);
+  xsim_work_retain_locked(w);
   g->nodes[g->count++] = *w;
   return CUDA_SUCCESS;
 }
 
-static void xs_graph_clear_locked(struct CUgraph_st *g) {
-  for (size_t i = 0; i < g->count; i++) xs_work_release_locked(&g->nodes[i]);
+static void xsim_graph_clear_locked(struct CUgraph_st *g) {
+  for (size_t i = 0; i < g->count; i++) xsim_work_release_locked(&g->nodes[i]);
   free(g->nodes);
   g->nodes = NULL;
   g->count = g->cap = 0;
 }
 
-static void xs_graph_free_locked(struct CUgraph_st *g) {
-  xs_graph_clear_locked(g);
+static void xsim_graph_free_locked(struct CUgraph_st *g) {
+  xsim_graph_clear_locked(g);
   g->magic = 0;
   free(g);
 }
 
-static CUresult xs_graph_copy_locked(struct CUgraph_st *dst,
+static CUresult xsim_graph_copy_locked(struct CUgraph_st *dst,
                                      const struct CUgraph_st *src) {
   CUresult r = CUDA_SUCCESS;
   for (size_t i = 0; i < src->count && !r; i++)
-    r = xs_graph_push_locked(dst, &src->nodes[i]);
-  if (r != CUDA_SUCCESS) xs_graph_clear_locked(dst);
+    r = xsim_graph_push_locked(dst, &src->nodes[i]);
+  if (r != CUDA_SUCCESS) xsim_graph_clear_locked(dst);
   return r;
 }
 
@@ -71,25 +72,25 @@ static CUresult xs_graph_copy_locked(struct CUgraph_st *dst,
 struct CUgraphExec_st {
   uint32_t magic;
   struct CUgraph_st body;
-  xs_dep last;                 /* stream NULL: never launched */
+  xsim_dep last;                 /* stream NULL: never launched */
 };
 
 /* ---- the capture list -------------------------------------------------- */
 
-bool xs_capture_is_active_locked(uint64_t id) {
-  for (xs_capture *c = xs_captures; c; c = c->next)
+bool xsim_capture_is_active_locked(uint64_t id) {
+  for (xsim_capture *c = xsim_captures; c; c = c->next)
     if (c->id == id) return true;
   return false;
 }
 
-static bool xs_capture_graph_busy_locked(const struct CUgraph_st *g) {
-  for (xs_capture *c = xs_captures; c; c = c->next)
+static bool xsim_capture_graph_busy_locked(const struct CUgraph_st *g) {
+  for (xsim_capture *c = xsim_captures; c; c = c->next)
     if (c->graph == g) return true;
   return false;
 }
 
-static void xs_capture_unlink_locked(xs_capture *gone) {
-  for (xs_capture **p = &xs_captures; *p; p = &(*p)->next)
+static void xsim_capture_unlink_locked(xsim_capture *gone) {
+  for (xsim_capture **p = &xsim_captures; *p; p = &(*p)->next)
     if (*p == gone) {
       *p = gone->next;
       return;
@@ -97,7 +98,7 @@ static void xs_capture_unlink_locked(xs_capture *gone) {
   assert(0 && "capture not in the active list");
 }
 
-void xs_capture_invalidate_locked(struct CUstream_st *s) {
+void xsim_capture_invalidate_locked(struct CUstream_st *s) {
   if (s->capture) s->capture->invalidated = true;
 }
 
@@ -107,19 +108,19 @@ void xs_capture_invalidate_locked(struct CUstream_st *s) {
    CU_STREAM_CAPTURE_MODE_GLOBAL"; in THREAD_LOCAL mode only its own count;
    in RELAXED mode none do. A mode value the driver does not name (it
    accepts any, see cuThreadExchangeStreamCaptureMode) acts as GLOBAL. */
-static bool xs_capture_forbids(const xs_capture *c, pthread_t self) {
+static bool xsim_capture_forbids(const xsim_capture *c, pthread_t self) {
   if (pthread_equal(c->owner, self))
     return c->mode != CU_STREAM_CAPTURE_MODE_RELAXED;
-  return xs_thread_mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+  return xsim_thread_mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
          c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
-CUresult xs_capture_check_unsafe_locked(void) {
-  if (xs_thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+CUresult xsim_capture_check_unsafe_locked(void) {
+  if (xsim_thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
   pthread_t self = pthread_self();
   bool forbidden = false;
-  for (xs_capture *c = xs_captures; c; c = c->next)
-    if (xs_capture_forbids(c, self)) {
+  for (xsim_capture *c = xsim_captures; c; c = c->next)
+    if (xsim_capture_forbids(c, self)) {
       c->invalidated = true;   /* the capture no longer describes the work */
       forbidden = true;
     }
@@ -132,9 +133,9 @@ CUresult xs_capture_check_unsafe_locked(void) {
    Observed on H100, driver 580: a relaxed-mode capture refused one of the
    calls the emulator allowed, and invalidated the capture; of those, only
    cuCtxSynchronize waits on the capturing stream. */
-CUresult xs_capture_check_device_locked(int device) {
+CUresult xsim_capture_check_device_locked(int device) {
   bool forbidden = false;
-  for (xs_capture *c = xs_captures; c; c = c->next)
+  for (xsim_capture *c = xsim_captures; c; c = c->next)
     if (c->origin->device == device) {
       c->invalidated = true;
       forbidden = true;
@@ -142,11 +143,11 @@ CUresult xs_capture_check_device_locked(int device) {
   return forbidden ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
-CUresult xs_capture_append_locked(struct CUstream_st *s, const xs_work *w) {
-  xs_capture *c = s->capture;
+CUresult xsim_capture_append_locked(struct CUstream_st *s, const xsim_work *w) {
+  xsim_capture *c = s->capture;
   assert(c && "appending to a stream that does not capture");
   if (c->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  CUresult r = xs_graph_push_locked(c->graph, w);
+  CUresult r = xsim_graph_push_locked(c->graph, w);
   if (r != CUDA_SUCCESS) {
     c->invalidated = true;
     return r;
@@ -157,53 +158,53 @@ CUresult xs_capture_append_locked(struct CUstream_st *s, const xs_work *w) {
 }
 
 /* Every stream but the origin must have been joined back. */
-static bool xs_capture_unjoined_locked(const xs_capture *c) {
-  for (struct CUstream_st *s = xs_stream_first_locked(); s; s = s->next)
+static bool xsim_capture_unjoined_locked(const xsim_capture *c) {
+  for (struct CUstream_st *s = xsim_stream_first_locked(); s; s = s->next)
     if (s->capture == c && s != c->origin && !s->cap_joined) return true;
   return false;
 }
 
 /* Ends c: every stream leaves it, and it leaves the active list. Returns
    the graph (the caller owns it). */
-static struct CUgraph_st *xs_capture_end_locked(xs_capture *c) {
-  for (struct CUstream_st *s = xs_stream_first_locked(); s; s = s->next)
+static struct CUgraph_st *xsim_capture_end_locked(xsim_capture *c) {
+  for (struct CUstream_st *s = xsim_stream_first_locked(); s; s = s->next)
     if (s->capture == c) s->capture = NULL;
   c->origin->capture = NULL;
-  xs_capture_unlink_locked(c);
+  xsim_capture_unlink_locked(c);
   struct CUgraph_st *g = c->graph;
   free(c);
   return g;
 }
 
-void xs_capture_abandon_locked(struct CUstream_st *s) {
-  xs_capture *c = s->capture;
+void xsim_capture_abandon_locked(struct CUstream_st *s) {
+  xsim_capture *c = s->capture;
   if (c->origin != s) {
     s->capture = NULL;
     return;
   }
-  xs_graph_free_locked(xs_capture_end_locked(c));
+  xsim_graph_free_locked(xsim_capture_end_locked(c));
 }
 
 /* ---- begin and end ----------------------------------------------------- */
 
-static bool xs_mode_valid(CUstreamCaptureMode mode) {
+static bool xsim_mode_valid(CUstreamCaptureMode mode) {
   return mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
          mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
          mode == CU_STREAM_CAPTURE_MODE_RELAXED;
 }
 
-static CUresult xs_capture_begin_locked(struct CUstream_st *s,
+static CUresult xsim_capture_begin_locked(struct CUstream_st *s,
                                         CUstreamCaptureMode mode) {
-  xs_capture *c = calloc(1, sizeof *c);
-  struct CUgraph_st *g = c ? xs_graph_new() : NULL;
+  xsim_capture *c = calloc(1, sizeof *c);
+  struct CUgraph_st *g = c ? xsim_graph_new() : NULL;
   if (!g) {
     free(c);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  *c = (xs_capture){.id = xs_next_capture_id++, .mode = mode,
+  *c = (xsim_capture){.id = xsim_next_capture_id++, .mode = mode,
                     .owner = pthread_self(), .origin = s, .graph = g,
-                    .next = xs_captures};
-  xs_captures = c;
+                    .next = xsim_captures};
+  xsim_captures = c;
   s->capture = c;
   s->cap_tail = 0;
   s->cap_joined = true;   /* the origin is where everything joins */
@@ -216,14 +217,14 @@ static CUresult xs_capture_begin_locked(struct CUstream_st *s,
    answers CUDA_ERROR_ILLEGAL_STATE). */
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
   XSIM_ENTER("cuStreamBeginCapture");
-  if (!xs_mode_valid(mode)) return CUDA_ERROR_INVALID_VALUE;
+  if (!xsim_mode_valid(mode)) return CUDA_ERROR_INVALID_VALUE;
   struct CUstream_st *s;
-  CUresult r = xs_stream_acquire(hStream, &s);
+  CUresult r = xsim_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
   if (s->legacy) r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   else if (s->capture) r = CUDA_ERROR_ILLEGAL_STATE;
-  else r = xs_capture_begin_locked(s, mode);
-  xs_sim_unlock();
+  else r = xsim_capture_begin_locked(s, mode);
+  xsim_unlock();
   return r;
 }
 
@@ -235,8 +236,8 @@ CUresult cuStreamBeginCapture(CUstream hStream) {
 }
 
 /* Why s's capture cannot end here and now, or CUDA_SUCCESS. */
-static CUresult xs_capture_end_check_locked(const struct CUstream_st *s) {
-  const xs_capture *c = s->capture;
+static CUresult xsim_capture_end_check_locked(const struct CUstream_st *s) {
+  const xsim_capture *c = s->capture;
   if (!c) return CUDA_ERROR_ILLEGAL_STATE;   /* the driver's answer */
   if (c->origin != s) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
   if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
@@ -257,27 +258,27 @@ CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
   XSIM_ENTER("cuStreamEndCapture");
   if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
   struct CUstream_st *s;
-  CUresult r = xs_stream_acquire(hStream, &s);
+  CUresult r = xsim_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
-  r = xs_capture_end_check_locked(s);
+  r = xsim_capture_end_check_locked(s);
   if (r == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD)
-    xs_graph_free_locked(xs_capture_end_locked(s->capture));
+    xsim_graph_free_locked(xsim_capture_end_locked(s->capture));
   if (r == CUDA_SUCCESS) {
-    xs_capture *c = s->capture;
+    xsim_capture *c = s->capture;
     if (c->invalidated) r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    else if (xs_capture_unjoined_locked(c))
+    else if (xsim_capture_unjoined_locked(c))
       r = CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
-    struct CUgraph_st *g = xs_capture_end_locked(c);
-    if (r != CUDA_SUCCESS) xs_graph_free_locked(g);
+    struct CUgraph_st *g = xsim_capture_end_locked(c);
+    if (r != CUDA_SUCCESS) xsim_graph_free_locked(g);
     *phGraph = r == CUDA_SUCCESS ? g : NULL;
   }
-  xs_sim_unlock();
+  xsim_unlock();
   return r;
 }
 
 /* ---- queries ----------------------------------------------------------- */
 
-static CUstreamCaptureStatus xs_capture_status(const struct CUstream_st *s) {
+static CUstreamCaptureStatus xsim_capture_status(const struct CUstream_st *s) {
   if (!s->capture) return CU_STREAM_CAPTURE_STATUS_NONE;
   return s->capture->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
@@ -287,11 +288,12 @@ static CUstreamCaptureStatus xs_capture_status(const struct CUstream_st *s) {
    the legacy stream while a blocking stream captures the answer is
    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and "The blocking stream capture is not
    invalidated". On success the lock is held. */
-static CUresult xs_capture_query_acquire(CUstream h, struct CUstream_st **s) {
-  CUresult r = xs_stream_acquire(h, s);
+static CUresult xsim_capture_query_acquire(CUstream h, struct CUstream_st **s) {
+  CUresult r = xsim_stream_acquire(h, s);
   if (r != CUDA_SUCCESS) return r;
-  if ((*s)->legacy && xs_stream_blocking_capture_locked((*s)->device, false)) {
-    xs_sim_unlock();
+  if ((*s)->legacy &&
+      xsim_stream_blocking_capture_locked((*s)->device, false)) {
+    xsim_unlock();
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   }
   return CUDA_SUCCESS;
@@ -302,23 +304,23 @@ CUresult cuStreamIsCapturing(CUstream hStream,
   XSIM_ENTER("cuStreamIsCapturing");
   if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
   struct CUstream_st *s;
-  CUresult r = xs_capture_query_acquire(hStream, &s);
+  CUresult r = xsim_capture_query_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
-  *captureStatus = xs_capture_status(s);
-  xs_sim_unlock();
+  *captureStatus = xsim_capture_status(s);
+  xsim_unlock();
   return CUDA_SUCCESS;
 }
 
 /* The status and id are exact. The graph is the one being built; the
    dependency set is reported empty, since the emulator's graphs have no node
    handles (their order is the list's order). */
-static void xs_capture_info_locked(const struct CUstream_st *s,
+static void xsim_capture_info_locked(const struct CUstream_st *s,
                                    CUstreamCaptureStatus *status,
                                    cuuint64_t *id, CUgraph *graph,
                                    const CUgraphNode **deps,
                                    const CUgraphEdgeData **edges,
                                    size_t *ndeps) {
-  *status = xs_capture_status(s);
+  *status = xsim_capture_status(s);
   if (id) *id = s->capture ? s->capture->id : 0;
   if (graph) *graph = s->capture ? s->capture->graph : NULL;
   if (deps) *deps = NULL;
@@ -339,11 +341,11 @@ CUresult cuStreamGetCaptureInfo_v3(CUstream hStream,
   if (!captureStatus_out || (edgeData_out && !dependencies_out))
     return CUDA_ERROR_INVALID_VALUE;
   struct CUstream_st *s;
-  CUresult r = xs_capture_query_acquire(hStream, &s);
+  CUresult r = xsim_capture_query_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
-  xs_capture_info_locked(s, captureStatus_out, id_out, graph_out,
+  xsim_capture_info_locked(s, captureStatus_out, id_out, graph_out,
                          dependencies_out, edgeData_out, numDependencies_out);
-  xs_sim_unlock();
+  xsim_unlock();
   return CUDA_SUCCESS;
 }
 
@@ -376,39 +378,39 @@ CUresult cuStreamGetCaptureInfo(CUstream hStream,
 /* cuda.h: "Sets the calling thread's stream capture interaction mode to the
    value contained in *mode, and overwrites *mode with the previous mode".
    Any value is taken (observed on H100, driver 580: 7 gets CUDA_SUCCESS);
-   xs_capture_forbids treats one cuda.h does not name as GLOBAL. */
+   xsim_capture_forbids treats one cuda.h does not name as GLOBAL. */
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   XSIM_ENTER("cuThreadExchangeStreamCaptureMode");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (!mode) return CUDA_ERROR_INVALID_VALUE;
-  CUstreamCaptureMode previous = xs_thread_mode;
-  xs_thread_mode = *mode;
+  CUstreamCaptureMode previous = xsim_thread_mode;
+  xsim_thread_mode = *mode;
   *mode = previous;
   return CUDA_SUCCESS;
 }
 
 /* ---- instantiate, launch, destroy -------------------------------------- */
 
-static bool xs_graph_valid(const struct CUgraph_st *g) {
-  return g && g->magic == XS_GRAPH_MAGIC;
+static bool xsim_graph_valid(const struct CUgraph_st *g) {
+  return g && g->magic == XSIM_GRAPH_MAGIC;
 }
 
-static bool xs_exec_valid(const struct CUgraphExec_st *x) {
-  return x && x->magic == XS_EXEC_MAGIC;
+static bool xsim_exec_valid(const struct CUgraphExec_st *x) {
+  return x && x->magic == XSIM_EXEC_MAGIC;
 }
 
-static CUresult xs_graph_instantiate(CUgraphExec *out, CUgraph g) {
+static CUresult xsim_graph_instantiate(CUgraphExec *out, CUgraph g) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (!out) return CUDA_ERROR_INVALID_VALUE;
   struct CUgraphExec_st *x = calloc(1, sizeof *x);
   if (!x) return CUDA_ERROR_OUT_OF_MEMORY;
-  x->magic = XS_EXEC_MAGIC;
-  xs_sim_lock();
-  r = xs_graph_valid(g) ? xs_graph_copy_locked(&x->body, g)
+  x->magic = XSIM_EXEC_MAGIC;
+  xsim_lock();
+  r = xsim_graph_valid(g) ? xsim_graph_copy_locked(&x->body, g)
                         : CUDA_ERROR_INVALID_VALUE;
-  xs_sim_unlock();
+  xsim_unlock();
   if (r != CUDA_SUCCESS) free(x);
   else *out = x;
   return r;
@@ -425,18 +427,18 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
       CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
       CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
   if (flags & ~known) return CUDA_ERROR_INVALID_VALUE;
-  return xs_graph_instantiate(phGraphExec, hGraph);
+  return xsim_graph_instantiate(phGraphExec, hGraph);
 }
 
 /* The CUDA 10-11 signature, with an error node and a log buffer; the error
    node is cleared even when the call is failed by an injected fault. */
-static CUresult xs_graph_instantiate_logged(CUgraphExec *out, CUgraph g,
+static CUresult xsim_graph_instantiate_logged(CUgraphExec *out, CUgraph g,
                                             CUgraphNode *errnode, char *log,
                                             size_t size) {
   if (errnode) *errnode = NULL;
   XSIM_ENTER("cuGraphInstantiate");
   if (log && size > 0) log[0] = '\0';
-  return xs_graph_instantiate(out, g);
+  return xsim_graph_instantiate(out, g);
 }
 
 #undef cuGraphInstantiate
@@ -446,7 +448,7 @@ CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
 CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph,
                             CUgraphNode *phErrorNode, char *logBuffer,
                             size_t bufferSize) {
-  return xs_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
+  return xsim_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
                                      logBuffer, bufferSize);
 }
 
@@ -457,34 +459,35 @@ CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec,
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
                                CUgraphNode *phErrorNode, char *logBuffer,
                                size_t bufferSize) {
-  return xs_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
+  return xsim_graph_instantiate_logged(phGraphExec, hGraph, phErrorNode,
                                      logBuffer, bufferSize);
 }
 
 /* One node, submitted as the call that captured it would have been. */
-static CUresult xs_node_submit_locked(struct CUstream_st *s, const xs_work *w) {
-  if (w->kind == XS_WORK_RECORD)
-    return xs_event_record_locked(w->u.record.event, s);
-  xs_ticket ticket;
-  return xs_stream_submit_locked(s, w, NULL, &ticket);
+static CUresult xsim_node_submit_locked(struct CUstream_st *s,
+                                        const xsim_work *w) {
+  if (w->kind == XSIM_WORK_RECORD)
+    return xsim_event_record_locked(w->u.record.event, s);
+  xsim_ticket ticket;
+  return xsim_stream_submit_locked(s, w, NULL, &ticket);
 }
 
 /* Orders this launch behind the previous one (which may have been on
    another stream), then submits the nodes in order. */
-static CUresult xs_exec_launch_locked(struct CUgraphExec_st *x,
+static CUresult xsim_exec_launch_locked(struct CUgraphExec_st *x,
                                       struct CUstream_st *s) {
   CUresult r = CUDA_SUCCESS;
-  if (x->last.stream && !s->capture && !xs_dep_done_locked(&x->last)) {
-    xs_work nop = {.kind = XS_WORK_NOP};
-    xs_ticket ticket;
-    r = xs_stream_submit_locked(s, &nop, &x->last, &ticket);
+  if (x->last.stream && !s->capture && !xsim_dep_done_locked(&x->last)) {
+    xsim_work nop = {.kind = XSIM_WORK_NOP};
+    xsim_ticket ticket;
+    r = xsim_stream_submit_locked(s, &nop, &x->last, &ticket);
   }
   for (size_t i = 0; i < x->body.count && !r; i++)
-    r = xs_node_submit_locked(s, &x->body.nodes[i]);
+    r = xsim_node_submit_locked(s, &x->body.nodes[i]);
   if (r != CUDA_SUCCESS || s->capture) return r;
-  xs_stream_retain_locked(s);
-  if (x->last.stream) xs_stream_release_locked(x->last.stream);
-  x->last = (xs_dep){s, s->submitted};
+  xsim_stream_retain_locked(s);
+  if (x->last.stream) xsim_stream_release_locked(x->last.stream);
+  x->last = (xsim_dep){s, s->submitted};
   return CUDA_SUCCESS;
 }
 
@@ -494,11 +497,11 @@ static CUresult xs_exec_launch_locked(struct CUgraphExec_st *x,
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
   XSIM_ENTER("cuGraphLaunch");
   struct CUstream_st *s;
-  CUresult r = xs_stream_acquire(hStream, &s);
+  CUresult r = xsim_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
-  r = xs_exec_valid(hGraphExec) ? xs_exec_launch_locked(hGraphExec, s)
+  r = xsim_exec_valid(hGraphExec) ? xsim_exec_launch_locked(hGraphExec, s)
                                 : CUDA_ERROR_INVALID_VALUE;
-  xs_sim_unlock();
+  xsim_unlock();
   return r;
 }
 
@@ -509,17 +512,17 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   XSIM_ENTER("cuGraphExecDestroy");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  xs_sim_lock();
-  if (xs_exec_valid(hGraphExec)) {
-    xs_graph_clear_locked(&hGraphExec->body);
+  xsim_lock();
+  if (xsim_exec_valid(hGraphExec)) {
+    xsim_graph_clear_locked(&hGraphExec->body);
     if (hGraphExec->last.stream)
-      xs_stream_release_locked(hGraphExec->last.stream);
+      xsim_stream_release_locked(hGraphExec->last.stream);
     hGraphExec->magic = 0;
     free(hGraphExec);
   } else {
     r = CUDA_ERROR_INVALID_VALUE;
   }
-  xs_sim_unlock();
+  xsim_unlock();
   return r;
 }
 
@@ -529,11 +532,11 @@ CUresult cuGraphDestroy(CUgraph hGraph) {
   XSIM_ENTER("cuGraphDestroy");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  xs_sim_lock();
-  if (xs_graph_valid(hGraph) && !xs_capture_graph_busy_locked(hGraph))
-    xs_graph_free_locked(hGraph);
+  xsim_lock();
+  if (xsim_graph_valid(hGraph) && !xsim_capture_graph_busy_locked(hGraph))
+    xsim_graph_free_locked(hGraph);
   else
     r = CUDA_ERROR_INVALID_VALUE;
-  xs_sim_unlock();
+  xsim_unlock();
   return r;
 }

@@ -32,50 +32,50 @@
 static struct {
   bool started;
   struct CUstream_st *head, *tail;
-} xs_host;
+} xsim_host;
 
-static struct CUstream_st *xs_host_pop_locked(void) {
-  struct CUstream_st *s = xs_host.head;
-  xs_host.head = s->host_next;
-  if (!xs_host.head) xs_host.tail = NULL;
+static struct CUstream_st *xsim_host_pop_locked(void) {
+  struct CUstream_st *s = xsim_host.head;
+  xsim_host.head = s->host_next;
+  if (!xsim_host.head) xsim_host.tail = NULL;
   s->host_next = NULL;
   return s;
 }
 
-static void *xs_host_main(void *arg) {
+static void *xsim_host_main(void *arg) {
   (void)arg;
-  xs_sim_lock();
+  xsim_lock();
   for (;;) {
-    while (!xs_host.head) xs_sim_wait_locked();
-    struct CUstream_st *s = xs_host_pop_locked();
-    const xs_op *op = s->head;
-    assert(s->running && op->work.kind == XS_WORK_HOST && "handed over");
-    xs_sim_unlock();
+    while (!xsim_host.head) xsim_wait_locked();
+    struct CUstream_st *s = xsim_host_pop_locked();
+    const xsim_op *op = s->head;
+    assert(s->running && op->work.kind == XSIM_WORK_HOST && "handed over");
+    xsim_unlock();
     op->work.u.host.fn(op->work.u.host.data);
-    xs_sim_lock();
-    xs_stream_retire_head_locked(s);
+    xsim_lock();
+    xsim_stream_retire_head_locked(s);
   }
   return NULL;
 }
 
-CUresult xs_host_start_locked(void) {
-  if (xs_host.started) return CUDA_SUCCESS;
-  if (xs_thread_start_detached(xs_host_main, NULL) != 0)
+CUresult xsim_host_start_locked(void) {
+  if (xsim_host.started) return CUDA_SUCCESS;
+  if (xsim_thread_start_detached(xsim_host_main, NULL) != 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  xs_host.started = true;
+  xsim_host.started = true;
   return CUDA_SUCCESS;
 }
 
-void xs_host_enqueue_locked(struct CUstream_st *s) {
-  assert(xs_host.started && "started when the function was submitted");
-  assert(s->running && s->head->work.kind == XS_WORK_HOST && !s->host_next);
-  if (xs_host.tail) xs_host.tail->host_next = s;
-  else xs_host.head = s;
-  xs_host.tail = s;
-  xs_sim_broadcast_locked();
+void xsim_host_enqueue_locked(struct CUstream_st *s) {
+  assert(xsim_host.started && "started when the function was submitted");
+  assert(s->running && s->head->work.kind == XSIM_WORK_HOST && !s->host_next);
+  if (xsim_host.tail) xsim_host.tail->host_next = s;
+  else xsim_host.head = s;
+  xsim_host.tail = s;
+  xsim_broadcast_locked();
 }
 
-void xs_host_fork_child_locked(void) {
-  xs_host.started = false;
-  xs_host.head = xs_host.tail = NULL;
+void xsim_host_fork_child_locked(void) {
+  xsim_host.started = false;
+  xsim_host.head = xsim_host.tail = NULL;
 }

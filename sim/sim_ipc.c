@@ -19,11 +19,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define XS_MEMFD_FORMAT "xsim:%d:%u:%u:%u:%u"
+#define XSIM_MEMFD_FORMAT "xsim:%d:%u:%u:%u:%u"
 
 int xsim_ipc_memfd_create(const CUmemAllocationProp *prop) {
   char name[96];
-  snprintf(name, sizeof name, XS_MEMFD_FORMAT, prop->location.id,
+  snprintf(name, sizeof name, XSIM_MEMFD_FORMAT, prop->location.id,
            (unsigned)prop->requestedHandleTypes,
            (unsigned)prop->allocFlags.compressionType,
            (unsigned)prop->allocFlags.gpuDirectRDMACapable,
@@ -33,7 +33,7 @@ int xsim_ipc_memfd_create(const CUmemAllocationProp *prop) {
 
 /* The properties the exporter gave the memory behind fd; false when fd is
    not an emulator memfd. */
-static bool xs_memfd_prop_read(int fd, CUmemAllocationProp *prop) {
+static bool xsim_memfd_prop_read(int fd, CUmemAllocationProp *prop) {
   char path[64], target[256];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
   ssize_t n = readlink(path, target, sizeof target - 1);
@@ -41,7 +41,7 @@ static bool xs_memfd_prop_read(int fd, CUmemAllocationProp *prop) {
   target[n] = '\0';
   int dev;
   unsigned types, compression, rdma, usage;
-  if (sscanf(target, "/memfd:" XS_MEMFD_FORMAT, &dev, &types, &compression,
+  if (sscanf(target, "/memfd:" XSIM_MEMFD_FORMAT, &dev, &types, &compression,
              &rdma, &usage) != 5)
     return false;
   *prop = (CUmemAllocationProp){
@@ -58,7 +58,7 @@ static bool xs_memfd_prop_read(int fd, CUmemAllocationProp *prop) {
 /* Handle types the emulator cannot share: valid in cuda.h, not on Linux
    without a fabric (CUDA_ERROR_NOT_SUPPORTED); anything else is not a
    handle type at all (CUDA_ERROR_INVALID_VALUE). */
-static CUresult xs_handle_type_check(CUmemAllocationHandleType type) {
+static CUresult xsim_handle_type_check(CUmemAllocationHandleType type) {
   switch (type) {
     case CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: return CUDA_SUCCESS;
     case CU_MEM_HANDLE_TYPE_WIN32:
@@ -83,7 +83,7 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (shareableHandle == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xs_handle_type_check(handleType)) != CUDA_SUCCESS) return r;
+  if ((r = xsim_handle_type_check(handleType)) != CUDA_SUCCESS) return r;
   int fd;
   if ((r = xsim_vmm_handle_export_fd(handle, &fd)) != CUDA_SUCCESS) return r;
   *(int *)shareableHandle = fd;
@@ -99,18 +99,18 @@ CUresult cuMemExportToShareableHandle(void *shareableHandle,
    imported handle's requestedHandleTypes is 0 (observed on H100, driver
    580, with cuMemGetAllocationPropertiesFromHandle), so it cannot be
    exported again. */
-CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
-                                        void *osHandle,
-                                        CUmemAllocationHandleType shHandleType) {
+CUresult cuMemImportFromShareableHandle(
+    CUmemGenericAllocationHandle *handle, void *osHandle,
+    CUmemAllocationHandleType shHandleType) {
   XSIM_ENTER("cuMemImportFromShareableHandle");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if ((r = xs_handle_type_check(shHandleType)) != CUDA_SUCCESS) return r;
+  if ((r = xsim_handle_type_check(shHandleType)) != CUDA_SUCCESS) return r;
   int fd = (int)(intptr_t)osHandle;
   if (fd < 0 || fcntl(fd, F_GETFD) < 0) return CUDA_ERROR_INVALID_VALUE;
   CUmemAllocationProp prop;
-  if (!xs_memfd_prop_read(fd, &prop) ||
+  if (!xsim_memfd_prop_read(fd, &prop) ||
       xsim_device_check(prop.location.id) != CUDA_SUCCESS)
     return CUDA_ERROR_NOT_SUPPORTED;
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);

@@ -53,51 +53,51 @@
 #include <time.h>
 #include <unistd.h>
 
-#define XS_IPC_EVENT_MAGIC "xsimevt"     /* 8 bytes with its NUL */
+#define XSIM_IPC_EVENT_MAGIC "xsimevt"     /* 8 bytes with its NUL */
 
 /* The shared page. Only `recorded` and `completed` change after creation. */
-typedef struct xs_ipc_event_shared {
+typedef struct xsim_ipc_event_shared {
   char magic[8];
   uint64_t nonce;
   int32_t creator_pid;
   uint32_t pad;
-  _Atomic uint64_t recorded;   /* generation << XS_PID_BITS | recorder */
+  _Atomic uint64_t recorded;   /* generation << XSIM_PID_BITS | recorder */
   _Atomic uint64_t completed;
-} xs_ipc_event_shared;
+} xsim_ipc_event_shared;
 
 /* Linux pids are below PID_MAX_LIMIT (2^22). */
-#define XS_PID_BITS 22
-#define XS_PID_MASK ((UINT64_C(1) << XS_PID_BITS) - 1)
+#define XSIM_PID_BITS 22
+#define XSIM_PID_MASK ((UINT64_C(1) << XSIM_PID_BITS) - 1)
 
 /* CUipcEventHandle's 64 bytes, as the emulator fills them. */
-typedef struct xs_ipc_event_wire {
+typedef struct xsim_ipc_event_wire {
   char magic[8];
   uint64_t nonce;
   int32_t creator_pid;
   int32_t fd;                  /* in the creator */
-} xs_ipc_event_wire;
-_Static_assert(sizeof(xs_ipc_event_wire) <= sizeof(CUipcEventHandle),
+} xsim_ipc_event_wire;
+_Static_assert(sizeof(xsim_ipc_event_wire) <= sizeof(CUipcEventHandle),
                "the handle fits CUipcEventHandle");
 
-struct xs_ipc_event {
-  xs_ipc_event_shared *shared;
+struct xsim_ipc_event {
+  xsim_ipc_event_shared *shared;
   int fd;                      /* the memfd (creator) or the opened copy */
   int creator_pidfd;           /* importer: watches the creator; else -1 */
 };
 
-static void xs_ipc_event_unmap(xs_ipc_event *x) {
+static void xsim_ipc_event_unmap(xsim_ipc_event *x) {
   if (x->shared != NULL) munmap(x->shared, sizeof *x->shared);
   if (x->fd >= 0) close(x->fd);
   if (x->creator_pidfd >= 0) close(x->creator_pidfd);
   free(x);
 }
 
-void xs_ipc_event_free(xs_ipc_event *x) {
-  if (x != NULL) xs_ipc_event_unmap(x);
+void xsim_ipc_event_free(xsim_ipc_event *x) {
+  if (x != NULL) xsim_ipc_event_unmap(x);
 }
 
-static xs_ipc_event *xs_ipc_event_new(int fd) {
-  xs_ipc_event *x = calloc(1, sizeof *x);
+static xsim_ipc_event *xsim_ipc_event_new(int fd) {
+  xsim_ipc_event *x = calloc(1, sizeof *x);
   if (x == NULL) return NULL;
   x->fd = fd;
   x->creator_pidfd = -1;
@@ -105,42 +105,42 @@ static xs_ipc_event *xs_ipc_event_new(int fd) {
                    MAP_SHARED, fd, 0);
   if (x->shared == MAP_FAILED) {
     x->shared = NULL;
-    xs_ipc_event_unmap(x);
+    xsim_ipc_event_unmap(x);
     return NULL;
   }
   return x;
 }
 
-CUresult xs_ipc_event_create(xs_ipc_event **out) {
+CUresult xsim_ipc_event_create(xsim_ipc_event **out) {
   int fd = memfd_create("xsim-ipc-event", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (ftruncate(fd, sizeof(xs_ipc_event_shared)) != 0) {
+  if (ftruncate(fd, sizeof(xsim_ipc_event_shared)) != 0) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  xs_ipc_event *x = xs_ipc_event_new(fd);
+  xsim_ipc_event *x = xsim_ipc_event_new(fd);
   if (x == NULL) return CUDA_ERROR_OUT_OF_MEMORY;   /* fd closed with it */
   uint64_t nonce = 0;
   while (nonce == 0)
     if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
       nonce = (uint64_t)(uintptr_t)x ^ (uint64_t)time(NULL);
-  memcpy(x->shared->magic, XS_IPC_EVENT_MAGIC, sizeof x->shared->magic);
+  memcpy(x->shared->magic, XSIM_IPC_EVENT_MAGIC, sizeof x->shared->magic);
   x->shared->nonce = nonce;
   x->shared->creator_pid = (int32_t)getpid();
   *out = x;
   return CUDA_SUCCESS;
 }
 
-void xs_ipc_event_handle(const xs_ipc_event *x, CUipcEventHandle *out) {
-  xs_ipc_event_wire w = {.nonce = x->shared->nonce,
+void xsim_ipc_event_handle(const xsim_ipc_event *x, CUipcEventHandle *out) {
+  xsim_ipc_event_wire w = {.nonce = x->shared->nonce,
                          .creator_pid = x->shared->creator_pid,
                          .fd = x->fd};
-  memcpy(w.magic, XS_IPC_EVENT_MAGIC, sizeof w.magic);
+  memcpy(w.magic, XSIM_IPC_EVENT_MAGIC, sizeof w.magic);
   memset(out, 0, sizeof *out);
   memcpy(out->reserved, &w, sizeof w);
 }
 
-static int xs_pidfd_open(pid_t pid) {
+static int xsim_pidfd_open(pid_t pid) {
 #ifdef SYS_pidfd_open
   return (int)syscall(SYS_pidfd_open, pid, 0);
 #else
@@ -151,7 +151,7 @@ static int xs_pidfd_open(pid_t pid) {
 }
 
 /* True once the process behind pidfd has exited (-1: cannot tell, alive). */
-static bool xs_pidfd_exited(int pidfd) {
+static bool xsim_pidfd_exited(int pidfd) {
   if (pidfd < 0) return false;
   struct pollfd p = {.fd = pidfd, .events = POLLIN};
   return poll(&p, 1, 0) == 1;
@@ -160,52 +160,52 @@ static bool xs_pidfd_exited(int pidfd) {
 /* The memfd the handle names, reopened through /proc and checked: the
    creator's pidfd is taken first and must still be running after the
    nonce matched, so it is the creator's own. */
-static CUresult xs_ipc_event_reach(const xs_ipc_event_wire *w,
-                                   xs_ipc_event **out) {
-  if (memcmp(w->magic, XS_IPC_EVENT_MAGIC, sizeof w->magic) != 0 ||
+static CUresult xsim_ipc_event_reach(const xsim_ipc_event_wire *w,
+                                   xsim_ipc_event **out) {
+  if (memcmp(w->magic, XSIM_IPC_EVENT_MAGIC, sizeof w->magic) != 0 ||
       w->creator_pid <= 0 || w->fd < 0)
     return CUDA_ERROR_INVALID_VALUE;
-  int pidfd = xs_pidfd_open(w->creator_pid);
+  int pidfd = xsim_pidfd_open(w->creator_pid);
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w->creator_pid, w->fd);
   int fd = open(path, O_RDWR | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      (size_t)st.st_size != sizeof(xs_ipc_event_shared)) {
+      (size_t)st.st_size != sizeof(xsim_ipc_event_shared)) {
     if (fd >= 0) close(fd);
     if (pidfd >= 0) close(pidfd);
     return CUDA_ERROR_INVALID_HANDLE;   /* no such event (any longer) */
   }
-  xs_ipc_event *x = xs_ipc_event_new(fd);
+  xsim_ipc_event *x = xsim_ipc_event_new(fd);
   if (x == NULL) {
     if (pidfd >= 0) close(pidfd);
     return CUDA_ERROR_MAP_FAILED;
   }
   x->creator_pidfd = pidfd;
-  if (memcmp(x->shared->magic, XS_IPC_EVENT_MAGIC, 8) != 0 ||
+  if (memcmp(x->shared->magic, XSIM_IPC_EVENT_MAGIC, 8) != 0 ||
       x->shared->nonce != w->nonce ||
-      x->shared->creator_pid != w->creator_pid || xs_pidfd_exited(pidfd)) {
-    xs_ipc_event_unmap(x);
+      x->shared->creator_pid != w->creator_pid || xsim_pidfd_exited(pidfd)) {
+    xsim_ipc_event_unmap(x);
     return CUDA_ERROR_INVALID_HANDLE;
   }
   *out = x;
   return CUDA_SUCCESS;
 }
 
-uint64_t xs_ipc_event_next_gen(xs_ipc_event *x) {
+uint64_t xsim_ipc_event_next_gen(xsim_ipc_event *x) {
   uint64_t old = atomic_load(&x->shared->recorded), next;
-  do next = ((old >> XS_PID_BITS) + 1) << XS_PID_BITS |
-            ((uint64_t)getpid() & XS_PID_MASK);
+  do next = ((old >> XSIM_PID_BITS) + 1) << XSIM_PID_BITS |
+            ((uint64_t)getpid() & XSIM_PID_MASK);
   while (!atomic_compare_exchange_weak(&x->shared->recorded, &old, next));
-  return next >> XS_PID_BITS;
+  return next >> XSIM_PID_BITS;
 }
 
-uint64_t xs_ipc_event_latest(const xs_ipc_event *x) {
-  return atomic_load(&x->shared->recorded) >> XS_PID_BITS;
+uint64_t xsim_ipc_event_latest(const xsim_ipc_event *x) {
+  return atomic_load(&x->shared->recorded) >> XSIM_PID_BITS;
 }
 
-void xs_ipc_event_retired(xs_ipc_event *x, uint64_t gen) {
-  if (xs_ipc_event_latest(x) != gen) return;  /* a later one */
+void xsim_ipc_event_retired(xsim_ipc_event *x, uint64_t gen) {
+  if (xsim_ipc_event_latest(x) != gen) return;  /* a later one */
   uint64_t done = atomic_load(&x->shared->completed);
   while (done < gen &&
          !atomic_compare_exchange_weak(&x->shared->completed, &done, gen))
@@ -213,7 +213,7 @@ void xs_ipc_event_retired(xs_ipc_event *x, uint64_t gen) {
 }
 
 /* True once process pid has exited or is a zombie (from /proc). */
-static bool xs_process_gone(pid_t pid) {
+static bool xsim_process_gone(pid_t pid) {
   char path[64], buf[256];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -226,21 +226,21 @@ static bool xs_process_gone(pid_t pid) {
   return p != NULL && (p[2] == 'Z' || p[2] == 'X');
 }
 
-bool xs_ipc_event_done(const xs_ipc_event *x, uint64_t target) {
+bool xsim_ipc_event_done(const xsim_ipc_event *x, uint64_t target) {
   if (atomic_load(&x->shared->completed) >= target ||
-      xs_pidfd_exited(x->creator_pidfd))
+      xsim_pidfd_exited(x->creator_pidfd))
     return true;
   uint64_t latest = atomic_load(&x->shared->recorded);
-  pid_t recorder = (pid_t)(latest & XS_PID_MASK);
-  return latest >> XS_PID_BITS == target && recorder != getpid() &&
-         xs_process_gone(recorder);
+  pid_t recorder = (pid_t)(latest & XSIM_PID_MASK);
+  return latest >> XSIM_PID_BITS == target && recorder != getpid() &&
+         xsim_process_gone(recorder);
 }
 
 /* Polls until the record `target` completed: short sleeps first (a wait
    across processes is usually short), up to a millisecond. */
-void xs_ipc_event_await(const xs_ipc_event *x, uint64_t target) {
+void xsim_ipc_event_await(const xsim_ipc_event *x, uint64_t target) {
   long ns = 2000;
-  while (!xs_ipc_event_done(x, target)) {
+  while (!xsim_ipc_event_done(x, target)) {
     struct timespec ts = {0, ns};
     nanosleep(&ts, NULL);
     if (ns < 1000000) ns *= 2;
@@ -258,11 +258,11 @@ CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (pHandle == NULL) return CUDA_ERROR_INVALID_VALUE;
-  xs_sim_lock();
-  if (!xs_event_valid_locked(event)) r = CUDA_ERROR_INVALID_HANDLE;
+  xsim_lock();
+  if (!xsim_event_valid_locked(event)) r = CUDA_ERROR_INVALID_HANDLE;
   else if (event->ipc == NULL) r = CUDA_ERROR_INVALID_VALUE;
-  else xs_ipc_event_handle(event->ipc, pHandle);
-  xs_sim_unlock();
+  else xsim_ipc_event_handle(event->ipc, pHandle);
+  xsim_unlock();
   return r;
 }
 
@@ -278,12 +278,12 @@ CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
   CUresult r = xsim_current_device(&device);
   if (r != CUDA_SUCCESS) return r;
   if (phEvent == NULL) return CUDA_ERROR_INVALID_VALUE;
-  xs_ipc_event_wire w;
+  xsim_ipc_event_wire w;
   memcpy(&w, handle.reserved, sizeof w);
-  xs_ipc_event *x;
-  if ((r = xs_ipc_event_reach(&w, &x)) != CUDA_SUCCESS) return r;
-  r = xs_event_new(CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, x,
+  xsim_ipc_event *x;
+  if ((r = xsim_ipc_event_reach(&w, &x)) != CUDA_SUCCESS) return r;
+  r = xsim_event_new(CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, x,
                    phEvent);
-  if (r != CUDA_SUCCESS) xs_ipc_event_free(x);
+  if (r != CUDA_SUCCESS) xsim_ipc_event_free(x);
   return r;
 }

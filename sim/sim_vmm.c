@@ -17,7 +17,7 @@
  * Unmapping puts a PROT_NONE anonymous range back in place (never munmap), so
  * the hole stays reserved and no other mmap in the process can land in it.
  *
- * State, all under xs_vmm.lock:
+ * State, all under xsim_vmm.lock:
  *   handles       by id       (RB tree)  the physical allocations
  *   reservations  by base     (RB tree)  disjoint ranges
  *   mappings      by base     (RB tree)  disjoint; each inside one reservation
@@ -45,13 +45,13 @@
 #include <bsd/sys/tree.h>
 
 /* libbsd's RB_GENERATE_STATIC needs a __unused it does not define. */
-#define XS_RB_GENERATE(name, type, field, cmp) \
+#define XSIM_RB_GENERATE(name, type, field, cmp) \
   RB_GENERATE_INTERNAL(name, type, field, cmp, static __attribute__((unused)))
 
-#define XS_HANDLE_TAG 0xC0DA000000000000ull
+#define XSIM_HANDLE_TAG 0xC0DA000000000000ull
 
-typedef struct xs_handle {
-  RB_ENTRY(xs_handle) node;
+typedef struct xsim_handle {
+  RB_ENTRY(xsim_handle) node;
   CUmemGenericAllocationHandle id;
   int fd;                     /* the memfd; closed when the handle dies */
   size_t size;
@@ -59,75 +59,75 @@ typedef struct xs_handle {
   uint64_t refs;              /* create/import + retains - releases */
   uint64_t maps;              /* live mappings of this handle */
   bool imported;              /* charged to the exporter, not to this device */
-} xs_handle;
+} xsim_handle;
 
-typedef struct xs_reservation {
-  RB_ENTRY(xs_reservation) node;
+typedef struct xsim_reservation {
+  RB_ENTRY(xsim_reservation) node;
   uintptr_t base;
   size_t size;
   uint64_t nmapped;           /* mappings inside */
-} xs_reservation;
+} xsim_reservation;
 
-typedef struct xs_mapping {
-  RB_ENTRY(xs_mapping) node;
+typedef struct xsim_mapping {
+  RB_ENTRY(xsim_mapping) node;
   uintptr_t base;
   size_t size;
-  xs_handle *handle;
-  xs_reservation *res;
+  xsim_handle *handle;
+  xsim_reservation *res;
   /* CUmemAccess_flags per device; the owner's entry is what mprotect shows. */
   unsigned long long access[XSIM_MAX_DEVICES];
-} xs_mapping;
+} xsim_mapping;
 
-static int xs_handle_cmp(const xs_handle *a, const xs_handle *b) {
+static int xsim_handle_cmp(const xsim_handle *a, const xsim_handle *b) {
   return a->id < b->id ? -1 : a->id > b->id;
 }
-static int xs_res_cmp(const xs_reservation *a, const xs_reservation *b) {
+static int xsim_res_cmp(const xsim_reservation *a, const xsim_reservation *b) {
   return a->base < b->base ? -1 : a->base > b->base;
 }
-static int xs_map_cmp(const xs_mapping *a, const xs_mapping *b) {
+static int xsim_map_cmp(const xsim_mapping *a, const xsim_mapping *b) {
   return a->base < b->base ? -1 : a->base > b->base;
 }
 
-RB_HEAD(xs_handle_tree, xs_handle);
-RB_HEAD(xs_res_tree, xs_reservation);
-RB_HEAD(xs_map_tree, xs_mapping);
-XS_RB_GENERATE(xs_handle_tree, xs_handle, node, xs_handle_cmp)
-XS_RB_GENERATE(xs_res_tree, xs_reservation, node, xs_res_cmp)
-XS_RB_GENERATE(xs_map_tree, xs_mapping, node, xs_map_cmp)
+RB_HEAD(xsim_handle_tree, xsim_handle);
+RB_HEAD(xsim_res_tree, xsim_reservation);
+RB_HEAD(xsim_map_tree, xsim_mapping);
+XSIM_RB_GENERATE(xsim_handle_tree, xsim_handle, node, xsim_handle_cmp)
+XSIM_RB_GENERATE(xsim_res_tree, xsim_reservation, node, xsim_res_cmp)
+XSIM_RB_GENERATE(xsim_map_tree, xsim_mapping, node, xsim_map_cmp)
 
 static struct {
   pthread_mutex_t lock;
-  struct xs_handle_tree handles;
-  struct xs_res_tree reservations;
-  struct xs_map_tree mappings;
+  struct xsim_handle_tree handles;
+  struct xsim_res_tree reservations;
+  struct xsim_map_tree mappings;
   uint64_t next_id;
   uint64_t nhandles, nreservations, nmappings;
   uint64_t used[XSIM_MAX_DEVICES];   /* bytes of live, non-imported handles */
   uint64_t physical;                 /* bytes of all live handles */
-} xs_vmm = {
+} xsim_vmm = {
   .lock = PTHREAD_MUTEX_INITIALIZER,
-  .handles = RB_INITIALIZER(&xs_vmm.handles),
-  .reservations = RB_INITIALIZER(&xs_vmm.reservations),
-  .mappings = RB_INITIALIZER(&xs_vmm.mappings),
+  .handles = RB_INITIALIZER(&xsim_vmm.handles),
+  .reservations = RB_INITIALIZER(&xsim_vmm.reservations),
+  .mappings = RB_INITIALIZER(&xsim_vmm.mappings),
 };
 
-/* ---- lookups (callers hold xs_vmm.lock) -------------------------------- */
+/* ---- lookups (callers hold xsim_vmm.lock) -------------------------------- */
 
-static xs_handle *xs_handle_find_locked(CUmemGenericAllocationHandle id) {
-  xs_handle key = {.id = id};
-  return RB_FIND(xs_handle_tree, &xs_vmm.handles, &key);
+static xsim_handle *xsim_handle_find_locked(CUmemGenericAllocationHandle id) {
+  xsim_handle key = {.id = id};
+  return RB_FIND(xsim_handle_tree, &xsim_vmm.handles, &key);
 }
 
 /* A handle the caller may still name: live and not fully released. */
-static xs_handle *xs_handle_owned_locked(CUmemGenericAllocationHandle id) {
-  xs_handle *h = xs_handle_find_locked(id);
+static xsim_handle *xsim_handle_owned_locked(CUmemGenericAllocationHandle id) {
+  xsim_handle *h = xsim_handle_find_locked(id);
   return h != NULL && h->refs > 0 ? h : NULL;
 }
 
 /* Defines name(addr): the element of the base-ordered tree `head` whose
    [base, base+size) holds addr, or NULL. The last element with base <= addr
    is the one before the first with base > addr (or the maximum). */
-#define XS_RANGE_CONTAINING(name, tree, type, head)                          \
+#define XSIM_RANGE_CONTAINING(name, tree, type, head)                          \
   static type *name(uintptr_t addr) {                                        \
     type key = {.base = addr + 1};                                           \
     type *x = RB_NFIND(tree, head, &key);                                    \
@@ -135,41 +135,41 @@ static xs_handle *xs_handle_owned_locked(CUmemGenericAllocationHandle id) {
     return x != NULL && addr - x->base < x->size ? x : NULL;                 \
   }
 
-XS_RANGE_CONTAINING(xs_res_containing_locked, xs_res_tree, xs_reservation,
-                    &xs_vmm.reservations)
-XS_RANGE_CONTAINING(xs_map_containing_locked, xs_map_tree, xs_mapping,
-                    &xs_vmm.mappings)
+XSIM_RANGE_CONTAINING(xsim_res_containing_locked, xsim_res_tree,
+                      xsim_reservation, &xsim_vmm.reservations)
+XSIM_RANGE_CONTAINING(xsim_map_containing_locked, xsim_map_tree, xsim_mapping,
+                    &xsim_vmm.mappings)
 
 /* The first mapping that ends after addr (it may start after addr too). */
-static xs_mapping *xs_map_from_locked(uintptr_t addr) {
-  xs_mapping *m = xs_map_containing_locked(addr);
+static xsim_mapping *xsim_map_from_locked(uintptr_t addr) {
+  xsim_mapping *m = xsim_map_containing_locked(addr);
   if (m != NULL) return m;
-  xs_mapping key = {.base = addr};
-  return RB_NFIND(xs_map_tree, &xs_vmm.mappings, &key);
+  xsim_mapping key = {.base = addr};
+  return RB_NFIND(xsim_map_tree, &xsim_vmm.mappings, &key);
 }
 
 /* Whether [ptr, ptr+size) is tiled exactly by whole mappings, with no gap and
    no mapping sticking out at either end (cuda.h, cuMemSetAccess: "a fully
    mapped address range containing all allocations"). */
-static bool xs_range_whole_mappings_locked(uintptr_t ptr, size_t size) {
+static bool xsim_range_whole_mappings_locked(uintptr_t ptr, size_t size) {
   uintptr_t at = ptr, end = ptr + size;
-  xs_mapping key = {.base = ptr};
-  xs_mapping *m = RB_FIND(xs_map_tree, &xs_vmm.mappings, &key);
+  xsim_mapping key = {.base = ptr};
+  xsim_mapping *m = RB_FIND(xsim_map_tree, &xsim_vmm.mappings, &key);
   while (m != NULL && m->base == at && at < end) {
     at += m->size;
-    m = RB_NEXT(xs_map_tree, &xs_vmm.mappings, m);
+    m = RB_NEXT(xsim_map_tree, &xsim_vmm.mappings, m);
   }
   return at == end;
 }
 
 /* ---- arguments --------------------------------------------------------- */
 
-static bool xs_aligned(uintptr_t v, uint64_t g) { return (v & (g - 1)) == 0; }
+static bool xsim_aligned(uintptr_t v, uint64_t g) { return (v & (g - 1)) == 0; }
 
 /* A range of whole granules that does not wrap around. */
-static bool xs_range_valid(uintptr_t ptr, size_t size) {
+static bool xsim_range_valid(uintptr_t ptr, size_t size) {
   uint64_t g = xsim_knob_granularity();
-  return size != 0 && xs_aligned(ptr, g) && xs_aligned(size, g) &&
+  return size != 0 && xsim_aligned(ptr, g) && xsim_aligned(size, g) &&
          ptr + size > ptr;
 }
 
@@ -206,9 +206,9 @@ CUresult xsim_vmm_prop_check(const CUmemAllocationProp *prop) {
    recommended granularity"; both are the XSIM_GRANULARITY knob here. The
    location's device ordinal is not checked: observed on H100, driver 580, a
    prop naming device 4096 gets CUDA_SUCCESS. */
-CUresult cuMemGetAllocationGranularity(size_t *granularity,
-                                       const CUmemAllocationProp *prop,
-                                       CUmemAllocationGranularity_flags option) {
+CUresult cuMemGetAllocationGranularity(
+    size_t *granularity, const CUmemAllocationProp *prop,
+    CUmemAllocationGranularity_flags option) {
   XSIM_ENTER("cuMemGetAllocationGranularity");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
@@ -226,7 +226,7 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity,
 
 /* A PROT_NONE range of `size` at an `align`-aligned address: over-reserve by
    `align`, then trim both ends. */
-static void *xs_va_reserve(size_t size, size_t align) {
+static void *xsim_va_reserve(size_t size, size_t align) {
   if (size + align < size) return NULL;
   int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
   char *p = mmap(NULL, size + align, PROT_NONE, fl, -1, 0);
@@ -240,7 +240,7 @@ static void *xs_va_reserve(size_t size, size_t align) {
 
 /* The hint, if [addr, addr+size) is free in the whole process: the kernel
    refuses MAP_FIXED_NOREPLACE over any existing mapping. */
-static void *xs_va_reserve_at(uintptr_t addr, size_t size) {
+static void *xsim_va_reserve_at(uintptr_t addr, size_t size) {
   int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE;
   void *p = mmap((void *)addr, size, PROT_NONE, fl, -1, 0);
   if (p == MAP_FAILED) return NULL;
@@ -260,27 +260,27 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   uint64_t g = xsim_knob_granularity();
-  if (ptr == NULL || flags != 0 || size == 0 || !xs_aligned(size, g))
+  if (ptr == NULL || flags != 0 || size == 0 || !xsim_aligned(size, g))
     return CUDA_ERROR_INVALID_VALUE;
   if (alignment & (alignment - 1)) return CUDA_ERROR_INVALID_VALUE;
-  if (!xs_aligned(addr, 4096)) return CUDA_ERROR_INVALID_VALUE;
+  if (!xsim_aligned(addr, 4096)) return CUDA_ERROR_INVALID_VALUE;
   if (alignment < g) alignment = g;
-  xs_reservation *res = calloc(1, sizeof *res);
+  xsim_reservation *res = calloc(1, sizeof *res);
   if (res == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   void *p = NULL;
-  if (addr != 0 && xs_aligned(addr, alignment) && addr + size > addr)
-    p = xs_va_reserve_at((uintptr_t)addr, size);
-  if (p == NULL) p = xs_va_reserve(size, alignment);
+  if (addr != 0 && xsim_aligned(addr, alignment) && addr + size > addr)
+    p = xsim_va_reserve_at((uintptr_t)addr, size);
+  if (p == NULL) p = xsim_va_reserve(size, alignment);
   if (p == NULL) {
     free(res);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   res->base = (uintptr_t)p;
   res->size = size;
-  pthread_mutex_lock(&xs_vmm.lock);
-  RB_INSERT(xs_res_tree, &xs_vmm.reservations, res);
-  xs_vmm.nreservations++;
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  RB_INSERT(xsim_res_tree, &xsim_vmm.reservations, res);
+  xsim_vmm.nreservations++;
+  pthread_mutex_unlock(&xsim_vmm.lock);
   *ptr = (CUdeviceptr)res->base;
   return CUDA_SUCCESS;
 }
@@ -294,16 +294,16 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   XSIM_ENTER("cuMemAddressFree");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_reservation key = {.base = (uintptr_t)ptr};
-  xs_reservation *res = RB_FIND(xs_res_tree, &xs_vmm.reservations, &key);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_reservation key = {.base = (uintptr_t)ptr};
+  xsim_reservation *res = RB_FIND(xsim_res_tree, &xsim_vmm.reservations, &key);
   if (res == NULL || res->size != size || res->nmapped != 0) {
-    pthread_mutex_unlock(&xs_vmm.lock);
+    pthread_mutex_unlock(&xsim_vmm.lock);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  RB_REMOVE(xs_res_tree, &xs_vmm.reservations, res);
-  xs_vmm.nreservations--;
-  pthread_mutex_unlock(&xs_vmm.lock);
+  RB_REMOVE(xsim_res_tree, &xsim_vmm.reservations, res);
+  xsim_vmm.nreservations--;
+  pthread_mutex_unlock(&xsim_vmm.lock);
   munmap((void *)res->base, res->size);
   free(res);
   return CUDA_SUCCESS;
@@ -311,29 +311,29 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 /* ---- physical handles -------------------------------------------------- */
 
-static void xs_handle_insert_locked(xs_handle *h) {
-  h->id = XS_HANDLE_TAG | ++xs_vmm.next_id;
-  RB_INSERT(xs_handle_tree, &xs_vmm.handles, h);
-  xs_vmm.nhandles++;
-  xs_vmm.physical += h->size;
-  if (!h->imported) xs_vmm.used[h->prop.location.id] += h->size;
+static void xsim_handle_insert_locked(xsim_handle *h) {
+  h->id = XSIM_HANDLE_TAG | ++xsim_vmm.next_id;
+  RB_INSERT(xsim_handle_tree, &xsim_vmm.handles, h);
+  xsim_vmm.nhandles++;
+  xsim_vmm.physical += h->size;
+  if (!h->imported) xsim_vmm.used[h->prop.location.id] += h->size;
 }
 
 /* Frees the handle once nothing names or maps it any more. */
-static void xs_handle_unref_locked(xs_handle *h) {
+static void xsim_handle_unref_locked(xsim_handle *h) {
   if (h->refs > 0 || h->maps > 0) return;
-  RB_REMOVE(xs_handle_tree, &xs_vmm.handles, h);
-  xs_vmm.nhandles--;
-  xs_vmm.physical -= h->size;
-  if (!h->imported) xs_vmm.used[h->prop.location.id] -= h->size;
+  RB_REMOVE(xsim_handle_tree, &xsim_vmm.handles, h);
+  xsim_vmm.nhandles--;
+  xsim_vmm.physical -= h->size;
+  if (!h->imported) xsim_vmm.used[h->prop.location.id] -= h->size;
   close(h->fd);
   free(h);
 }
 
 /* Whether `size` more bytes fit in the device's capacity. */
-static bool xs_capacity_fits_locked(int device, size_t size) {
+static bool xsim_capacity_fits_locked(int device, size_t size) {
   uint64_t cap = xsim_knob_device_memory(device);
-  uint64_t used = xs_vmm.used[device];
+  uint64_t used = xsim_vmm.used[device];
   return used <= cap && size <= cap - used;
 }
 
@@ -349,9 +349,9 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   if (r != CUDA_SUCCESS) return r;
   if (handle == NULL || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if ((r = xsim_vmm_prop_check(prop)) != CUDA_SUCCESS) return r;
-  if (size == 0 || !xs_aligned(size, xsim_knob_granularity()))
+  if (size == 0 || !xsim_aligned(size, xsim_knob_granularity()))
     return CUDA_ERROR_INVALID_VALUE;
-  xs_handle *h = calloc(1, sizeof *h);
+  xsim_handle *h = calloc(1, sizeof *h);
   if (h == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   h->fd = xsim_ipc_memfd_create(prop);
   if (h->fd < 0 || ftruncate(h->fd, (off_t)size) != 0) {
@@ -362,10 +362,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
   h->size = size;
   h->prop = *prop;
   h->refs = 1;
-  pthread_mutex_lock(&xs_vmm.lock);
-  bool fits = xs_capacity_fits_locked(prop->location.id, size);
-  if (fits) xs_handle_insert_locked(h);
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  bool fits = xsim_capacity_fits_locked(prop->location.id, size);
+  if (fits) xsim_handle_insert_locked(h);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   if (!fits) {
     close(h->fd);
     free(h);
@@ -383,13 +383,13 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   XSIM_ENTER("cuMemRelease");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle *h = xs_handle_owned_locked(handle);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle *h = xsim_handle_owned_locked(handle);
   if (h != NULL) {
     h->refs--;
-    xs_handle_unref_locked(h);
+    xsim_handle_unref_locked(h);
   }
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return h != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -401,10 +401,10 @@ CUresult cuMemGetAllocationPropertiesFromHandle(
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (prop == NULL) return CUDA_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle *h = xs_handle_owned_locked(handle);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle *h = xsim_handle_owned_locked(handle);
   if (h != NULL) *prop = h->prop;
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return h != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -419,13 +419,13 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
   if (handle == NULL) return CUDA_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_mapping *m = xs_map_containing_locked((uintptr_t)addr);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_mapping *m = xsim_map_containing_locked((uintptr_t)addr);
   if (m != NULL) {
     m->handle->refs++;
     *handle = m->handle->id;
   }
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return m != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -435,15 +435,15 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle,
    over no existing mapping, no larger than h (CUDA_ERROR_NOT_SUPPORTED:
    observed on H100, driver 580, for a 2-granule map of a 1-granule
    handle). */
-static CUresult xs_map_check_locked(uintptr_t ptr, size_t size,
-                                    const xs_handle *h,
-                                    xs_reservation **res) {
+static CUresult xsim_map_check_locked(uintptr_t ptr, size_t size,
+                                    const xsim_handle *h,
+                                    xsim_reservation **res) {
   if (h == NULL) return CUDA_ERROR_INVALID_VALUE;
   if (size > h->size) return CUDA_ERROR_NOT_SUPPORTED;
-  *res = xs_res_containing_locked(ptr);
+  *res = xsim_res_containing_locked(ptr);
   if (*res == NULL || size > (*res)->size - (ptr - (*res)->base))
     return CUDA_ERROR_INVALID_VALUE;
-  xs_mapping *m = xs_map_from_locked(ptr);
+  xsim_mapping *m = xsim_map_from_locked(ptr);
   if (m != NULL && m->base < ptr + size) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
@@ -466,14 +466,14 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   XSIM_ENTER("cuMemMap");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (flags != 0 || !xs_range_valid((uintptr_t)ptr, size))
+  if (flags != 0 || !xsim_range_valid((uintptr_t)ptr, size))
     return CUDA_ERROR_INVALID_VALUE;
   if (offset != 0) return CUDA_ERROR_NOT_SUPPORTED;
-  xs_mapping *m = calloc(1, sizeof *m);
+  xsim_mapping *m = calloc(1, sizeof *m);
   if (m == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle *h = xs_handle_owned_locked(handle);
-  r = xs_map_check_locked((uintptr_t)ptr, size, h, &m->res);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle *h = xsim_handle_owned_locked(handle);
+  r = xsim_map_check_locked((uintptr_t)ptr, size, h, &m->res);
   if (r == CUDA_SUCCESS &&
       mmap((void *)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, h->fd, 0) ==
           MAP_FAILED)
@@ -484,25 +484,25 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     m->handle = h;
     h->maps++;
     m->res->nmapped++;
-    RB_INSERT(xs_map_tree, &xs_vmm.mappings, m);
-    xs_vmm.nmappings++;
+    RB_INSERT(xsim_map_tree, &xsim_vmm.mappings, m);
+    xsim_vmm.nmappings++;
   }
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   if (r != CUDA_SUCCESS) free(m);
   return r;
 }
 
 /* Turns one mapping back into reserved address space and forgets it. */
-static CUresult xs_map_remove_locked(xs_mapping *m) {
+static CUresult xsim_map_remove_locked(xsim_mapping *m) {
   int fl = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED;
   if (mmap((void *)m->base, m->size, PROT_NONE, fl, -1, 0) == MAP_FAILED)
     return CUDA_ERROR_OUT_OF_MEMORY;
-  RB_REMOVE(xs_map_tree, &xs_vmm.mappings, m);
-  xs_vmm.nmappings--;
+  RB_REMOVE(xsim_map_tree, &xsim_vmm.mappings, m);
+  xsim_vmm.nmappings--;
   assert(m->res->nmapped > 0 && m->handle->maps > 0 && "mapping counted");
   m->res->nmapped--;
   m->handle->maps--;
-  xs_handle_unref_locked(m->handle);
+  xsim_handle_unref_locked(m->handle);
   free(m);
   return CUDA_SUCCESS;
 }
@@ -510,11 +510,11 @@ static CUresult xs_map_remove_locked(xs_mapping *m) {
 /* Whether no mapping sticks out of [ptr, ptr+size) at either end: every
    mapping the range touches lies wholly inside it (cuda.h, cuMemUnmap:
    "cannot unmap a sub-range"). Gaps are allowed. */
-static bool xs_range_no_partial_mapping_locked(uintptr_t ptr, size_t size) {
+static bool xsim_range_no_partial_mapping_locked(uintptr_t ptr, size_t size) {
   uintptr_t end = ptr + size;
-  xs_mapping *m = xs_map_from_locked(ptr);
+  xsim_mapping *m = xsim_map_from_locked(ptr);
   for (; m != NULL && m->base < end;
-       m = RB_NEXT(xs_map_tree, &xs_vmm.mappings, m))
+       m = RB_NEXT(xsim_map_tree, &xsim_vmm.mappings, m))
     if (m->base < ptr || m->base + m->size > end) return false;
   return true;
 }
@@ -532,30 +532,31 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   XSIM_ENTER("cuMemUnmap");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (!xs_range_valid((uintptr_t)ptr, size)) return CUDA_ERROR_INVALID_VALUE;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_reservation *res = xs_res_containing_locked((uintptr_t)ptr);
+  if (!xsim_range_valid((uintptr_t)ptr, size)) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_reservation *res = xsim_res_containing_locked((uintptr_t)ptr);
   if (res == NULL || size > res->size - ((uintptr_t)ptr - res->base) ||
-      !xs_range_no_partial_mapping_locked((uintptr_t)ptr, size))
+      !xsim_range_no_partial_mapping_locked((uintptr_t)ptr, size))
     r = CUDA_ERROR_INVALID_VALUE;
   uintptr_t end = (uintptr_t)ptr + size;
-  for (xs_mapping *m = xs_map_from_locked((uintptr_t)ptr);
+  for (xsim_mapping *m = xsim_map_from_locked((uintptr_t)ptr);
        r == CUDA_SUCCESS && m != NULL && m->base < end;
-       m = xs_map_from_locked((uintptr_t)ptr))
-    r = xs_map_remove_locked(m);
-  pthread_mutex_unlock(&xs_vmm.lock);
+       m = xsim_map_from_locked((uintptr_t)ptr))
+    r = xsim_map_remove_locked(m);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return r;
 }
 
 /* ---- access ------------------------------------------------------------ */
 
-static int xs_prot_of(unsigned long long flags) {
-  if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) return PROT_READ | PROT_WRITE;
+static int xsim_prot_of(unsigned long long flags) {
+  if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    return PROT_READ | PROT_WRITE;
   if (flags == CU_MEM_ACCESS_FLAGS_PROT_READ) return PROT_READ;
   return PROT_NONE;
 }
 
-static CUresult xs_access_desc_check(const CUmemAccessDesc *d) {
+static CUresult xsim_access_desc_check(const CUmemAccessDesc *d) {
   if (d->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
     return CUDA_ERROR_INVALID_VALUE;
   if (d->flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
@@ -571,12 +572,13 @@ static CUresult xs_access_desc_check(const CUmemAccessDesc *d) {
 
 /* Records the descs on one mapping and shows the owner's access through
    mprotect. */
-static CUresult xs_access_apply_locked(xs_mapping *m, const CUmemAccessDesc *d,
-                                       size_t count) {
+static CUresult xsim_access_apply_locked(xsim_mapping *m,
+                                         const CUmemAccessDesc *d,
+                                         size_t count) {
   for (size_t i = 0; i < count; i++)
     m->access[d[i].location.id] = d[i].flags;
   int owner = m->handle->prop.location.id;
-  if (mprotect((void *)m->base, m->size, xs_prot_of(m->access[owner])) != 0)
+  if (mprotect((void *)m->base, m->size, xsim_prot_of(m->access[owner])) != 0)
     return CUDA_ERROR_OUT_OF_MEMORY;
   return CUDA_SUCCESS;
 }
@@ -591,20 +593,20 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size,
   XSIM_ENTER("cuMemSetAccess");
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;
-  if (desc == NULL || count == 0 || !xs_range_valid((uintptr_t)ptr, size))
+  if (desc == NULL || count == 0 || !xsim_range_valid((uintptr_t)ptr, size))
     return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; i++)
-    if ((r = xs_access_desc_check(&desc[i])) != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_vmm.lock);
-  if (!xs_range_whole_mappings_locked((uintptr_t)ptr, size))
+    if ((r = xsim_access_desc_check(&desc[i])) != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&xsim_vmm.lock);
+  if (!xsim_range_whole_mappings_locked((uintptr_t)ptr, size))
     r = CUDA_ERROR_INVALID_VALUE;
   uintptr_t end = (uintptr_t)ptr + size;
-  xs_mapping key = {.base = (uintptr_t)ptr};
-  xs_mapping *m = RB_FIND(xs_map_tree, &xs_vmm.mappings, &key);
+  xsim_mapping key = {.base = (uintptr_t)ptr};
+  xsim_mapping *m = RB_FIND(xsim_map_tree, &xsim_vmm.mappings, &key);
   for (; r == CUDA_SUCCESS && m != NULL && m->base < end;
-       m = RB_NEXT(xs_map_tree, &xs_vmm.mappings, m))
-    r = xs_access_apply_locked(m, desc, count);
-  pthread_mutex_unlock(&xs_vmm.lock);
+       m = RB_NEXT(xsim_map_tree, &xsim_vmm.mappings, m))
+    r = xsim_access_apply_locked(m, desc, count);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return r;
 }
 
@@ -619,10 +621,10 @@ CUresult cuMemGetAccess(unsigned long long *flags,
       location->type != CU_MEM_LOCATION_TYPE_DEVICE)
     return CUDA_ERROR_INVALID_VALUE;
   if ((r = xsim_device_check(location->id)) != CUDA_SUCCESS) return r;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_mapping *m = xs_map_containing_locked((uintptr_t)ptr);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_mapping *m = xsim_map_containing_locked((uintptr_t)ptr);
   if (m != NULL) *flags = m->access[location->id];
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return m != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -631,14 +633,14 @@ CUresult cuMemGetAccess(unsigned long long *flags,
 CUresult xsim_vmm_handle_export_fd(CUmemGenericAllocationHandle handle,
                                    int *fd) {
   CUresult r = CUDA_SUCCESS;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle *h = xs_handle_owned_locked(handle);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle *h = xsim_handle_owned_locked(handle);
   if (h == NULL || !(h->prop.requestedHandleTypes &
                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
     r = CUDA_ERROR_INVALID_VALUE;
   else if ((*fd = fcntl(h->fd, F_DUPFD_CLOEXEC, 0)) < 0)
     r = CUDA_ERROR_OUT_OF_MEMORY;  /* out of file descriptors */
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return r;
 }
 
@@ -646,11 +648,11 @@ CUresult xsim_vmm_handle_import_fd(int fd, const CUmemAllocationProp *prop,
                                    CUmemGenericAllocationHandle *handle) {
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size <= 0 ||
-      !xs_aligned((uint64_t)st.st_size, xsim_knob_granularity())) {
+      !xsim_aligned((uint64_t)st.st_size, xsim_knob_granularity())) {
     close(fd);
     return CUDA_ERROR_INVALID_VALUE;
   }
-  xs_handle *h = calloc(1, sizeof *h);
+  xsim_handle *h = calloc(1, sizeof *h);
   if (h == NULL) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -660,37 +662,37 @@ CUresult xsim_vmm_handle_import_fd(int fd, const CUmemAllocationProp *prop,
   h->prop = *prop;
   h->refs = 1;
   h->imported = true;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle_insert_locked(h);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle_insert_locked(h);
   *handle = h->id;
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return CUDA_SUCCESS;
 }
 
 /* ---- live objects ------------------------------------------------------ */
 
 void xsim_vmm_live(xsim_live *out) {
-  pthread_mutex_lock(&xs_vmm.lock);
-  out->handles = xs_vmm.nhandles;
-  out->mappings = xs_vmm.nmappings;
-  out->reservations = xs_vmm.nreservations;
-  out->physical_bytes = xs_vmm.physical;
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  out->handles = xsim_vmm.nhandles;
+  out->mappings = xsim_vmm.nmappings;
+  out->reservations = xsim_vmm.nreservations;
+  out->physical_bytes = xsim_vmm.physical;
+  pthread_mutex_unlock(&xsim_vmm.lock);
 }
 
 uint64_t xsim_vmm_used_bytes(int device) {
   assert(device >= 0 && device < XSIM_MAX_DEVICES && "device ordinal");
-  pthread_mutex_lock(&xs_vmm.lock);
-  uint64_t used = xs_vmm.used[device];
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_lock(&xsim_vmm.lock);
+  uint64_t used = xsim_vmm.used[device];
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return used;
 }
 
 uint64_t xsim_vmm_report_live(FILE *out) {
   uint64_t lines = 0;
-  pthread_mutex_lock(&xs_vmm.lock);
-  xs_handle *h;
-  RB_FOREACH(h, xs_handle_tree, &xs_vmm.handles) {
+  pthread_mutex_lock(&xsim_vmm.lock);
+  xsim_handle *h;
+  RB_FOREACH(h, xsim_handle_tree, &xsim_vmm.handles) {
     fprintf(out, "xsim: live handle 0x%llx: %zu bytes on device %d, "
             "%llu reference(s), %llu mapping(s)%s\n",
             (unsigned long long)h->id, h->size, h->prop.location.id,
@@ -698,20 +700,20 @@ uint64_t xsim_vmm_report_live(FILE *out) {
             h->imported ? ", imported" : "");
     lines++;
   }
-  xs_mapping *m;
-  RB_FOREACH(m, xs_map_tree, &xs_vmm.mappings) {
+  xsim_mapping *m;
+  RB_FOREACH(m, xsim_map_tree, &xsim_vmm.mappings) {
     fprintf(out, "xsim: live mapping [0x%llx, +%zu) of handle 0x%llx\n",
             (unsigned long long)m->base, m->size,
             (unsigned long long)m->handle->id);
     lines++;
   }
-  xs_reservation *res;
-  RB_FOREACH(res, xs_res_tree, &xs_vmm.reservations) {
+  xsim_reservation *res;
+  RB_FOREACH(res, xsim_res_tree, &xsim_vmm.reservations) {
     fprintf(out, "xsim: live reservation [0x%llx, +%zu), %llu mapping(s)\n",
             (unsigned long long)res->base, res->size,
             (unsigned long long)res->nmapped);
     lines++;
   }
-  pthread_mutex_unlock(&xs_vmm.lock);
+  pthread_mutex_unlock(&xsim_vmm.lock);
   return lines;
 }

@@ -105,8 +105,8 @@ uint64_t xsim_call_count(const char *name);
 void     xsim_reset_counters(void);
 
 /* Back to the environment's settings: counters, fault injections, latencies,
-   device capacities and the device lag; the virtual clock is turned off. Live objects are untouched (tests check them for
-   leaks). */
+   device capacities and the device lag; the virtual clock is turned off. Live
+   objects are untouched (tests check them for leaks). */
 void xsim_reset(void);
 
 /* Writes one line per live handle, mapping and reservation to `out`

@@ -156,4 +156,39 @@ static inline void st_env(const char *var, const char *value) {
   xsim_reset();
 }
 
+/* Ends a capture that is expected to have been invalidated. */
+static inline void st_capture_invalidated(CUstream s) {
+  CUgraph g = (CUgraph)0x1;
+  XSEG_EXPECT_CU_ERR(cuStreamEndCapture(s, &g),
+                     CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  XSEG_EXPECT_TRUE(g == NULL);
+}
+
+/* Ends a capture expected to be valid and destroys its graph. */
+static inline void st_capture_valid(CUstream s) {
+  CUgraph g = NULL;
+  XSEG_EXPECT_CU(cuStreamEndCapture(s, &g));
+  XSEG_EXPECT_TRUE(g != NULL);
+  if (g) XSEG_EXPECT_CU(cuGraphDestroy(g));
+}
+
+/* A reserved range of `granules` granules, freed by st_space_fini (the
+   handles mapped in it are the caller's). */
+typedef struct st_space {
+  size_t g;
+  CUdeviceptr va;
+  size_t va_size;
+} st_space;
+
+static inline bool st_space_init(st_space *s, size_t granules) {
+  s->g = st_setup();
+  s->va_size = granules * s->g;
+  return s->g != 0 &&
+         cuMemAddressReserve(&s->va, s->va_size, 0, 0, 0) == CUDA_SUCCESS;
+}
+
+static inline void st_space_fini(st_space *s) {
+  XSEG_EXPECT_CU(cuMemAddressFree(s->va, s->va_size));
+}
+
 #endif /* XSEG_SIM_HELPERS_H */

@@ -7,7 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "alloc/allocator.h"
+#include "alloc/types.h"
 #include "xseg_test.h"
 
 #ifndef NDEBUG

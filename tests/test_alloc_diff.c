@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc/allocator.h"
+#include "alloc/policy.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 typedef struct mblock {

@@ -226,7 +226,7 @@ static void lazy_compare_layers(const char *conf, uint64_t seed,
 
 /* Many seeds: a park held back on one stream while the other stream's
    gauges rise under their thresholds is what a missed peak needs (before
-   xs_pair_park_hold refused to hide a rise above a threshold, 23 of 120
+   xs_park_owe refused to hide a rise above a threshold, 23 of 120
    such runs ended with a lower inactive_split_bytes peak). */
 XSEG_TEST(alloc_lazy, matches_merging_at_free_expandable) {
   for (uint64_t seed = 1; seed <= 24; seed++)
@@ -299,7 +299,7 @@ XSEG_TEST(alloc_lazy, a_block_taken_back_is_freed_once) {
 }
 
 /* With two pairs, a park's free is held back in its shard and published
-   (allocator.h, xs_pair_park_hold): another pair's crossing sums the true
+   (alloc/park.h, xs_park_owe): another pair's crossing sums the true
    values, and a take-back whose thresholds another crossing lowered
    meanwhile crosses as a malloc does. Run from the start each time, since
    reading the stats settles the park: after B's two mallocs the peak is

@@ -8,7 +8,10 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "alloc/allocator.h"
+#include "alloc/enter.h"
+#include "alloc/pairs.h"
+#include "alloc/ranges.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { PR_POOLS = 40, PR_SIZE = 3 * MiB };
@@ -41,9 +44,9 @@ XSEG_TEST(alloc_pairs, released_pools_are_recycled_not_piled_up) {
     /* The release pass takes the pool's memory and the pair goes. */
     XSEG_ASSERT_OK(xseg_empty_cache(a));
     XSEG_ASSERT_OK(xseg_check(a));
-    xs_alloc_lock(a);
+    xs_alloc_enter(a);
     size_t structs = a->pair_structs, alive = a->n_pairs;
-    xs_alloc_unlock(a);
+    xs_alloc_leave(a);
     XSEG_EXPECT_EQ(alive, 1u);
     XSEG_EXPECT_LE(structs, 2u);          /* the stream's and one spare */
   }
@@ -95,9 +98,9 @@ XSEG_TEST(alloc_pairs, a_gone_pair_is_reused_only_after_its_holder_lets_go) {
   void *where;
   XSEG_ASSERT_TRUE(pr_use_pool(a, 1, s, &where));
   /* The pool's pair, found from its block's address as a free finds it. */
-  xs_alloc_lock(a);
+  xs_alloc_enter(a);
   xs_stream_pools *gone = xs_ranges_find(a, (uint64_t)(uintptr_t)where);
-  xs_alloc_unlock(a);
+  xs_alloc_leave(a);
   XSEG_ASSERT_TRUE(gone != NULL && gone->private_id == 1);
   XSEG_ASSERT_OK(xseg_empty_cache(a));
   XSEG_ASSERT_TRUE(gone->dead);

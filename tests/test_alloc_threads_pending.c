@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { PD_ROUNDS = 300, PD_SEEN = 4 * PD_ROUNDS };
@@ -270,15 +271,15 @@ XSEG_TEST(alloc_threads, record_stream_refuses_a_parked_block) {
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
 
-/* A cross-stream free and the mallocs that settle it take the block's
+/* A cross-stream free and the mallocs that poll it take the block's
    pair lock alone (its pending frees are the pair's): with another
    stream's pair locked, the free finishes, pending behind a latch; a
    malloc of the same size on the block's stream finishes too, handed
    other memory while the latch holds, and active's peak sees the pending
    block beside the live ones (the cached malloc's look at it); once the
-   latch opens, the next malloc there settles the free itself. */
+   latch opens, the next malloc there polls the free itself. */
 XSEG_TEST(alloc_threads,
-          cross_stream_free_and_its_settling_need_only_its_pair) {
+          cross_stream_free_and_its_polling_need_only_its_pair) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream own = at_stream_new(), other = at_stream_new(),
@@ -316,7 +317,7 @@ XSEG_TEST(alloc_threads,
   XSEG_EXPECT_TRUE(pd_op_beside(busy, &m2));
   XSEG_EXPECT_OK(m2.st);
   st = at_stats(a);
-  XSEG_EXPECT_EQ(st.pending_free_bytes, 0);     /* settled by that malloc */
+  XSEG_EXPECT_EQ(st.pending_free_bytes, 0);     /* completed by that malloc */
   XSEG_EXPECT_EQ(st.active.current, 3);         /* q, r, s */
   XSEG_EXPECT_OK(xseg_check(a));
   XSEG_EXPECT_OK(xseg_free(a, q));
@@ -326,10 +327,10 @@ XSEG_TEST(alloc_threads,
   pd_three_streams_done(a, l, own, other, side);
 }
 
-/* A malloc on one stream settles another stream's ready free, as
-   PyTorch's process_events settles every stream's frees at each malloc:
+/* A malloc on one stream completes another stream's ready free, as
+   PyTorch's process_events completes every stream's frees at each malloc:
    with a try of that pair's lock (free here), or else with every lock. */
-XSEG_TEST(alloc_threads, a_malloc_settles_other_pairs_pending_frees) {
+XSEG_TEST(alloc_threads, a_malloc_polls_other_pairs_pending_frees) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream own = at_stream_new(), other = at_stream_new(),
@@ -352,12 +353,12 @@ XSEG_TEST(alloc_threads, a_malloc_settles_other_pairs_pending_frees) {
 }
 
 /* Two streams each with a pending free whose recorded stream is done: a
-   malloc on one settles both with its own pair's lock and a try of the
+   malloc on one completes both with its own pair's lock and a try of the
    other's (PyTorch's process_events, without every lock): it finishes
    while a third stream's pair is locked. With the other pair's lock held
    instead, the try fails and the malloc takes every lock, so it waits for
-   that pair: it cannot settle a pair's frees without that pair's lock. */
-XSEG_TEST(alloc_threads, a_malloc_settles_other_streams_pending_frees_by_try) {
+   that pair: it cannot complete a pair's frees without that pair's lock. */
+XSEG_TEST(alloc_threads, a_malloc_polls_other_streams_pending_frees_by_try) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream own = at_stream_new(), other = at_stream_new(),
@@ -383,7 +384,7 @@ XSEG_TEST(alloc_threads, a_malloc_settles_other_streams_pending_frees_by_try) {
     bool beside = pd_op_beside_for(busy, &m, round == 0 ? 30 : 1);
     XSEG_EXPECT_OK(m.st);
     /* Round 0: the third pair has no pending free, so it is no bar.
-       Round 1: the other pair's is, and a busy pair is never settled
+       Round 1: the other pair's is, and a busy pair is never polled
        without its lock: the malloc waits for every lock. */
     XSEG_EXPECT_EQ(beside, round == 0);
     XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);

@@ -1,4 +1,4 @@
-/* Per-pair locks and statistics shards (alloc/pairs.c, alloc/shards.h):
+/* Per-pair locks and statistics shards (alloc/pairs.c, segments/shards.h):
  *   - threads on streams taking turns (each operation finished before the
  *     next starts, on whichever thread): every statistic, peaks included,
  *     equals a one-thread replay of the same operations, blocks freed on
@@ -18,7 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "alloc/allocator.h"
+#include "alloc/pairs.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 enum { SH_THREADS = 3, SH_LIVE = 8, SH_TURNS = 1200 };
@@ -274,7 +275,7 @@ XSEG_TEST(alloc_threads, peaks_of_threads_at_once_stay_within_the_bound) {
    thread: a malloc on pair A reads that nothing is held, pair B defers a
    free (allocation falls, what is held rises: active stays), then A's
    malloc moves its stats without active's look. active_bytes is then 14
-   where its recorded peaks say 10 (the bound of alloc/shards.h); the read
+   where its recorded peaks say 10 (the bound of segments/shards.h); the read
    reports 14, never a peak below the current. With the look
    (xs_stats_held_peak, what A does when it sees the hold) the peak is
    recorded and stays when active falls. */

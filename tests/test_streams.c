@@ -117,7 +117,7 @@ XSEG_TEST(streams, active_peak_counts_pending_and_live_together) {
   XSEG_EXPECT_OK(xseg_free(a, q));
   xt_latch_open(held);
   XSEG_ASSERT_CU(cuStreamSynchronize(s1));
-  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &r));   /* settles p */
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s0, &r));   /* completes p */
   XSEG_EXPECT_OK(xseg_free(a, r));
   s = at_stats(a);
   XSEG_EXPECT_EQ(s.active.current, 0);

@@ -1,11 +1,11 @@
 /* shards.c: sums and exact peaks of the statistics' shards (see
- * alloc/shards.h for the scheme and its bound with several threads).
+ * segments/shards.h for the scheme and its bound with several threads).
  */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "alloc/shards.h"
+#include "segments/shards.h"
 
 void xs_stats_group_init(xs_stats_group *g) {
   memset(g, 0, sizeof *g);
@@ -27,12 +27,12 @@ static void shards_fold_val(xs_gauge_val *into, xs_gauge_val *from) {
   into->allocated += from->allocated;
 }
 
-/* Whether shard s holds anything back (segments/stats.h, unposted): the
+/* Whether shard s holds anything back (segments/stats.h, owed): the
    first such kind and gauge in *kind and *gauge when asked. */
 static bool shards_held_back(const xs_stats *s, int *kind, int *gauge) {
   for (int k = 0; k < 2; k++)
     for (int gg = 0; gg < XS_GAUGE_COUNT; gg++)
-      if (xs_gv_get(&s->unposted[k][gg]) != 0) {
+      if (xs_gv_get(&s->owed[k][gg]) != 0) {
         if (kind != NULL) *kind = k, *gauge = gg;
         return true;
       }
@@ -82,7 +82,7 @@ int64_t xs_stats_group_current(const xs_stats_group *g, xs_gauge gauge) {
 static int64_t shards_sum(const xs_stats_group *g, int gauge, int scope) {
   int64_t sum = 0;
   for (xs_stats *s = g->first; s != NULL; s = s->next_shard)
-    sum += xs_stats_cur_posted(s, gauge, scope);
+    sum += xs_stats_cur_true(s, gauge, scope);
   return sum;
 }
 
@@ -96,7 +96,7 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
   xs_lock_take(&g->lock);
   /* s's own current is true: its owner posts what it holds back before
      anything of it can cross. */
-  int64_t cur = xs_stats_cur_posted(s, gauge, scope);
+  int64_t cur = xs_stats_cur_true(s, gauge, scope);
   assert(cur == xs_stats_cur(s, gauge, scope));
   int64_t sum = shards_sum(g, gauge, scope) - cur + top;
   int64_t *peak = &g->peak[scope][gauge];
@@ -119,7 +119,7 @@ void xs_stats_crossed(xs_stats *s, xs_gauge gauge, int scope, int64_t top) {
     int64_t currents = cur, busy = !s->rare;
     for (xs_stats *t = g->first; t != NULL; t = t->next_shard) {
       if (t == s) continue;
-      int64_t c = xs_stats_cur_posted(t, gauge, scope);
+      int64_t c = xs_stats_cur_true(t, gauge, scope);
       xs_gv_set(&xs_stats_val(t, gauge, scope)->peak, c);
       currents += c;
       busy += !t->rare;
@@ -169,15 +169,15 @@ void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
   int64_t count_kind = 0, count_all = 0, bytes_kind = 0, bytes_all = 0;
   int in = kind + 1, out = 2 - kind;          /* the kinds' scopes */
   for (const xs_stats *t = g->first; t != NULL; t = t->next_shard) {
-    int64_t ck = xs_stats_cur_posted(t, XS_GAUGE_allocation, in) +
+    int64_t ck = xs_stats_cur_true(t, XS_GAUGE_allocation, in) +
                  xs_stats_cur(t, XS_GAUGE_active, in);
-    int64_t bk = xs_stats_cur_posted(t, XS_GAUGE_allocated_bytes, in) +
+    int64_t bk = xs_stats_cur_true(t, XS_GAUGE_allocated_bytes, in) +
                  xs_stats_cur(t, XS_GAUGE_active_bytes, in);
     count_kind += ck;
     bytes_kind += bk;
-    count_all += ck + xs_stats_cur_posted(t, XS_GAUGE_allocation, out) +
+    count_all += ck + xs_stats_cur_true(t, XS_GAUGE_allocation, out) +
                  xs_stats_cur(t, XS_GAUGE_active, out);
-    bytes_all += bk + xs_stats_cur_posted(t, XS_GAUGE_allocated_bytes, out) +
+    bytes_all += bk + xs_stats_cur_true(t, XS_GAUGE_allocated_bytes, out) +
                  xs_stats_cur(t, XS_GAUGE_active_bytes, out);
   }
   int64_t *in_kind = g->peak[kind + 1], *in_all = g->peak[XS_STAT_ALL];
@@ -221,7 +221,7 @@ bool xs_stats_group_valid(const xs_stats_group *g, char *msg,
     if (shards_held_back(s, &k, &gg)) {
       snprintf(msg, msg_size, "stats: a shard holds back %lld of gauge %d "
                "of pool %d with every park settled",
-               (long long)xs_gv_get(&s->unposted[k][gg]), gg, k);
+               (long long)xs_gv_get(&s->owed[k][gg]), gg, k);
       return false;
     }
   }

@@ -1,6 +1,7 @@
-/* lock.h: the allocator's mutex, a three-state futex lock (Drepper,
- * "Futexes Are Tricky", mutex 3): 0 free, 1 held, 2 held and maybe waited
- * on.
+/* lock.h: the mutex of the layers above (a pair of pools, the statistics'
+ * shards), a three-state futex lock (Drepper, "Futexes Are Tricky", mutex
+ * 3): 0 free, 1 held, 2 held and maybe waited on. Here, in the lowest
+ * layer, because more than one layer above takes it.
  *
  * Why not pthread_mutex_t: its uncontended lock + unlock costs ~55
  * instructions (callgrind), a third of the cached path's whole budget of
@@ -11,8 +12,8 @@
  * on two shared cores do not burn each other's time. C11 atomics with
  * acquire/release order, so ThreadSanitizer sees the happens-before edges.
  */
-#ifndef XS_ALLOC_LOCK_H
-#define XS_ALLOC_LOCK_H
+#ifndef XS_VMM_LOCK_H
+#define XS_VMM_LOCK_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -40,12 +41,12 @@ static inline void xs_lock_take(xs_lock *l) {
 /* Drops the lock; false when a waiter may sleep on it: the caller must
    then call xs_lock_wake (xs_lock_drop does both). Lets a caller keep the
    call to xs_lock_wake out of its common path. */
-static inline bool xs_lock_drop_unwoken(xs_lock *l) {
+static inline bool xs_lock_drop_wake_later(xs_lock *l) {
   return atomic_fetch_sub_explicit(&l->state, 1, memory_order_release) == 1;
 }
 
 static inline void xs_lock_drop(xs_lock *l) {
-  if (!xs_lock_drop_unwoken(l)) xs_lock_wake(l);
+  if (!xs_lock_drop_wake_later(l)) xs_lock_wake(l);
 }
 
-#endif /* XS_ALLOC_LOCK_H */
+#endif /* XS_VMM_LOCK_H */

@@ -31,12 +31,12 @@
  * cached path gets its current plus an even share, and the allocator's
  * own shard (`rare`: moved only with every lock held) its current alone.
  * With one pair its thresholds are the peaks themselves, as before
- * sharding; two threads on two streams settle after a few crossings.
+ * sharding; two threads on two streams steady after a few crossings.
  */
-#ifndef XS_ALLOC_SHARDS_H
-#define XS_ALLOC_SHARDS_H
+#ifndef XS_SEGMENTS_SHARDS_H
+#define XS_SEGMENTS_SHARDS_H
 
-#include "alloc/lock.h"
+#include "vmm/lock.h"
 #include "segments/stats.h"
 
 typedef struct xs_stats_group {
@@ -62,4 +62,4 @@ int64_t xs_stats_group_current(const xs_stats_group *g, xs_gauge gauge);
 bool xs_stats_group_valid(const xs_stats_group *g, char *msg,
                           size_t msg_size);
 
-#endif /* XS_ALLOC_SHARDS_H */
+#endif /* XS_SEGMENTS_SHARDS_H */

@@ -3,7 +3,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "alloc/lock.h"
+#include "vmm/lock.h"
 
 /* A short spin first: the cached path holds the lock for well under a
    microsecond, so a waiter usually gets it without a system call. */

@@ -1,0 +1,26 @@
+/* capture.h: graph capture's private pools (capture.c). Whether a capture
+ * is under way and the thread's capture mode are capture_mode.h's.
+ */
+#ifndef XS_ALLOC_CAPTURE_H
+#define XS_ALLOC_CAPTURE_H
+
+#include "alloc/capture_mode.h"
+#include "alloc/types.h"
+
+/* The private pools that allocations on `stream` go to, or NULL. */
+xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
+                                         struct CUstream_st *stream);
+/* Slow path: an unannounced capture on `stream` (cuStreamGetCaptureInfo)
+   becomes an implicit entry, whose private pools are returned in *out
+   (NULL when the stream does not capture). Context current. */
+xseg_status xs_capture_detect_locked(xseg_allocator *a,
+                                     struct CUstream_st *stream,
+                                     xs_stream_pools **out);
+/* Drops implicit entries whose capture ended. Context current. */
+xseg_status xs_capture_refresh_locked(xseg_allocator *a);
+/* Before releasing memory: drops implicit entries whose capture ended and
+   detects unannounced captures on every stream with pools. Context
+   current. */
+xseg_status xs_capture_sweep_locked(xseg_allocator *a);
+
+#endif /* XS_ALLOC_CAPTURE_H */

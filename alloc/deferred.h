@@ -1,0 +1,68 @@
+/* deferred.h: frees that wait on work recorded on other streams: queued
+ * behind events, per pair (deferred.c). The completion of every free that
+ * waits is frees.h's.
+ */
+#ifndef XS_ALLOC_DEFERRED_H
+#define XS_ALLOC_DEFERRED_H
+
+#include "alloc/types.h"
+#include "alloc/pairs.h"
+
+/* Deferred frees (deferred.c). xseg_free of a block with recorded streams:
+   parks it pending. Fails (block still live, nothing changed) only when
+   the events cannot be recorded or host memory runs out. */
+xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
+/* A pending block that waited on something else (other processes holding
+   it, alloc/ipc_export.c) now waits on its recorded streams: parked until
+   the next completion of pending frees records their events. Fails only on
+   host OOM (the block is then unchanged). */
+xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
+/* Frees every pending block whose events fired; `wait` blocks on them
+   (cuEventSynchronize). Records the events of frees made during a capture
+   once none is under way; does nothing while one is. Enters the context. */
+xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
+/* Queued or parked, every pending free is counted in pending_blocks: one
+   load on the cached path. */
+static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
+  return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) != 0;
+}
+/* Block b becomes pending (+1) or stops being (-1), its pair's lock
+   held. */
+static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
+                                          int sign) {
+  atomic_size_t *own = &xs_pools_of(b->seg->pool)->n_pending;
+  atomic_store_explicit(own, atomic_load_explicit(own, memory_order_relaxed) +
+                                 (size_t)(ptrdiff_t)sign,
+                        memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->pending_blocks, (size_t)(ptrdiff_t)sign,
+                            memory_order_relaxed);
+  atomic_fetch_add_explicit(&a->pending_bytes, sign * (int64_t)b->size,
+                            memory_order_relaxed);
+}
+/* Whether every pending block is pair sp's (its lock held). */
+static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
+                                             const xs_stream_pools *sp) {
+  return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
+         atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+}
+/* The cached malloc's share of PyTorch's process_events for the other
+   streams' pairs, pair sp's lock held (deferred.c): each one with pending
+   frees is taken by a try of its lock (never a wait, so the lock order
+   holds) and polls its own. True when every pending block is then
+   accounted for, each still waiting on its events; false (the malloc
+   takes every lock and completes them all) when a pair was busy, or
+   pending blocks sit in pairs the stream index lacks (private pools). */
+bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp);
+/* The cross-stream free of live block b (recorded streams, not shared)
+   with its pair's lock held and no capture under way (the cached path:
+   deferred.c): queued behind an event on each of its streams, pending.
+   Fails (block still live, nothing changed) only when the events cannot
+   be recorded or host memory runs out. Enters the context. */
+xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b);
+/* Frees the pending blocks of pair sp whose events fired (queries only),
+   its lock held and no capture under way (the cached malloc, as PyTorch's
+   process_events), its parked blocks merged first; nothing when none is
+   queued. A failed query leaves them waiting. Enters the context. */
+void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp);
+
+#endif /* XS_ALLOC_DEFERRED_H */

@@ -1,0 +1,325 @@
+/* free.c: the public entry point xseg_free, its cached path and its slow
+ * path (malloc is alloc.c's).
+ *
+ * The cached free finds the block's pair from the thread's last malloc or
+ * from the range table (ranges.h), takes that pair's lock alone and gives
+ * the block back to its pool, or parks it where merging would only undo
+ * its split (lazy merging, segments/pool.h, park.h); a block used on
+ * other streams goes pending behind their events (deferred.c). A pointer
+ * the pair does not know, a shared block or the slow flag go the slow way,
+ * with every lock (enter.h).
+ */
+#include <assert.h>
+
+#include "alloc/account.h"
+#include "alloc/deferred.h"
+#include "alloc/enter.h"
+#include "alloc/ipc.h"
+#include "alloc/pairs.h"
+#include "alloc/park.h"
+#include "alloc/ranges.h"
+#include "alloc/thread.h"
+#include "vmm/error.h"
+
+/* A block of pair sp whose last use is over: stamped, and traced when
+   `slow` (tracing sends the cached path the slow way, pairs.c). `t`: the
+   calling thread's xs_pairs_tls (one access for a caller that has it). */
+static inline __attribute__((always_inline)) void alloc_stamp(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_block *b,
+    bool slow) {
+  assert(slow || a->trace.cap == 0);
+  if (slow)
+    xs_pair_stamp(a, sp, b);
+  else
+    b->free_epoch = xs_pair_tick(t, sp);
+}
+
+/* Parks b, freed, in its pool p (of `kind`, given apart as in
+   alloc_release_plain; lazy merging): stamped and traced as
+   xs_pair_give_block does, merged later; its pointer-table entry stays
+   (types.h, n_parked). Its free and merge count in the stats later
+   (park_stats), what they hold back published while other pairs' crossings
+   could read the shard (park.h, xs_park_owe). False when
+   holding them back would hide a rise above a threshold: the caller
+   counts them at once (xs_park_owed_pay), once it is parked. */
+static inline __attribute__((always_inline)) bool alloc_park(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_pool_kind kind, xs_block *b, bool slow) {
+  alloc_stamp(a, t, sp, b, slow);
+  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1);
+  xs_pool_park(p, b);
+  sp->n_parked++;
+  return held;
+}
+
+/* A live block's free that needs nothing outside its pair (no recorded
+   streams, not shared): back to its pool p (of `kind`, given apart so
+   that a caller that knows it at compile time folds it), or parked (true:
+   its entry in the pair's pointer table must stay, or be put back).
+   `slow`: with every lock held, the only way traced. `t`: the calling
+   thread's xs_pairs_tls (alloc_stamp). */
+static inline __attribute__((always_inline)) bool alloc_release_plain(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_pool_kind kind, xs_block *b, bool slow) {
+  assert(b->seg->pool == p && p->kind == kind);
+  /* Looked at once, before the stores that the compiler cannot tell from
+     the neighbours'. */
+  unsigned merges = xs_pool_merges(b);
+  if (merges != XS_MERGE_NEXT) {          /* not parkable */
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+    alloc_stamp(a, t, sp, b, slow);
+    if (merges == 0)
+      xs_pool_give_alone(p, &sp->stats, kind, b);
+    else
+      xs_pool_give(p, b);
+    return false;
+  }
+  /* A merge that would pass a threshold unseen counts now, crossing. */
+  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
+    xs_park_owed_pay(sp);
+  return true;
+}
+
+/* The one way a block stops being live. A block used on other streams
+   (xseg_record_stream) waits, pending, until the work they had queued at
+   this free is done (deferred.c); any other goes back to its pool at once,
+   where its own stream may reuse it (stream order makes that safe), or is
+   parked there (*parked: its pointer-table entry goes back). */
+static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
+                                              bool *parked) {
+  XS_ASSERT_LOCKED(a);
+  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
+                  b->stream);
+  xs_pool *p = b->seg->pool;
+  *parked = false;
+  /* Its pool's parked block merges first, as at its own free. */
+  xs_park_settle_pool(p);
+  if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
+    /* Shared or deferred frees may look at other pools: none parked. */
+    xs_park_settle_all_locked(a);
+    /* Exported and held by another process: pending until it lets go. */
+    if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
+    if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
+  }
+  *parked = alloc_release_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
+                                b, true);
+  return XSEG_OK;
+}
+
+/* The cached free of live block b, used on other streams, `slot` in the
+   pointer table of pair sp, whose lock is held and dropped here: pending
+   behind their events, its entry out of the table, unless recording them
+   fails (its status, nothing changed). The pair's parked blocks merge
+   first, as completions may give blocks back to their pools. Out of line:
+   the plain free's registers stay few. */
+static __attribute__((noinline)) xseg_status alloc_free_deferred(
+    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
+  if (sp->n_parked != 0) {
+    xs_park_settle_pair(sp);                 /* entries after b's may move */
+    slot = xs_ptrtable_find(&sp->live, b->addr);
+  }
+  xseg_status st = xs_alloc_defer_free_pair(a, b);
+  if (st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
+  xs_pair_drop(sp);
+  xs_alloc_debug_after_cached(a);
+  return st;
+}
+
+/* The cached free of live block b of pool p, which has a parked block,
+   its park counted already. A free in reverse order of allocation (b
+   parkable, the parked block its next neighbour) parks b in the parked
+   block's place, merged with it (xs_pool_park_onto), b's free counted at
+   once: SIZE_MAX, b freed (the parked block's entry left the table; b
+   keeps its own). Else the parked block settles first, its entry leaving
+   the table: b's slot, which may have moved. Out of line: the plain
+   free's registers stay few. */
+static __attribute__((noinline)) size_t alloc_free_beside_parked(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_block *b) {
+  assert(sp->park_stats == NULL && "the last park counted first");
+  if (p->parked != b->next || !xs_pool_parkable(b)) {
+    xs_park_settle_pool(p);
+    return xs_ptrtable_find(&sp->live, b->addr);
+  }
+  xs_ptrtable_remove_at(&sp->live,
+                        xs_ptrtable_find(&sp->live, p->parked->addr));
+  xs_alloc_account_free(&sp->stats, p->kind, b->size, b->requested);
+  alloc_stamp(a, t, sp, b, false);
+  xs_pool_park_onto(p, b);
+  return SIZE_MAX;
+}
+
+/* The cached free of the block in `slot` of the pair's pointer table
+   (SIZE_MAX: not a block of the pair), pair lock held, not used on other
+   streams (alloc_free_pair sends those to alloc_free_deferred): false
+   (nothing changed) when there is none or its free needs more than the
+   pair. `t` as alloc_release_plain's. */
+static inline __attribute__((always_inline)) bool alloc_free_cached(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
+    size_t slot) {
+  if (slot == SIZE_MAX) return false;
+  xs_block *b = sp->live.slot[slot].block;
+  /* A parked block (freed twice) is the slow path's to report. */
+  if (!b->allocated) return false;
+  assert(b->uses.n == 0);
+  /* The last park's merge counts before this free's moves. */
+  xs_park_owed_pay(sp);
+  /* Tracing sends the cached path the slow way (pairs.c). */
+  assert(a->trace.cap == 0);
+  xs_pool *p = b->seg->pool;
+  if (__builtin_expect(p->parked != NULL, 0)) {
+    slot = alloc_free_beside_parked(a, t, sp, p, b);
+    if (slot == SIZE_MAX) return true;
+  }
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  bool parked =
+      p->kind == XS_POOL_SMALL
+          ? alloc_release_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
+          : alloc_release_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
+  if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
+  return true;
+}
+
+/* xseg_free with every lock: after the cached path declined, or when it
+   may not run. */
+static __attribute__((noinline)) xseg_status alloc_free_locked(
+    xseg_allocator *a, void *ptr) {
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  xs_alloc_enter(a);
+  size_t slot;
+  xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
+  if (b == NULL) {
+    xs_alloc_leave(a);
+    return xs_error(XSEG_ERR_UNKNOWN_POINTER,
+                    "xseg_free(%p): not a live block of the allocator of "
+                    "device %d (never allocated here, already freed, or not "
+                    "the start of a block)", ptr, a->vmm.device);
+  }
+  xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
+  xs_ptrtable_remove_at(live, slot);
+  bool parked;
+  xseg_status st = alloc_release_block_locked(a, b, &parked);
+  if (st != XSEG_OK || parked) {
+    /* Still live, as the caller sees it, or parked: back in the table,
+       where the slot just freed leaves room. */
+    xs_ptrtable_add(live, b);
+  }
+  xs_alloc_leave(a);
+  return st;
+}
+
+/* Where the cached free finds addr in pair sp's pointer table, pair lock
+   held: SIZE_MAX when absent or when the cached path may not run. */
+static inline size_t alloc_free_slot(const xseg_allocator *a,
+                                     const xs_stream_pools *sp,
+                                     uint64_t addr) {
+  return xs_pair_cached_on(a, sp)
+             ? xs_ptrtable_find(&sp->live, addr)
+             : SIZE_MAX;
+}
+
+/* The repeated size's free: the block at addr of the pair's small pool
+   that the pool parked and took back last (xs_pool_parkable_again: live,
+   parkable, used on no other stream, found without the pointer table),
+   with no park uncounted, so that it is parked with its free and merge
+   counted later (alloc_park), keeping its table entry, and no gauge
+   moves. Pair lock held. NULL when it does not apply: alloc_free_held
+   then does what it would. */
+static inline __attribute__((always_inline)) xs_block *alloc_park_again(
+    xs_stream_pools *sp, uint64_t addr) {
+  xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
+  if (b == NULL || sp->park_stats != NULL) return NULL;
+  /* Recording a use forgets the block (deferred.c, record_use). */
+  assert(b->uses.n == 0 && xs_ptrtable_get(&sp->live, addr) == b);
+  return b;
+}
+
+/* The repeated size's park when holding its stats back would hide a rise
+   above a threshold (alloc_park): they count now; the pair lock drops. */
+static __attribute__((noinline, cold)) xseg_status alloc_park_pay_now(
+    xseg_allocator *a, xs_stream_pools *sp) {
+  xs_park_owed_pay(sp);
+  xs_pair_drop(sp);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
+/* A free with pair sp's lock held (nothing else), the block in `slot` of
+   its pointer table (alloc_free_slot): the cached path
+   (alloc_free_cached), else every lock. `t`: the calling thread's
+   xs_pairs_tls. */
+static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, void *ptr,
+    size_t slot) {
+  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
+  if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
+    return alloc_free_deferred(a, sp, b, slot);
+  bool done = alloc_free_cached(a, t, sp, slot);
+  xs_pair_drop(sp);
+  if (__builtin_expect(done, 1)) {
+    xs_alloc_debug_after_cached(a);
+    return XSEG_OK;
+  }
+  return alloc_free_locked(a, ptr);
+}
+
+/* xseg_free's every case but the repeated size's. */
+static __attribute__((noinline)) xseg_status alloc_free_any(
+    xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
+    if (a == NULL)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_free(%p): allocator "
+                      "is NULL", ptr);
+    return XSEG_OK;                         /* as free(NULL) */
+  }
+  uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* The slow flag up (a hint, read without the lock): every lock at
+     once, not the pair's first. */
+  xs_stream_pools *sp =
+      xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
+  if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
+  xs_pair_take(sp);
+  return alloc_free_pair(a, xs_pairs_self(), sp, ptr,
+                         alloc_free_slot(a, sp, addr));
+}
+
+/* A free with pair sp's lock held, sp the thread's last (not the repeated
+   size's): alloc_free_pair when the block is one of the pair's, else the
+   range table decides (alloc_free_any). Out of line: xseg_free then makes
+   no call but tail calls, and keeps its values in scratch registers (its
+   arguments first, as alloc_malloc_pair's). */
+static __attribute__((noinline)) xseg_status alloc_free_held(
+    xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
+  size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
+  if (__builtin_expect(slot != SIZE_MAX, 1))
+    return alloc_free_pair(a, t, sp, ptr, slot);
+  /* Another pair's block, or none. */
+  xs_pair_drop(sp);
+  return alloc_free_any(a, ptr);
+}
+
+/* The pair of the thread's last malloc first (the block's, when a stream
+   frees what it allocated), its lock free: the repeated size's park
+   (alloc_park_again), else alloc_free_held with that lock. Anything else
+   goes by the range table (alloc_free_any). */
+xseg_status xseg_free(xseg_allocator *a, void *ptr) {
+  if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
+    xs_pairs_thread *t = xs_pairs_self();
+    xs_stream_pools *sp = t->pair;
+    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
+      xs_block *b = xs_pair_cached_on(a, sp)
+                        ? alloc_park_again(sp, (uint64_t)(uintptr_t)ptr)
+                        : NULL;
+      if (__builtin_expect(b == NULL, 0))
+        return alloc_free_held(a, ptr, sp, t);
+      bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
+                             XS_POOL_SMALL, b, false);
+      if (__builtin_expect(!held, 0)) return alloc_park_pay_now(a, sp);
+      if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
+        return xs_alloc_wake_after_cached(a, sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
+    }
+  }
+  return alloc_free_any(a, ptr);
+}

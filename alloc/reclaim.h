@@ -1,0 +1,39 @@
+/* reclaim.h: giving memory back: guards, retiring aliases, release
+ * passes and garbage collection (reclaim.c, physical.c).
+ */
+#ifndef XS_ALLOC_RECLAIM_H
+#define XS_ALLOC_RECLAIM_H
+
+#include "alloc/types.h"
+
+/* Reclaiming memory (reclaim.c; the guard and retire acts are physical.c's).
+   All need the context current and do nothing (XSEG_OK) while a capture is
+   under way. */
+/* Moves sp's guard towards its newest unsafe free (one query or one
+   event at most; see streams/guard.h). */
+xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
+                                       xs_stream_pools *sp, bool wait);
+/* Unmaps sp's lent aliases whose old work its guard has proven done
+   (segments/release.c). Never between choosing a growth's placement and
+   mapping it: a retired alias merges with unmapped neighbours. */
+xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
+                                        xs_stream_pools *sp);
+/* Advances the guard of every reclaimable pair with unsafe free blocks,
+   and retires what it proved done. */
+xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
+/* Frees a stream must see between taking other streams' memory and giving
+   its own to them (flow.c). */
+#define XS_FLOW_QUIET ((uint64_t)256)
+/* garbage_collection_threshold: releases free granules, oldest free first,
+   until what is mapped is under the threshold's share of the cap. False
+   when it is off or had nothing to do. */
+bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
+
+/* Releases whole free granules of every reclaimable pool until `goal`
+   bytes are gone (SIZE_MAX: all): pending frees processed and guards
+   advanced first, `wait`ing on their events or not (reclaim.c). Nothing
+   while a capture is under way. The context must be current. */
+xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
+                                    bool wait);
+
+#endif /* XS_ALLOC_RECLAIM_H */

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""layers_test.py: tools/layers.py fails where it must.
+
+Builds a small tree of objects laid out as CMake lays out the library's
+(BUILD/CMakeFiles/xseg_<layer>.dir/<layer>/<file>.c.o) with one call up
+the layers (vmm -> segments), one circle between two files of alloc/, one
+call up alloc/'s rooms (base -> entry), one file of alloc/ in no room and
+one include of a higher room's header (pairs -> growth),
+and checks that layers.py reports each one and fails; then that a clean
+tree passes. Usage: tools/layers_test.py [CC]
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CC = sys.argv[1] if len(sys.argv) > 1 else "cc"
+
+BAD = {
+    "vmm/low.c": "int seg_high(void); int vmm_low(void) { return seg_high(); }",
+    "segments/high.c": "int seg_high(void) { return 1; }",
+    "alloc/pairs.c": "int circ_b(void); int circ_a(void) { return circ_b(); }",
+    "alloc/enter.c": "int circ_a(void); int circ_b(void) { return circ_a(); }",
+    "alloc/thread.c": "int entry_top(void); int base_low(void) { return entry_top(); }",
+    "alloc/alloc.c": "int entry_top(void) { return 2; }",
+    "alloc/nowhere.c": "int nowhere(void) { return 3; }",
+    "alloc/ranges.c": '#include "alloc/grow.h"\nint ranges(void) { return 4; }',
+    "alloc/grow.h": "",
+}
+GOOD = {
+    "vmm/low.c": "int vmm_low(void) { return 1; }",
+    "segments/high.c": "int vmm_low(void); int seg_high(void) { return vmm_low(); }",
+    "alloc/thread.c": "int seg_high(void); int base_low(void) { return seg_high(); }",
+    "alloc/alloc.c": "int base_low(void); int entry_top(void) { return base_low(); }",
+}
+
+
+def run(tree):
+    with tempfile.TemporaryDirectory() as top:
+        repo, build = os.path.join(top, "repo"), os.path.join(top, "build")
+        for path, text in tree.items():
+            src = os.path.join(repo, path)
+            os.makedirs(os.path.dirname(src), exist_ok=True)
+            with open(src, "w") as f:
+                f.write(text + "\n")
+        for path in tree:
+            if not path.endswith(".c"):
+                continue
+            src = os.path.join(repo, path)
+            layer = path.split("/")[0]
+            obj = os.path.join(build, "CMakeFiles", f"xseg_{layer}.dir",
+                               path + ".o")
+            os.makedirs(os.path.dirname(obj), exist_ok=True)
+            subprocess.run([CC, "-I", repo, "-c", src, "-o", obj], check=True)
+        r = subprocess.run([sys.executable, os.path.join(HERE, "layers.py"),
+                            build, "--repo", repo],
+                           capture_output=True, text=True)
+        return r.returncode, r.stdout
+
+
+def main():
+    failed = 0
+    rc, out = run(BAD)
+    print(out, end="")
+    for want in ["upward call: vmm/low.c -> segments/high.c: seg_high",
+                 "circle: alloc/enter.c alloc/pairs.c",
+                 "upward call: alloc/thread.c -> alloc/alloc.c: entry_top",
+                 "alloc/nowhere.c: in no room of alloc/",
+                 "upward include: alloc/ranges.c (pairs) -> alloc/grow.h "
+                 "(growth)"]:
+        if want not in out:
+            print(f"layers_test: missing: {want}")
+            failed += 1
+    if rc != 1:
+        print(f"layers_test: exit status {rc} on a bad tree, not 1")
+        failed += 1
+    rc, out = run(GOOD)
+    print(out, end="")
+    if rc != 0:
+        print(f"layers_test: exit status {rc} on a clean tree, not 0")
+        failed += 1
+    print("layers_test:", "FAILED" if failed else "ok")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
