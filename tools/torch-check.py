@@ -21,6 +21,12 @@ XSEG_LIBRARY / XSEG_TORCH_LIBRARY, as python/xseg_torch.py finds them).
    snapshot            _record_memory_history + _dump_snapshot, the pickle
                        opened by torch.cuda._memory_viz (segsum, trace,
                        trace_plot)
+   mp_*                torch.multiprocessing through xseg's IPC
+                       (tools/torch_check_mp.py): dtypes and views over an
+                       mp.Queue, the producer deleting first, a consumer
+                       killed, a relay to a third process; then the median
+                       cost of sharing, opening and closing a 1 MiB tensor,
+                       native against xseg, each in a process of its own
 2. Side by side, each allocator in its own process (the allocator cannot
    change once CUDA is initialised): PyTorch native,
    expandable_segments:True, backend:cudaMallocAsync and xseg, on live
@@ -61,7 +67,7 @@ def run_worker(allocator, task, quick, timeout):
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
     env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(HERE, "..", "python")] +
+        [os.path.join(HERE, "..", "python"), HERE] +
         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
            task] + (["--quick"] if quick else [])
@@ -137,6 +143,19 @@ def parent(args):
     print("\nCorrectness (xseg installed)\n" +
           format_table(["check", "result", "detail"], rows))
     failed |= any(r[1] != "ok" for r in rows)
+    cost = {a: run_worker(a, "mp_cost", args.quick, args.timeout)
+            for a in ("native", "xseg")}
+    print("\nSharing a 1 MiB CUDA tensor through torch.multiprocessing "
+          "(median us)\n" + format_table(
+              ["allocator", "share", "open", "close"],
+              [[a, "error"] + [""] * 2 if "error" in c else
+               [a] + ["%.1f" % c[k] for k in ("share_us", "open_us",
+                                             "close_us")]
+               for a, c in cost.items()]))
+    for a, c in cost.items():
+        if "error" in c:
+            failed = True
+            print("mp_cost under %s: %s" % (a, c["error"]))
     results = {}
     for workload in args.workloads:
         results[workload] = {a: run_worker(a, "bench:" + workload, args.quick,
@@ -156,7 +175,8 @@ def parent(args):
         print("outputs differ between allocators: %s" % ", ".join(mismatched))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"checks": checks, "bench": results}, f, indent=1)
+            json.dump({"checks": checks, "mp_cost": cost, "bench": results},
+                      f, indent=1)
     print("\n%s" % ("FAILED" if failed else "all passed"))
     return 1 if failed else 0
 
@@ -361,6 +381,11 @@ def worker_checks(torch):
                      ("oom", check_oom), ("stats", check_stats),
                      ("snapshot", check_snapshot)):
         check(results, name, lambda: fn(torch))
+    # torch.multiprocessing through xseg's IPC (tools/torch_check_mp.py):
+    # dtypes and views over an mp.Queue, the producer deleting first, a
+    # consumer killed, a relay to a third process.
+    import torch_check_mp
+    results.update(torch_check_mp.checks(torch))
     import xseg_torch
     check(results, "xseg_check", xseg_torch.check)
     return {"checks": results}
@@ -505,6 +530,10 @@ def worker(args):
     task = args.worker[1]
     if task == "checks":
         result = worker_checks(torch)
+    elif task == "mp_cost":
+        import torch_check_mp
+        torch.cuda.init()
+        result = torch_check_mp.open_close_cost(torch)
     else:
         result = worker_bench(torch, task.split(":", 1)[1], args.quick)
     print("RESULT " + json.dumps(result), flush=True)
