@@ -446,12 +446,9 @@ static void json_deferred(FILE *f, const xb_micro_out *o) {
           d->records_per_free, d->queries_per_free);
 }
 
-static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
-  FILE *f = strcmp(m->cli.json, "-") == 0 ? stdout : fopen(m->cli.json, "w");
-  if (f == NULL) {
-    fprintf(stderr, "xseg-bench micro: cannot write %s\n", m->cli.json);
-    return false;
-  }
+/* Writes the results to f (opened before the run, so that a path that
+   cannot be written fails at once and no run is lost) and closes it. */
+static bool micro_json(const xb_micro *m, const xb_micro_out *o, FILE *f) {
   fprintf(f, "{\n  \"mode\": \"%s\",\n  \"driver\": ",
           m->expandable ? "expandable" : "classic");
   xb_json_string(f, m->env.driver);
@@ -461,8 +458,10 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o) {
   json_threads(f, o);
   json_deferred(f, o);
   fprintf(f, "\n}\n");
-  bool ok = !ferror(f);
+  bool ok = fflush(f) == 0 && !ferror(f);
   if (f != stdout) ok = fclose(f) == 0 && ok;
+  if (!ok) fprintf(stderr, "xseg-bench micro: --json %s: write failed\n",
+                   m->cli.json);
   return ok;
 }
 
@@ -586,14 +585,19 @@ int xb_cmd_micro(int argc, char **argv) {
   m.cli.mode = "expandable";
   int parsed = micro_parse(argc, argv, &m);
   if (parsed <= 0) return parsed == 0 ? 0 : 2;
-  if (!xb_cli_env_open(&m.cli, &m.env)) return 1;
+  FILE *json;
+  if (!xb_cli_json_open(&m.cli, &json)) return 1;
+  if (!xb_cli_env_open(&m.cli, &m.env)) return xb_cli_json_close(json), 1;
   xb_micro_out o = {.n_cached = 0};
   bool ok = run_all(&m, &o);
   if (xb_cli_table_out(&m.cli) == stdout) {   /* not beside --json - */
     print_cached(&o);
     print_rest(&o);
   }
-  if (ok && m.cli.json != NULL) ok = micro_json(&m, &o);
+  if (json != NULL) {
+    if (ok) ok = micro_json(&m, &o, json);
+    else xb_cli_json_close(json);
+  }
   xb_env_close(&m.env);
   return ok ? 0 : 1;
 }

@@ -296,6 +296,21 @@ XSEG_TEST(bench_cli, unwritable_json_fails_before_the_run) {
   captured_release(&c);
 }
 
+/* micro's --json that cannot be written fails before the first round
+   too: nothing runs, nothing is printed. */
+XSEG_TEST(bench_cli, micro_unwritable_json_fails_before_the_run) {
+  char *argv[] = {"micro", "--only", "cached-repeat", "--pairs", "1000",
+                  "--rounds", "1", "--json", "/nonexistent-dir/out.json",
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_captured(xb_cmd_micro, 11, argv);
+  XSEG_ASSERT_TRUE(c.out != NULL && c.err != NULL);
+  XSEG_EXPECT_EQ(c.rc, 1);
+  XSEG_EXPECT_TRUE(strstr(c.err, "--json /nonexistent-dir/out.json: No such "
+                                 "file or directory") != NULL);
+  XSEG_EXPECT_STREQ(c.out, "");
+  captured_release(&c);
+}
+
 /* Help lists what README documents; a bad value is named. */
 XSEG_TEST(bench_cli, help_lists_options_and_errors_name_the_value) {
   char *help[] = {"replay", "--help", NULL};
