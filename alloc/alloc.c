@@ -156,89 +156,55 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   return XSEG_OK;
 }
 
-/* Whether p's parked block, of the request's size, is what settling it
-   and taking the best fit would hand out: the merged block must be one
-   the policy takes and splits, and the best fit (xs_pool_retake_fits).
-   Out of line: once known, the pool keeps the answer until a tree
-   changes (the sizes cannot change before). */
+/* Whether p's top, of the request's size, is what settling the run and
+   taking the best fit would hand out: the merged block must be one the
+   policy takes and splits, and the best fit (xs_pool_retake_fits). Out
+   of line: with the top alone parked, the pool keeps the answer until a
+   tree changes (the sizes cannot change before). */
 static __attribute__((noinline)) bool alloc_retake_fits(
     const xseg_allocator *a, xs_pool *p, size_t rounded) {
-  size_t merged = rounded + p->parked->next->size;
+  size_t merged = (size_t)(xs_block_end(p->park_rest) - p->parked->addr);
   return xs_alloc_fit_takes(a, merged, rounded) &&
          xs_alloc_splits(a, p->kind, merged, rounded) &&
          xs_pool_retake_fits(p);
 }
 
-/* The cached malloc of a size below the parked block of its pool p: the
-   parked block's front, when settling then taking the best fit would cut
-   the same block off the merged block (xs_pool_carve). NULL (nothing
-   changed) otherwise. */
-static __attribute__((noinline)) xs_block *alloc_carve(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, size_t size,
-    size_t rounded, struct CUstream_st *stream) {
-  xs_block *b = p->parked, *rest = b->next;
-  size_t merged = b->size + rest->size;
-  if (!xs_alloc_fit_takes(a, merged, rounded) ||
-      !xs_alloc_splits(a, p->kind, merged, rounded) ||
-      !xs_pool_carve_fits(p, rounded) || !xs_ptrtable_reserve(&sp->live))
-    return NULL;
-  xs_block *spare = xs_blocks_get(p->blocks);
-  if (spare == NULL) return NULL;
-  xs_park_owed_pay(sp);
-  xs_pool_carve(p, rounded, spare);
-  /* The remainder is parked: it keeps an entry as every parked block. */
-  xs_ptrtable_add(&sp->live, spare);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, false,
-                        xs_alloc_has_pending(a), false);
-  return b;
-}
-
-/* The cached malloc with blocks parked (types.h, n_parked): the one of the
-   request's pool when the request is its size and settling then taking
-   the best fit would hand out exactly it, or its front when the request
-   is smaller (alloc_carve). NULL (nothing changed) otherwise: the caller
-   settles and goes the usual way. */
+/* The cached malloc with blocks parked (xs_pair_parked): the top of
+   the request's pool when the request is its size and settling then
+   taking the best fit would hand out exactly it. NULL (nothing changed)
+   otherwise: the caller settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool held) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
-  if (b == NULL) return NULL;
-  /* A carve is tried only where the parked block settles into the free
-     end of the mapped range (a layer's tensors, cut from there in turn):
-     elsewhere a smaller free block usually fits better, and the look
-     would be paid for nothing. */
-  if (b->size != rounded)
-    return b->size > rounded && xs_pool_parked_at_end(b)
-               ? alloc_carve(a, sp, p, size, rounded, stream)
-               : NULL;
+  if (b == NULL || b->size != rounded) return NULL;
   if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
     return NULL;
-  sp->n_parked--;
   /* While another free is held (pending), active = allocation + held may
      pass its peak at a malloc that only restores allocation: no refill
      then, active's peak gets its look. */
-  if (sp->park_stats == p && sp->park_requested == size &&
-      !held && xs_park_cancel_under(sp, kind)) {
+  bool refill = sp->park_stats == p && sp->park_requested == size &&
+                !held && xs_park_cancel_under(sp, kind);
+  if (refill) {
     /* Its free and merge never counted: merge, split, free and malloc
        in one. */
     xs_park_owed_cancel(sp, kind);
-    xs_pool_retake(p, kind, false);
-    alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, false,
-                          true);
-    return b;
+  } else {
+    /* Any park not counted yet (the other pool's, or this one's for
+       another requested size) goes in the stats before this one's
+       moves. */
+    xs_park_owed_pay(sp);
   }
-  /* Any park not counted yet (the other pool's, or this one's for
-     another requested size) goes in the stats before this one's moves. */
-  xs_park_owed_pay(sp);
-  xs_pool_retake(p, kind, true);
+  xs_pool_retake(p, kind, !refill);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
-                        false);
+                        refill);
   return b;
 }
 
-/* The cached malloc's best fit from the free tree (nothing parked): NULL
-   (the slow path's turn) on a miss. */
+/* The cached malloc's best fit from the free tree (nothing parked in
+   the pool, no stats held back): NULL (the slow path's turn) on a
+   miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool held) {
@@ -267,9 +233,26 @@ static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
   return xs_alloc_pending_all_pair(a, sp) || xs_alloc_poll_others(a, sp);
 }
 
+/* The cached malloc from pool `kind` of pair sp: its top taken back
+   (alloc_retake), else its parked blocks settle and the best fit is
+   taken. The other pool's parked blocks stay: only their stats, if held
+   back, count first. */
+static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
+    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    size_t rounded, struct CUstream_st *stream, bool held) {
+  xs_pool *p = &sp->pool[kind];
+  if (p->parked != NULL) {
+    xs_block *b = alloc_retake(a, sp, kind, size, rounded, stream, held);
+    if (b != NULL) return b;
+    xs_park_settle_pool(p);
+  }
+  xs_park_owed_pay(sp);
+  return alloc_cached_fit(a, sp, kind, size, rounded, stream, held);
+}
+
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
    slow path's turn) on a miss. Pending frees of the pair are polled
-   first, then parked blocks are taken back or settled. */
+   first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
@@ -278,23 +261,12 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached(
     if (!alloc_cached_poll(a, sp)) return NULL;
     held = xs_alloc_has_pending(a);
   }
-  if (sp->n_parked != 0) {
-    /* The kind a constant in each copy: the stats' offsets fold. */
-    xs_block *b =
-        xs_alloc_kind(rounded) == XS_POOL_SMALL
-            ? alloc_retake(a, sp, XS_POOL_SMALL, size, rounded, stream,
-                           held)
-            : alloc_retake(a, sp, XS_POOL_LARGE, size, rounded, stream,
-                           held);
-    if (b != NULL) return b;
-    xs_park_settle_pair(sp);
-  }
-  /* The kind a constant in each copy, as above. */
+  /* The kind a constant in each copy: the stats' offsets fold. */
   return xs_alloc_kind(rounded) == XS_POOL_SMALL
-             ? alloc_cached_fit(a, sp, XS_POOL_SMALL, size, rounded, stream,
-                                held)
-             : alloc_cached_fit(a, sp, XS_POOL_LARGE, size, rounded, stream,
-                                held);
+             ? alloc_cached_in(a, sp, XS_POOL_SMALL, size, rounded, stream,
+                               held)
+             : alloc_cached_in(a, sp, XS_POOL_LARGE, size, rounded, stream,
+                               held);
 }
 
 /* xs_config_round_size, with its common case inline: a size whose
@@ -390,7 +362,6 @@ static inline __attribute__((always_inline)) void alloc_retake_again(
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
   alloc_account_refill(&sp->stats, b, k);
-  sp->n_parked--;
   b->stream = stream;
 }
 

@@ -37,7 +37,7 @@ static inline __attribute__((always_inline)) void alloc_stamp(
 /* Parks b, freed, in its pool p (of `kind`, given apart as in
    alloc_release_plain; lazy merging): stamped and traced as
    xs_pair_give_block does, merged later; its pointer-table entry stays
-   (types.h, n_parked). Its free and merge count in the stats later
+   (types.h, `live`). Its free and merge count in the stats later
    (park_stats), what they hold back published while other pairs' crossings
    could read the shard (park.h, xs_park_owe). False when
    holding them back would hide a rise above a threshold: the caller
@@ -45,10 +45,10 @@ static inline __attribute__((always_inline)) void alloc_stamp(
 static inline __attribute__((always_inline)) bool alloc_park(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
+  bool first = p->parked == NULL;      /* read before the stores */
   alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1);
-  xs_pool_park(p, b);
-  sp->n_parked++;
+  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1, first);
+  xs_pool_park(p, b, first);
   return held;
 }
 
@@ -114,7 +114,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
    the plain free's registers stay few. */
 static __attribute__((noinline)) xseg_status alloc_free_deferred(
     xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
-  if (sp->n_parked != 0) {
+  if (xs_pair_parked(sp)) {
     xs_park_settle_pair(sp);                 /* entries after b's may move */
     slot = xs_ptrtable_find(&sp->live, b->addr);
   }
@@ -123,30 +123,6 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
   xs_pair_drop(sp);
   xs_alloc_debug_after_cached(a);
   return st;
-}
-
-/* The cached free of live block b of pool p, which has a parked block,
-   its park counted already. A free in reverse order of allocation (b
-   parkable, the parked block its next neighbour) parks b in the parked
-   block's place, merged with it (xs_pool_park_onto), b's free counted at
-   once: SIZE_MAX, b freed (the parked block's entry left the table; b
-   keeps its own). Else the parked block settles first, its entry leaving
-   the table: b's slot, which may have moved. Out of line: the plain
-   free's registers stay few. */
-static __attribute__((noinline)) size_t alloc_free_beside_parked(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
-    xs_block *b) {
-  assert(sp->park_stats == NULL && "the last park counted first");
-  if (p->parked != b->next || !xs_pool_parkable(b)) {
-    xs_park_settle_pool(p);
-    return xs_ptrtable_find(&sp->live, b->addr);
-  }
-  xs_ptrtable_remove_at(&sp->live,
-                        xs_ptrtable_find(&sp->live, p->parked->addr));
-  xs_alloc_account_free(&sp->stats, p->kind, b->size, b->requested);
-  alloc_stamp(a, t, sp, b, false);
-  xs_pool_park_onto(p, b);
-  return SIZE_MAX;
 }
 
 /* The cached free of the block in `slot` of the pair's pointer table
@@ -167,9 +143,13 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(a->trace.cap == 0);
   xs_pool *p = b->seg->pool;
-  if (__builtin_expect(p->parked != NULL, 0)) {
-    slot = alloc_free_beside_parked(a, t, sp, p, b);
-    if (slot == SIZE_MAX) return true;
+  /* A free beside the top of the run (in reverse order of allocation)
+     parks on it; any other settles the run first, its entries leaving
+     the table: b's slot may move. */
+  if (__builtin_expect(p->parked != NULL, 0) &&
+      (p->parked != b->next || !xs_pool_parkable(b))) {
+    xs_park_settle_pool(p);
+    slot = xs_ptrtable_find(&sp->live, b->addr);
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =

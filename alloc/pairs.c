@@ -202,7 +202,7 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   XS_ASSERT_LOCKED(a);
   assert(sp->private_id != 0 && "a stream's own pair stays (stream index)");
   assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
-  assert(sp->n_parked == 0 && sp->live.count == 0);
+  assert(!xs_pair_parked(sp) && sp->live.count == 0);
   xs_guard_drop(&sp->guard, &a->events);
   /* No pending block without a segment: its queues are empty, and its
      idle events serve the allocator's guards. */
@@ -295,7 +295,7 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
 
 static inline void pairs_settle(xseg_allocator *a) {
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->n_parked != 0) xs_park_settle_pair(sp);
+    xs_park_settle_pair(sp);
 }
 
 void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }

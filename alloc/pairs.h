@@ -54,6 +54,11 @@ static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
                              offsetof(xs_stream_pools, pool));
 }
 
+/* Whether either pool of sp has parked blocks (lazy merging). */
+static inline bool xs_pair_parked(const xs_stream_pools *sp) {
+  return sp->pool[0].parked != NULL || sp->pool[1].parked != NULL;
+}
+
 /* The pair lock alone, for the cached malloc and free: debug builds
    assert the lock order (pairs.c keeps what each thread holds): the
    cached path's pair lock is the calling thread's first (`nth` 1: it

@@ -70,17 +70,20 @@ static inline bool xs_park_cancel_under(const xs_stream_pools *sp,
    the other shards could pass the recorded peak between them with none
    of them crossing, since their thresholds and this one sum to it.
    `kind` is p's, given apart so that a caller that knows it at compile
-   time folds the stats' offsets. */
-static inline bool xs_park_owe(xs_stream_pools *sp, xs_pool *p,
-                                     xs_pool_kind kind, const xs_block *b,
-                                     bool several) {
+   time folds the stats' offsets; `first`: nothing is parked in p yet
+   (xs_pool_park). */
+static inline __attribute__((always_inline)) bool xs_park_owe(
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind, const xs_block *b,
+    bool several, bool first) {
   assert(sp->park_stats == NULL && "the last park counted first");
   assert(p->kind == kind);
   sp->park_stats = p;
   sp->park_requested = b->requested;
   sp->park_owed_published = several;
   if (!several) return true;
-  size_t rest = xs_pool_merge_rest(b), whole = xs_pool_merge_whole(b);
+  const xs_block *last = xs_pool_run_last(p, b, first);
+  size_t rest = xs_pool_merge_rest(b, last);
+  size_t whole = xs_pool_merge_whole(b, last);
   xs_park_owed_publish(&sp->stats, kind, b, b->requested, rest, whole);
   return xs_stats_rise_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
                              kind, (int64_t)whole - (int64_t)rest);
@@ -107,24 +110,24 @@ static inline void xs_park_owed_pay(xs_stream_pools *sp) {
                         sp->park_requested);
   xs_pool_park_stats(p);
 }
-/* Merges p's parked block, if any, as its free would have; its entry
-   leaves the pair's pointer table (entries after it may move). */
+/* Merges p's parked blocks, if any, as their frees would have; their
+   entries leave the pair's pointer table (entries after them may move). */
 static inline void xs_park_settle_pool(xs_pool *p) {
   if (p->parked == NULL) return;
   xs_stream_pools *sp = xs_pools_of(p);
-  size_t slot = xs_ptrtable_find(&sp->live, p->parked->addr);
-  assert(slot != SIZE_MAX && "a parked block keeps its entry");
-  xs_ptrtable_remove_at(&sp->live, slot);
+  for (xs_block *b = p->parked; b != p->park_rest; b = b->next) {
+    size_t slot = xs_ptrtable_find(&sp->live, b->addr);
+    assert(slot != SIZE_MAX && "a parked block keeps its entry");
+    xs_ptrtable_remove_at(&sp->live, slot);
+  }
   xs_park_owed_pay(sp);
   xs_pool_settle(p);
-  sp->n_parked--;
 }
 /* Merges every parked block of sp. */
 static inline void xs_park_settle_pair(xs_stream_pools *sp) {
-  if (sp->n_parked == 0) return;
+  if (!xs_pair_parked(sp)) return;
   xs_park_owed_pay(sp);
   for (int k = 0; k < 2; k++) xs_park_settle_pool(&sp->pool[k]);
-  assert(sp->n_parked == 0);
 }
 /* Merges every parked block (pairs.c). */
 void xs_park_settle_all_locked(xseg_allocator *a);

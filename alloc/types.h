@@ -64,13 +64,12 @@ typedef struct xs_stream_pools {
   xs_stats stats;                     /* its shard of the statistics */
   xs_blocks blocks;                   /* its block struct cache */
   xs_ptrtable live;                   /* its live and parked blocks */
-  /* Pools whose block the cached free parked unmerged (segments/pool.h,
-     lazy merging): the pair's cached malloc and free deal with them,
-     every other entry point settles them all as it takes the locks. A
-     parked block keeps its entry in `live` (not allocated: a free of it
-     is the slow path's) until it settles, so that taking it back costs
-     the table nothing. */
-  size_t n_parked;
+  /* Its pools' blocks the cached free parked unmerged (segments/pool.h,
+     lazy merging: a run of them per pool, xs_pair_parked): the pair's
+     cached malloc and free deal with them, every other entry point
+     settles them all as it takes the locks. A parked block keeps its
+     entry in `live` (not allocated: a free of it is the slow path's)
+     until it settles, so that taking it back costs the table nothing. */
   /* The pool of the last park while neither that free nor its merge is
      in the stats yet, and the parked block's requested size, for its
      free's count. The free of a block taken back at once then moves no

@@ -148,98 +148,85 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
 }
 
 void xs_pool_park_stats(xs_pool *p) {
-  /* xs_pool_coalesce's moves: the rest (a piece: the parked block is
-     before it) unindexed, the merged block indexed. */
-  const xs_block *b = p->parked;
-  pool_split_swap(p, xs_pool_merge_rest(b), xs_pool_merge_whole(b));
-}
-
-void xs_pool_park_onto(xs_pool *p, xs_block *b) {
-  xs_block *parked = p->parked, *rest = parked->next;
-  assert(b->allocated && b->next == parked && xs_pool_parkable(b));
-  /* Settled, the parked block and the rest are one piece (b is before
-     it), which b's give merges into: a whole segment unless either end
-     has a neighbour. */
-  size_t merged_rest = parked->size + rest->size;
-  bool piece = b->prev != NULL || rest->next != NULL;
-  pool_split_swap(p, merged_rest, piece ? b->size + merged_rest : 0);
-  b->allocated = false;
-  b->requested = 0;
-  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
-  p->parked = b;
-  /* The parked block is another, of another size: a retake known for the
-     old one says nothing of it. */
-  xs_pool_trees_changed(p);
+  /* xs_pool_coalesce's moves: what follows the top up to the run's end
+     (a piece: the top is before it) unindexed, the merged block indexed. */
+  const xs_block *b = p->parked, *last = p->park_rest;
+  pool_split_swap(p, xs_pool_merge_rest(b, last),
+                  xs_pool_merge_whole(b, last));
 }
 
 xs_block *xs_pool_settle(xs_pool *p) {
-  xs_block *b = p->parked, *rest = b->next;
+  xs_block *b = p->parked, *rest = p->park_rest;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
   xs_pool_trees_changed(p);
-  /* xs_pool_coalesce's merge, its stats moved by xs_pool_park_stats. */
+  /* xs_pool_coalesce's merges, their stats moved by xs_pool_park_stats
+     at each park. */
   xs_freetree_remove(&p->free, rest);
-  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  xs_block *last;
+  do {
+    last = xs_segment_absorb_next(b->seg, b);
+    xs_blocks_put(p->blocks, last);
+  } while (last != rest);
   xs_freetree_insert(&p->free, b);
   return b;
 }
 
-/* Whether the merged block that p's parked block settles into is the best
-   fit for `size`: the merged block (indexed at the settle, so the newest
+/* Whether the merged block that p's run settles into is the best fit
+   for `size`: the merged block (indexed at the last park, so the newest
    of its size) against the best fit among the other free blocks, which
    is the real best fit unless that is the rest, and then the one after
    it. */
 static bool pool_merged_fits(xs_pool *p, size_t size) {
-  xs_block *b = p->parked, *rest = b->next;
+  xs_block *b = p->parked, *rest = p->park_rest;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   /* The rest alone indexed (a layer's usual case): no other block. */
   if (p->free.count == 1) return true;
   xs_block *other = xs_freetree_best_fit(&p->free, size);
   if (other == rest) other = xs_freetree_larger(&p->free, rest);
   return other == NULL ||
-         xs_freetree_before(&p->free, b->size + rest->size, b->addr, other);
-}
-
-bool xs_pool_carve_fits(xs_pool *p, size_t size) {
-  assert(size < p->parked->size);
-  return pool_merged_fits(p, size);
-}
-
-void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare) {
-  xs_block *b = p->parked;
-  size_t merged = b->size + b->next->size;
-  /* pool_take_split's: the merged block out of inactive_split, the piece
-     left of it in (a piece: the block handed out is before it). */
-  pool_split_swap(p, xs_pool_merge_whole(b), merged - size);
-  xs_segment_split(b->seg, b, size, spare);
-  b->allocated = true;
-  p->parked = spare;
-  /* Another parked block: a retake known for the old one says nothing. */
-  xs_pool_trees_changed(p);
+         xs_freetree_before(&p->free, (size_t)(xs_block_end(rest) - b->addr),
+                            b->addr, other);
 }
 
 bool xs_pool_retake_fits(xs_pool *p) {
-  xs_block *b = p->parked, *rest = b->next;
+  xs_block *b = p->parked, *rest = p->park_rest;
   if (xs_pool_retake_known(p)) return true;
   if (!pool_merged_fits(p, b->size)) return false;
-  /* The split then indexes the rest anew: in a bin it goes first, so a
-     rest that is not its bin's newest would sit elsewhere than where the
-     retake leaves it. */
+  /* Deeper in the run, what follows the top settles later, reindexed as
+     the split would have (nothing else touches the trees before). */
+  if (b->next != rest) return true;
+  /* The top alone: the split then indexes the rest anew. In a bin it goes
+     first, so a rest that is not its bin's newest would sit elsewhere
+     than where the retake leaves it. */
   if (!xs_freetree_fits_at(&p->free, rest, rest->size, rest->addr))
     return false;
   /* Neither the trees nor b's and rest's sizes change until a tree does
      (a block's size changes only out of its tree, or with a neighbour's
      merge or split, which go through the tree). */
   p->retake_known = b;
-  p->retake_piece = xs_pool_parked_merge_split(b);
+  p->retake_piece = xs_pool_run_piece(b, rest);
   return true;
 }
 
-void xs_pool_retake_split_stats(xs_pool *p) {
-  /* pool_take_split's: the merged block out of inactive_split, the rest
-     in. */
+void xs_pool_retake(xs_pool *p, xs_pool_kind kind, bool merge_counted) {
   const xs_block *b = p->parked;
-  pool_split_swap(p, xs_pool_merge_whole(b), xs_pool_merge_rest(b));
+  assert(!b->allocated && !p->park_rest->allocated && p->park_rest->mapped &&
+         kind == p->kind);
+  size_t rest = xs_pool_merge_rest(b, p->park_rest);
+  bool piece = xs_pool_run_piece(b, p->park_rest);
+  if (merge_counted) {
+    /* pool_take_split's: the merged block out of inactive_split, what
+       follows the top in (a piece). */
+    pool_split_swap(p, piece ? rest + b->size : 0, rest);
+  } else {
+    /* The merge's top may be a new peak (no total: those move below). */
+    if (piece)
+      xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
+                      (int64_t)b->size, 0);
+    xs_pool_retake_totals(p->stats, kind, b, piece, rest);
+  }
+  xs_pool_retake_finish(p, b->next == p->park_rest);
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {

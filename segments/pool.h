@@ -47,15 +47,21 @@ typedef struct xs_pool {
      chained through retire_next. */
   xs_block *retiring;
   size_t n_retiring;
-  xs_block *parked;             /* freed, not merged yet (lazy merging) */
-  /* The parked block last found to be the best fit once merged (and
-     taken by the allocator's policy; xs_pool_retake_fits), while neither tree
-     has changed since: the retake then needs no tree walk. Every change
-     of either tree clears it (xs_pool_trees_changed). */
+  /* Lazy merging (below): the run of blocks freed and not merged yet,
+     from its top (the lowest, parked last) to the free block they merge
+     into, which alone of them is in the index. NULL: nothing parked
+     (park_rest is then stale). */
+  xs_block *parked;
+  xs_block *park_rest;
+  /* The top last found to be the best fit once merged (and taken by the
+     allocator's policy; xs_pool_retake_fits) while it was all that was
+     parked, and neither tree has changed since: the retake then needs no
+     tree walk. Every change of either tree clears it
+     (xs_pool_trees_changed). */
   xs_block *retake_known;
   /* Whether the block retake_known merges into is a piece of a larger
-     range (xs_pool_parked_merge_split), found with it: the neighbours
-     that decide it change only through a tree too. */
+     range (xs_pool_run_piece), found with it: the neighbours that decide
+     it change only through a tree too. */
   bool retake_piece;
 } xs_pool;
 
@@ -140,80 +146,89 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    previous one is not, and the next malloc on the pool often asks for the
    same size again: merging then splitting the same two blocks back costs
    two tree updates for nothing. The allocator may instead park such a
-   block (one per pool): free, in no tree, not merged yet. Freed in
-   reverse order of allocation, the block before it joins it
-   (xs_pool_park_onto), and mallocs in the order of allocation cut their
-   blocks off its front (xs_pool_carve): a model's layer of tensors comes
-   and goes without a tree update. The stats must
-   count the merge before anything else moves them (xs_pool_park_stats),
-   or the retake must count merge and split together. Until it is
-   settled the pool breaks block.h's
-   rules for that block alone, so nothing but the retake functions and
-   xs_pool_settle may look at the pool meanwhile (alloc/ settles before any
-   other operation on it, and every pool before anything that looks at
-   more than one). */
+   block: free, in no tree, not merged yet. The block before a parked one
+   parks on top of it in turn (a model's layer of tensors freed in reverse
+   order of allocation), so a pool's parked blocks are one run of address
+   neighbours, `parked` (the top, lowest) to `park_rest` (the free block
+   of the index that they all merge into when they settle). A malloc of
+   the top's size takes the top back when merging the whole run and then
+   taking the best fit would cut exactly the top off it (mallocs in the
+   order of allocation): the layer comes and goes without a tree update
+   or a split. The stats count each park's free and merge as they would
+   have happened (xs_pool_park_stats), or a retake counts merge and split
+   together. Until they settle the pool breaks block.h's rules for the
+   run alone, so nothing but these functions may look at the pool
+   meanwhile (alloc/ settles before any other operation on it, and every
+   pool before anything that looks at more than one). */
 /* Whether live block b's give would merge it with its next neighbour
-   alone. */
+   alone (a parked block counts as free). */
 static inline bool xs_pool_parkable(const xs_block *b) {
   return xs_pool_merges(b) == XS_MERGE_NEXT;
 }
-/* Frees parkable block b without merging it (p->parked: none yet). */
-static inline void xs_pool_park(xs_pool *p, xs_block *b) {
-  assert(b->allocated && xs_pool_parkable(b) && p->parked == NULL);
+/* Whether parkable block b may park: nothing is parked, or b is just
+   before the top of the run. */
+static inline bool xs_pool_may_park(const xs_pool *p, const xs_block *b) {
+  return p->parked == NULL || p->parked == b->next;
+}
+/* The last block of the run that block b heads or joins (the rest, in
+   the index): b's next neighbour when nothing is parked (`first`). */
+static inline const xs_block *xs_pool_run_last(const xs_pool *p,
+                                               const xs_block *b, bool first) {
+  return first ? b->next : p->park_rest;
+}
+/* Frees parkable block b without merging it (xs_pool_may_park): the top
+   of a new run when nothing is parked (`first`: p->parked is NULL, read
+   by the caller, who may know it already), else on top of the run. */
+static inline void xs_pool_park(xs_pool *p, xs_block *b, bool first) {
+  assert(b->allocated && xs_pool_parkable(b) && xs_pool_may_park(p, b) &&
+         first == (p->parked == NULL));
+  if (first) p->park_rest = b->next;
   b->allocated = false;
   b->requested = 0;
   p->parked = b;
 }
-/* Moves the stats as merging p's parked block would. */
-void xs_pool_park_stats(xs_pool *p);
-/* A free in reverse order of allocation: live block b, parkable, whose
-   next neighbour is p's parked block (its stats counted already), takes
-   the parked block's place, merged with it, without the settle's tree
-   update: the tree holds the same blocks as when both are settled (the
-   rest beyond), only the merge into it waits. The stats move as b's give
-   would after the parked block's settle (its free is the caller's); the
-   parked block's struct goes back to the cache (its pointer-table entry
-   is the caller's to remove first). */
-void xs_pool_park_onto(xs_pool *p, xs_block *b);
-/* Merges p's parked block as xs_pool_give would have; returns the merged
-   block, indexed. */
-xs_block *xs_pool_settle(xs_pool *p);
-/* Whether p's parked block, handed out again for a request of its size,
-   is exactly what settling it and then taking the best fit would give:
-   the merged block is the best fit for that size (the caller checks that
-   its policy would take and split it), and the split gives back the
-   block and its neighbour as they are. The answer, when true, is kept
-   (retake_known) until either tree changes, so that a repeated retake of
-   the same block walks no tree. */
-bool xs_pool_retake_fits(xs_pool *p);
-/* Whether a request of `size` bytes, less than p's parked block, would
-   take the merged block once the parked block settles (the caller checks
-   that its policy takes and splits it): the merged block is the best fit
-   for that size. No bin condition, unlike the retake: the rest stays
-   where it is until the remainder settles into it, which reindexes it as
-   the split would have. */
-bool xs_pool_carve_fits(xs_pool *p, size_t size);
-/* Whether parked block b merges into the free block at the end of its
-   segment's mapped part (nothing mapped after it). */
-static inline bool xs_pool_parked_at_end(const xs_block *b) {
-  const xs_block *after = b->next->next;
-  return after == NULL || !after->mapped;
+/* For block b heading or joining a run that ends with `last`
+   (xs_pool_run_last): whether the block it merges into is a piece of a
+   larger range (inactive_split counts it); what inactive_split_bytes
+   counts for what follows b up to `last` (always a piece: b is before
+   it), and for the merged block (0: a whole segment, not a piece). The
+   merge moves the stats from the second to the third, the retake's
+   split back. */
+static inline bool xs_pool_run_piece(const xs_block *b, const xs_block *last) {
+  return b->prev != NULL || last->next != NULL;
 }
-/* Hands out the front `size` bytes of p's parked block
-   (xs_pool_carve_fits; its merge counted already); `spare` becomes the
-   parked remainder, which merges into the rest later. The stats move as
-   the merged block's split. A layer's tensors, freed in reverse order
-   onto the parked block (xs_pool_park_onto), are taken back this way, in
-   order, with no tree update. */
-void xs_pool_carve(xs_pool *p, size_t size, xs_block *spare);
-/* Whether xs_pool_retake_fits is known to hold for p's parked block (the
-   caller's policy then took it too: the sizes are the same as then). */
+static inline size_t xs_pool_merge_rest(const xs_block *b,
+                                        const xs_block *last) {
+  /* b->next starts where b ends: with one block, its size. */
+  return (size_t)(xs_block_end(last) - b->next->addr);
+}
+static inline size_t xs_pool_merge_whole(const xs_block *b,
+                                         const xs_block *last) {
+  return xs_pool_run_piece(b, last) ? (size_t)(xs_block_end(last) - b->addr)
+                                    : 0;
+}
+/* Moves the stats as merging the top of p's run would. */
+void xs_pool_park_stats(xs_pool *p);
+/* Merges p's run into one block of the index, as xs_pool_give would have
+   at each park; returns the merged block. */
+xs_block *xs_pool_settle(xs_pool *p);
+/* Whether the top of p's run, handed out again for a request of its
+   size, is exactly what settling the run and then taking the best fit
+   would give: the merged block is the best fit for that size (the caller
+   checks that its policy would take and split it), and the split gives
+   back the top and what follows as they are. When the top is all that is
+   parked, the answer, when true, is kept (retake_known) until either
+   tree changes, so that a repeated retake of the same block walks no
+   tree. */
+bool xs_pool_retake_fits(xs_pool *p);
+/* Whether xs_pool_retake_fits is known to hold for p's top (the caller's
+   policy then took it too: the sizes are the same as then). */
 static inline bool xs_pool_retake_known(const xs_pool *p) {
   assert(p->parked != NULL);
   return p->retake_known == p->parked;
 }
 /* The block at addr if it is the one p last knew to retake and is live
-   again (not parked), neither tree having changed since:
+   again (nothing parked), neither tree having changed since:
    its neighbours are then as they were when it was parked (a neighbour
    freed, taken, merged or mapped goes through a tree; a free of the block
    itself gives it back to a tree, parks it or leaves it pending), so it
@@ -233,42 +248,16 @@ static inline xs_block *xs_pool_parkable_again(const xs_pool *p,
 static inline void xs_pool_forget_retake(xs_pool *p, const xs_block *b) {
   if (p->retake_known == b) p->retake_known = NULL;
 }
-/* Whether the block the parked one merges into is a piece of a larger
-   range (inactive_split counts it). */
-static inline bool xs_pool_parked_merge_split(const xs_block *b) {
-  return b->prev != NULL || b->next->next != NULL;
-}
-/* xs_pool_parked_merge_split of p's parked block, known to retake. */
+/* xs_pool_run_piece of p's top, known to retake (the top alone parked). */
 static inline bool xs_pool_retake_piece(const xs_pool *p) {
-  assert(xs_pool_retake_known(p) &&
-         p->retake_piece == xs_pool_parked_merge_split(p->parked));
+  assert(xs_pool_retake_known(p) && p->park_rest == p->parked->next &&
+         p->retake_piece == xs_pool_run_piece(p->parked, p->park_rest));
   return p->retake_piece;
 }
-/* What inactive_split_bytes counts when parkable block b merges with its
-   next neighbour, `rest` (always a piece: b is before it), and for the
-   merged block (0: a whole segment, not a piece). The merge moves the
-   stats from the first to the second, the retake's split back. */
-static inline size_t xs_pool_merge_rest(const xs_block *b) {
-  return b->next->size;
-}
-static inline size_t xs_pool_merge_whole(const xs_block *b) {
-  return xs_pool_parked_merge_split(b) ? b->size + b->next->size : 0;
-}
-/* The stats of the retake's split alone, its merge already counted
-   (xs_pool_park_stats). */
-void xs_pool_retake_split_stats(xs_pool *p);
-/* The newer of the two epochs goes to the rest, as the split of the
-   merged block leaves it; the block is handed out. */
-static inline void xs_pool_retake_finish(xs_pool *p) {
-  xs_block *b = p->parked, *rest = b->next;
-  if (b->free_epoch > rest->free_epoch) rest->free_epoch = b->free_epoch;
-  b->allocated = true;
-  p->parked = NULL;
-}
-/* Whether xs_pool_retake(p, kind, false) (p's parked block known to
-   retake) passes no peak: its merge and split then move nothing but the
-   totals of increases. `s` is p's stats and `kind` its kind, given apart
-   so that a caller that knows where they are folds the loads. */
+/* Whether xs_pool_retake(p, kind, false) (p's top known to retake) passes
+   no peak: its merge and split then move nothing but the totals of
+   increases. `s` is p's stats and `kind` its kind, given apart so that a
+   caller that knows where they are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               const xs_stats *s,
                                               xs_pool_kind kind) {
@@ -277,56 +266,54 @@ static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
          xs_stats_rise_under(s, XS_GAUGE_inactive_split_bytes, kind,
                              (int64_t)p->parked->size);
 }
-/* The totals of increases of the retake's merge and split together:
-   every count and byte returns to where it is (the bytes up by b's size
-   in between, when the merged block is a piece), so only the totals move.
-   `s` and `kind` as above. */
-static inline void xs_pool_retake_totals(xs_pool *p, xs_stats *s,
-                                         xs_pool_kind kind) {
-  const xs_block *b = p->parked, *rest = b->next;
-  assert(s == p->stats && kind == p->kind);
+/* The totals of increases of the top's merge and split together: every
+   count and byte returns to where it is (the bytes up by the top's size
+   in between, when the merged block is a piece), so only the totals
+   move. `piece`: xs_pool_run_piece of the top; `rest`: its
+   xs_pool_merge_rest. `s` and `kind` as above. */
+static inline void xs_pool_retake_totals(xs_stats *s, xs_pool_kind kind,
+                                         const xs_block *b, bool piece,
+                                         size_t rest) {
   xs_gauge_val *n = &s->pool[kind][XS_GAUGE_inactive_split];
   xs_gauge_val *bytes = &s->pool[kind][XS_GAUGE_inactive_split_bytes];
-  if (xs_pool_retake_piece(p)) {
+  if (piece) {
     n->allocated += 2;
-    bytes->allocated += (int64_t)(b->size + 2 * rest->size);
+    bytes->allocated += (int64_t)(b->size + 2 * rest);
   } else {
     n->allocated += 1;
-    bytes->allocated += (int64_t)rest->size;
+    bytes->allocated += (int64_t)rest;
   }
 }
-/* Hands p's parked block out again (xs_pool_retake_known). The stats move
-   as the split's, and as the merge's first unless `merge_counted`. `kind`
-   is p's, given apart so that a caller that knows it at compile time
-   folds the stats' offsets. */
-static inline void xs_pool_retake(xs_pool *p, xs_pool_kind kind,
-                                  bool merge_counted) {
-  const xs_block *b = p->parked;
-  assert(xs_pool_retake_known(p) && !b->allocated && !b->next->allocated &&
-         b->next->mapped && kind == p->kind);
-  if (merge_counted) {
-    xs_pool_retake_split_stats(p);
-  } else {
-    /* The merge's top may be a new peak (no total: those move below). */
-    if (xs_pool_retake_piece(p))
-      xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                      (int64_t)b->size, 0);
-    xs_pool_retake_totals(p, p->stats, kind);
-  }
-  xs_pool_retake_finish(p);
+/* The top handed out: the newer of the two epochs goes to what follows
+   it, as the split of the merged block leaves it, and the next block of
+   the run, if any, is the top (`last`: the top was all that was
+   parked). */
+static inline void xs_pool_retake_finish(xs_pool *p, bool last) {
+  xs_block *b = p->parked, *next = b->next;
+  assert(last == (next == p->park_rest));
+  if (b->free_epoch > next->free_epoch) next->free_epoch = b->free_epoch;
+  b->allocated = true;
+  p->parked = last ? NULL : next;
 }
-/* xs_pool_retake(p, kind, false) when xs_pool_retake_under_peaks: the
-   totals of increases alone, and no call (`s` and `kind` as there). The
-   caller checked the peaks; not asserted again here: another pair's
-   crossing may have lowered this shard's thresholds since, a threshold
-   its owner sees late, as segments/shards.h allows. */
+/* Hands p's top out again (xs_pool_retake_fits). The stats move as the
+   split's, and as the merge's first unless `merge_counted`. `kind` is
+   p's, given apart so that a caller that knows it at compile time folds
+   the stats' offsets. */
+void xs_pool_retake(xs_pool *p, xs_pool_kind kind, bool merge_counted);
+/* xs_pool_retake(p, kind, false) of the top known to retake when
+   xs_pool_retake_under_peaks: the totals of increases alone, and no call
+   (`s` and `kind` as there). The caller checked the peaks; not asserted
+   again here: another pair's crossing may have lowered this shard's
+   thresholds since, a threshold its owner sees late, as segments/shards.h
+   allows. */
 static inline void xs_pool_retake_under(xs_pool *p, xs_stats *s,
                                         xs_pool_kind kind) {
-  assert(xs_pool_retake_known(p));
-  xs_pool_retake_totals(p, s, kind);
-  xs_pool_retake_finish(p);
+  const xs_block *b = p->parked;
+  assert(xs_pool_retake_known(p) && s == p->stats && kind == p->kind);
+  /* The top alone is parked: the rest is its neighbour. */
+  xs_pool_retake_totals(s, kind, b, xs_pool_retake_piece(p), b->next->size);
+  xs_pool_retake_finish(p, true);
 }
-
 /* Reserves a new range of `size` bytes mapped in `granule` units. */
 xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
                                 xs_segment **out);

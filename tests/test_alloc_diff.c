@@ -36,8 +36,8 @@ static bool model_binned(int kind, size_t size) {
 }
 
 /* Free block b's stamp as the allocator's bin order has it: the number
-   of older blocks in its bin on top of m's clock (a parked block, merged
-   when settled, goes first: above every bin). */
+   of older blocks in its bin on top of m's clock (a run of parked
+   blocks, merged when settled, goes first: above every bin). */
 static uint64_t model_stamp_of(const model *m, const xs_pool *p,
                                const xs_block *b) {
   if (b == p->parked) return m->clock + (1u << 20);
@@ -67,11 +67,13 @@ static void model_read(xseg_allocator *a, model *m) {
                                   model_stamp_of(m, &sp->pool[k], b),
                                   b->size, b->requested, k, b->allocated,
                                   b->mapped};
-          /* A parked block (lazy merging) is its merge with the next. */
-          if (b == sp->pool[k].parked) {
-            b = b->next;
-            m->b[m->n - 1].size += b->size;
-          }
+          /* A run of parked blocks (lazy merging) is its merge with
+             the rest. */
+          if (b == sp->pool[k].parked)
+            do {
+              b = b->next;
+              m->b[m->n - 1].size += b->size;
+            } while (b != sp->pool[k].park_rest);
         }
   qsort(m->b, m->n, sizeof *m->b, mblock_cmp);
   m->clock += (1u << 20) + 1;   /* past every stamp just given */

@@ -197,9 +197,9 @@ static void lazy_compare(const char *conf, uint64_t seed, bool addresses,
 /* lazy_compare_rolls on a model's layers: a batch of 2..8 tensors of
    sizes in both pools allocated in turn (slots 0, 1, ...) on one stream,
    then freed in reverse order, the same batch a few times over. The
-   frees join the parked block (xs_pool_park_onto) and the mallocs are
-   cut off its front (xs_pool_carve). One batch in four frees only its
-   upper half, and one in four changes a size, so that carves that would
+   frees park on top of each other (segments/pool.h, the run) and the
+   mallocs take the top back in turn. One batch in four frees only its
+   upper half, and one in four changes a size, so that retakes that would
    hand out another block than the best fit are refused as well. */
 static void lazy_compare_layers(const char *conf, uint64_t seed,
                                 int n_streams) {
