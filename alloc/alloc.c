@@ -156,17 +156,17 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   return XSEG_OK;
 }
 
-/* Whether p's top, of the request's size, is what settling the run and
-   taking the best fit would hand out: the merged block must be one the
-   policy takes and splits, and the best fit (xs_pool_retake_fits). Out
-   of line: with the top alone parked, the pool keeps the answer until a
-   tree changes (the sizes cannot change before). */
-static __attribute__((noinline)) bool alloc_retake_fits(
-    const xseg_allocator *a, xs_pool *p, size_t rounded) {
+/* Whether p's top, of the request's size (`rounded`), is what settling
+   the run and taking the best fit would hand out: the merged block must
+   be one the policy takes and splits, and the best fit
+   (xs_pool_retake_fits). With the top alone parked, the pool keeps the
+   answer until a tree changes (the sizes cannot change before). */
+static inline __attribute__((always_inline)) bool alloc_retake_fits(
+    const xseg_allocator *a, xs_pool *p, xs_pool_kind kind, size_t rounded) {
+  if (xs_pool_retake_known(p)) return true;
   size_t merged = (size_t)(xs_block_end(p->park_rest) - p->parked->addr);
   return xs_alloc_fit_takes(a, merged, rounded) &&
-         xs_alloc_splits(a, p->kind, merged, rounded) &&
-         xs_pool_retake_fits(p);
+         xs_alloc_splits(a, kind, merged, rounded) && xs_pool_retake_fits(p);
 }
 
 /* The cached malloc with blocks parked (xs_pair_parked): the top of
@@ -179,8 +179,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return NULL;
-  if (!xs_pool_retake_known(p) && !alloc_retake_fits(a, p, rounded))
-    return NULL;
+  if (!alloc_retake_fits(a, p, kind, rounded)) return NULL;
   /* While another free is held (pending), active = allocation + held may
      pass its peak at a malloc that only restores allocation: no refill
      then, active's peak gets its look. */
@@ -196,7 +195,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
        moves. */
     xs_park_owed_pay(sp);
   }
-  xs_pool_retake(p, kind, !refill);
+  xs_pool_retake(p, &sp->stats, kind, !refill);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
                         refill);
   return b;

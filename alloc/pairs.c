@@ -300,6 +300,15 @@ static inline void pairs_settle(xseg_allocator *a) {
 
 void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
+void xs_park_owed_pay_now(xs_stream_pools *sp) {
+  xs_pool *p = sp->park_stats;
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  if (p->kind == XS_POOL_SMALL)
+    xs_park_owed_pay_kind(sp, p, XS_POOL_SMALL);
+  else
+    xs_park_owed_pay_kind(sp, p, XS_POOL_LARGE);
+}
+
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
 void xs_pairs_sort_by_use_locked(xseg_allocator *a) {

@@ -101,14 +101,17 @@ static inline void xs_park_owed_cancel(xs_stream_pools *sp,
 }
 /* Counts sp's last park (its free, then its merge) in the stats, if it
    is not yet: what it held back is cleared as at a take-back, then the
-   currents move. */
-static inline void xs_park_owed_pay(xs_stream_pools *sp) {
-  xs_pool *p = sp->park_stats;
-  if (p == NULL) return;
-  xs_park_owed_cancel(sp, p->kind);
-  xs_alloc_account_free(&sp->stats, p->kind, p->parked->size,
+   currents move (the pool's kind given apart, as xs_park_owe's). */
+static inline __attribute__((always_inline)) void xs_park_owed_pay_kind(
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+  xs_park_owed_cancel(sp, kind);
+  xs_alloc_account_free(&sp->stats, kind, p->parked->size,
                         sp->park_requested);
-  xs_pool_park_stats(p);
+  xs_pool_park_stats(p, &sp->stats, kind);
+}
+void xs_park_owed_pay_now(xs_stream_pools *sp);
+static inline void xs_park_owed_pay(xs_stream_pools *sp) {
+  if (sp->park_stats != NULL) xs_park_owed_pay_now(sp);
 }
 /* Merges p's parked blocks, if any, as their frees would have; their
    entries leave the pair's pointer table (entries after them may move). */

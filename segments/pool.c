@@ -44,15 +44,11 @@ static size_t pool_split_bytes(const xs_block *b) {
    counted (pool_split_bytes; a block is never empty). */
 static inline __attribute__((always_inline)) void pool_split_swap(
     xs_pool *p, size_t out, size_t in) {
-  /* Both counted (the usual case): the count's -1 then +1 only adds to
-     its total of increases. */
-  if (out != 0 && in != 0)
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated++;
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  if (p->kind == XS_POOL_SMALL)
+    xs_pool_split_swap(p->stats, XS_POOL_SMALL, out, in);
   else
-    xs_stats_swap(p->stats, XS_GAUGE_inactive_split, p->kind, out != 0,
-                  in != 0);
-  xs_stats_swap(p->stats, XS_GAUGE_inactive_split_bytes, p->kind,
-                (int64_t)out, (int64_t)in);
+    xs_pool_split_swap(p->stats, XS_POOL_LARGE, out, in);
 }
 
 /* xs_pool_index and _unindex, inline in the take and the coalesce. */
@@ -147,14 +143,6 @@ xs_block *xs_pool_give(xs_pool *p, xs_block *b) {
   return pool_coalesce(p, b);
 }
 
-void xs_pool_park_stats(xs_pool *p) {
-  /* xs_pool_coalesce's moves: what follows the top up to the run's end
-     (a piece: the top is before it) unindexed, the merged block indexed. */
-  const xs_block *b = p->parked, *last = p->park_rest;
-  pool_split_swap(p, xs_pool_merge_rest(b, last),
-                  xs_pool_merge_whole(b, last));
-}
-
 xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = p->park_rest;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
@@ -189,44 +177,19 @@ static bool pool_merged_fits(xs_pool *p, size_t size) {
                             b->addr, other);
 }
 
-bool xs_pool_retake_fits(xs_pool *p) {
+bool xs_pool_retake_fits_among(xs_pool *p) {
   xs_block *b = p->parked, *rest = p->park_rest;
-  if (xs_pool_retake_known(p)) return true;
   if (!pool_merged_fits(p, b->size)) return false;
-  /* Deeper in the run, what follows the top settles later, reindexed as
-     the split would have (nothing else touches the trees before). */
-  if (b->next != rest) return true;
   /* The top alone: the split then indexes the rest anew. In a bin it goes
      first, so a rest that is not its bin's newest would sit elsewhere
-     than where the retake leaves it. */
-  if (!xs_freetree_fits_at(&p->free, rest, rest->size, rest->addr))
+     than where the retake leaves it. (Deeper in the run, what follows
+     the top settles later, reindexed as the split would have: nothing
+     else touches the trees before.) */
+  if (b->next == rest &&
+      !xs_freetree_fits_at(&p->free, rest, rest->size, rest->addr))
     return false;
-  /* Neither the trees nor b's and rest's sizes change until a tree does
-     (a block's size changes only out of its tree, or with a neighbour's
-     merge or split, which go through the tree). */
-  p->retake_known = b;
-  p->retake_piece = xs_pool_run_piece(b, rest);
+  xs_pool_retake_fits_found(p);
   return true;
-}
-
-void xs_pool_retake(xs_pool *p, xs_pool_kind kind, bool merge_counted) {
-  const xs_block *b = p->parked;
-  assert(!b->allocated && !p->park_rest->allocated && p->park_rest->mapped &&
-         kind == p->kind);
-  size_t rest = xs_pool_merge_rest(b, p->park_rest);
-  bool piece = xs_pool_run_piece(b, p->park_rest);
-  if (merge_counted) {
-    /* pool_take_split's: the merged block out of inactive_split, what
-       follows the top in (a piece). */
-    pool_split_swap(p, piece ? rest + b->size : 0, rest);
-  } else {
-    /* The merge's top may be a new peak (no total: those move below). */
-    if (piece)
-      xs_stats_bounce(p->stats, XS_GAUGE_inactive_split_bytes, kind,
-                      (int64_t)b->size, 0);
-    xs_pool_retake_totals(p->stats, kind, b, piece, rest);
-  }
-  xs_pool_retake_finish(p, b->next == p->park_rest);
 }
 
 static xs_segment *pool_segment_new(size_t size, size_t granule) {

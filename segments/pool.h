@@ -118,6 +118,21 @@ static inline __attribute__((always_inline)) void xs_pool_split_stat(
   xs_stats_move(s, XS_GAUGE_inactive_split_bytes, kind,
                 sign * (int64_t)b->size);
 }
+/* inactive_split as a free mapped block counting `out` bytes there (0:
+   not a piece) leaves the index and one counting `in` enters it (a split
+   or merge in place; a block is never empty). `s` and `kind` as
+   above. */
+static inline __attribute__((always_inline)) void xs_pool_split_swap(
+    xs_stats *s, xs_pool_kind kind, size_t out, size_t in) {
+  /* Both counted (the usual case): the count's -1 then +1 only adds to
+     its total of increases. */
+  if (out != 0 && in != 0)
+    s->pool[kind][XS_GAUGE_inactive_split].allocated++;
+  else
+    xs_stats_swap(s, XS_GAUGE_inactive_split, kind, out != 0, in != 0);
+  xs_stats_swap(s, XS_GAUGE_inactive_split_bytes, kind, (int64_t)out,
+                (int64_t)in);
+}
 /* xs_pool_take(p, b, b->size, false). */
 static inline __attribute__((always_inline)) void xs_pool_take_whole(
     xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b) {
@@ -207,8 +222,15 @@ static inline size_t xs_pool_merge_whole(const xs_block *b,
   return xs_pool_run_piece(b, last) ? (size_t)(xs_block_end(last) - b->addr)
                                     : 0;
 }
-/* Moves the stats as merging the top of p's run would. */
-void xs_pool_park_stats(xs_pool *p);
+/* Moves the stats as merging the top of p's run would (`s` and `kind`:
+   p's, given apart as above). */
+static inline __attribute__((always_inline)) void xs_pool_park_stats(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind) {
+  const xs_block *b = p->parked, *last = p->park_rest;
+  assert(s == p->stats && kind == p->kind);
+  xs_pool_split_swap(s, kind, xs_pool_merge_rest(b, last),
+                     xs_pool_merge_whole(b, last));
+}
 /* Merges p's run into one block of the index, as xs_pool_give would have
    at each park; returns the merged block. */
 xs_block *xs_pool_settle(xs_pool *p);
@@ -219,13 +241,30 @@ xs_block *xs_pool_settle(xs_pool *p);
    back the top and what follows as they are. When the top is all that is
    parked, the answer, when true, is kept (retake_known) until either
    tree changes, so that a repeated retake of the same block walks no
-   tree. */
-bool xs_pool_retake_fits(xs_pool *p);
+   tree. Inline for the common case of a layer's run: the rest is the
+   only free block of the pool. */
+static inline void xs_pool_retake_fits_found(xs_pool *p);
+bool xs_pool_retake_fits_among(xs_pool *p);
+static inline bool xs_pool_retake_fits(xs_pool *p) {
+  if (p->free.count != 1) return xs_pool_retake_fits_among(p);
+  xs_pool_retake_fits_found(p);
+  return true;
+}
 /* Whether xs_pool_retake_fits is known to hold for p's top (the caller's
    policy then took it too: the sizes are the same as then). */
 static inline bool xs_pool_retake_known(const xs_pool *p) {
   assert(p->parked != NULL);
   return p->retake_known == p->parked;
+}
+/* xs_pool_retake_fits found the top to fit: kept when it is all that is
+   parked (neither the trees nor the sizes of the top and the rest change
+   until a tree does: a block's size changes only out of its tree, or
+   with a neighbour's merge or split, which go through the tree). */
+static inline void xs_pool_retake_fits_found(xs_pool *p) {
+  xs_block *b = p->parked;
+  if (b->next != p->park_rest) return;
+  p->retake_known = b;
+  p->retake_piece = xs_pool_run_piece(b, p->park_rest);
 }
 /* The block at addr if it is the one p last knew to retake and is live
    again (nothing parked), neither tree having changed since:
@@ -296,10 +335,28 @@ static inline void xs_pool_retake_finish(xs_pool *p, bool last) {
   p->parked = last ? NULL : next;
 }
 /* Hands p's top out again (xs_pool_retake_fits). The stats move as the
-   split's, and as the merge's first unless `merge_counted`. `kind` is
-   p's, given apart so that a caller that knows it at compile time folds
-   the stats' offsets. */
-void xs_pool_retake(xs_pool *p, xs_pool_kind kind, bool merge_counted);
+   split's, and as the merge's first unless `merge_counted`. `s` and
+   `kind` as above. */
+static inline __attribute__((always_inline)) void xs_pool_retake(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind, bool merge_counted) {
+  const xs_block *b = p->parked, *last = p->park_rest;
+  assert(!b->allocated && !last->allocated && last->mapped &&
+         s == p->stats && kind == p->kind);
+  size_t rest = xs_pool_merge_rest(b, last);
+  bool piece = xs_pool_run_piece(b, last);
+  if (merge_counted) {
+    /* The split's: the merged block out of inactive_split, what follows
+       the top in (a piece). */
+    xs_pool_split_swap(s, kind, piece ? rest + b->size : 0, rest);
+  } else {
+    /* The merge's top may be a new peak (no total: those move below). */
+    if (piece)
+      xs_stats_bounce(s, XS_GAUGE_inactive_split_bytes, kind,
+                      (int64_t)b->size, 0);
+    xs_pool_retake_totals(s, kind, b, piece, rest);
+  }
+  xs_pool_retake_finish(p, b->next == last);
+}
 /* xs_pool_retake(p, kind, false) of the top known to retake when
    xs_pool_retake_under_peaks: the totals of increases alone, and no call
    (`s` and `kind` as there). The caller checked the peaks; not asserted
