@@ -183,19 +183,23 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   /* While another free is held (pending), active = allocation + held may
      pass its peak at a malloc that only restores allocation: no refill
      then, active's peak gets its look. */
-  bool refill = sp->park_stats == p && sp->park_requested == size &&
-                !held && xs_park_cancel_under(sp, kind);
+  bool refill = sp->park_stats == p && b->requested == size && !held &&
+                xs_park_cancel_under(sp, kind);
   if (refill) {
-    /* Its free and merge never counted: merge, split, free and malloc
-       in one. */
-    xs_park_owed_cancel(sp, kind);
+    /* Its free and merge never counted: merges, split, free and malloc
+       in one; the top of the merge is where every held-back merge of
+       the pool took inactive_split_bytes, the other pool's held too. */
+    int64_t up = xs_park_held_split_bytes(sp, p);
+    int64_t up_other = xs_park_held_split_bytes(sp, &sp->pool[!kind]);
+    xs_park_owed_cancel(sp, p, kind);
+    xs_pool_retake_cancelled(p, &sp->stats, kind, up, up_other);
   } else {
-    /* Any park not counted yet (the other pool's, or this one's for
+    /* Every park not counted yet (the other pool's, or this one's for
        another requested size) goes in the stats before this one's
        moves. */
     xs_park_owed_pay(sp);
+    xs_pool_retake_counted(p, &sp->stats, kind);
   }
-  xs_pool_retake(p, &sp->stats, kind, !refill);
   alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
                         refill);
   return b;
@@ -337,15 +341,18 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
      as do the pair's own pending frees, which are polled first. (Read first:
      an atomic load makes the compiler read the pool's fields again.) */
   if (xs_alloc_has_pending(a)) return false;
-  /* A park not counted yet is the parked block's, in p. */
-  if (sp->park_stats != p || sp->park_requested != size) return false;
+  /* The parks not counted yet are the parked block's alone, in p: it is
+     all that is parked (retake_known) and nothing is held in the other
+     pool. */
+  if (sp->park_stats != p || sp->park_first != NULL) return false;
   assert(p->parked != NULL);
+  if (p->parked->requested != size) return false;
   if (!xs_pool_retake_known(p) ||
       !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
       !xs_park_cancel_under(sp, k))
     return false;
   /* So the block is the request's size rounded, without a look: it was
-     handed out last for `size` (park_requested), and retake_known, never
+     handed out last for `size` (its requested size), and retake_known, never
      cleared since, says that no tree changed since the retake that found
      its size to be a request's rounding (alloc_retake); a block handed out
      any other way comes from a tree (alloc_cached_fit), which clears it. */
@@ -357,7 +364,7 @@ static inline __attribute__((always_inline)) void alloc_retake_again(
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
-  xs_park_owed_cancel(sp, k);
+  xs_park_owed_cancel_alone(sp, p, k);
   xs_pool_retake_under(p, &sp->stats, k);
   b->requested = size;
   alloc_account_refill(&sp->stats, b, k);

@@ -38,16 +38,17 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    alloc_release_plain; lazy merging): stamped and traced as
    xs_pair_give_block does, merged later; its pointer-table entry stays
    (types.h, `live`). Its free and merge count in the stats later
-   (park_stats), what they hold back published while other pairs' crossings
-   could read the shard (park.h, xs_park_owe). False when
+   (types.h, park_stats), what they hold back published while other
+   pairs' crossings could read the shard (park.h, xs_park_owe). False when
    holding them back would hide a rise above a threshold: the caller
    counts them at once (xs_park_owed_pay), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
-  bool first = p->parked == NULL;      /* read before the stores */
+  /* Read before the stores, which the compiler cannot tell from them. */
+  bool first = p->parked == NULL, older = sp->park_stats != NULL;
   alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1, first);
+  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1, first, older);
   xs_pool_park(p, b, first);
   return held;
 }
@@ -66,6 +67,8 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
      the neighbours'. */
   unsigned merges = xs_pool_merges(b);
   if (merges != XS_MERGE_NEXT) {          /* not parkable */
+    /* The parks held back count before this free's moves. */
+    xs_park_owed_pay(sp);
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
     alloc_stamp(a, t, sp, b, slow);
     if (merges == 0)
@@ -74,7 +77,10 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
       xs_pool_give(p, b);
     return false;
   }
-  /* A merge that would pass a threshold unseen counts now, crossing. */
+  /* Held back on top of the parks held back already, when their order
+     allows (park.h); a merge that would pass a threshold unseen counts
+     now, crossing. */
+  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
   if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
     xs_park_owed_pay(sp);
   return true;
@@ -138,8 +144,6 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   /* A parked block (freed twice) is the slow path's to report. */
   if (!b->allocated) return false;
   assert(b->uses.n == 0);
-  /* The last park's merge counts before this free's moves. */
-  xs_park_owed_pay(sp);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(a->trace.cap == 0);
   xs_pool *p = b->seg->pool;

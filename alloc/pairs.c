@@ -300,13 +300,37 @@ static inline void pairs_settle(xseg_allocator *a) {
 
 void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
-void xs_park_owed_pay_now(xs_stream_pools *sp) {
-  xs_pool *p = sp->park_stats;
-  /* The kind a constant in each copy: the stats' offsets fold. */
+/* The held-back parks of pool p (of `kind`, a constant in each copy:
+   the stats' offsets fold), oldest first: each one's free, then its
+   merge, as they would have counted at once. */
+static inline __attribute__((always_inline)) void pairs_pay_pool(
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+  const xs_block *last = p->park_rest;
+  for (xs_block *b = sp->park_oldest[kind];; b = b->prev) {
+    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+    b->requested = 0;
+    xs_pool_split_swap(&sp->stats, kind, xs_pool_merge_rest(b, last),
+                       xs_pool_merge_whole(b, last));
+    if (b == p->parked) break;
+  }
+}
+
+static void pairs_pay(xs_stream_pools *sp, xs_pool *p) {
   if (p->kind == XS_POOL_SMALL)
-    xs_park_owed_pay_kind(sp, p, XS_POOL_SMALL);
+    pairs_pay_pool(sp, p, XS_POOL_SMALL);
   else
-    xs_park_owed_pay_kind(sp, p, XS_POOL_LARGE);
+    pairs_pay_pool(sp, p, XS_POOL_LARGE);
+}
+
+void xs_park_owed_pay_now(xs_stream_pools *sp) {
+  if (sp->park_owed_published) {
+    for (int k = 0; k < 2; k++)
+      xs_park_owed_clear(&sp->stats, (xs_pool_kind)k);
+    sp->park_owed_published = false;
+  }
+  if (sp->park_first != NULL) pairs_pay(sp, sp->park_first);
+  pairs_pay(sp, sp->park_stats);
+  sp->park_first = sp->park_stats = NULL;
 }
 
 /* The list in recency order (see the top): an insertion sort, the list

@@ -25,21 +25,26 @@
 #define XS_PARK_GAUGES(X)                                                    \
   X(allocation) X(allocated_bytes) X(requested_bytes) X(inactive_split)     \
   X(inactive_split_bytes)
-/* Publishes what a park of block b (parkable, `requested` asked for) in
-   pool kind k holds back in shard s: each gauge's current less its true
-   value (segments/stats.h, owed). Its merge moves inactive_split from
-   the rest (a piece: `rest` bytes) to the merged block (`whole` bytes, a
-   piece unless 0: a whole segment). */
-static inline void xs_park_owed_publish(xs_stats *s, xs_pool_kind k,
-                                        const xs_block *b, size_t requested,
-                                        size_t rest, size_t whole) {
+/* Adds to what shard s holds back for pool kind k (segments/stats.h,
+   owed: each gauge's current less its true value) what a park of block b
+   (parkable, `requested` asked for) holds back, `sign` -1 taking it off
+   again; `alone`: nothing else is held back (each value is 0), so that
+   they are written, not added to. Its merge moves inactive_split from
+   what follows b (a piece: `rest` bytes) to the merged block (`whole`
+   bytes, a piece unless 0: a whole segment). */
+static inline __attribute__((always_inline)) void xs_park_owed_publish(
+    xs_stats *s, xs_pool_kind k, const xs_block *b, size_t rest,
+    size_t whole, int64_t sign, bool alone) {
   _Atomic int64_t *u = s->owed[k];
-  xs_gv_set(&u[XS_GAUGE_allocation], 1);
-  xs_gv_set(&u[XS_GAUGE_allocated_bytes], (int64_t)b->size);
-  xs_gv_set(&u[XS_GAUGE_requested_bytes], (int64_t)requested);
-  xs_gv_set(&u[XS_GAUGE_inactive_split], 1 - (int64_t)(whole != 0));
-  xs_gv_set(&u[XS_GAUGE_inactive_split_bytes],
-            (int64_t)rest - (int64_t)whole);
+#define XS_PARK_PUBLISH_(gauge, value)                                       \
+  (alone ? xs_gv_set(&u[XS_GAUGE_##gauge], sign * (value))                   \
+         : (void)xs_gv_add(&u[XS_GAUGE_##gauge], sign * (value)))
+  XS_PARK_PUBLISH_(allocation, 1);
+  XS_PARK_PUBLISH_(allocated_bytes, (int64_t)b->size);
+  XS_PARK_PUBLISH_(requested_bytes, (int64_t)b->requested);
+  XS_PARK_PUBLISH_(inactive_split, 1 - (int64_t)(whole != 0));
+  XS_PARK_PUBLISH_(inactive_split_bytes, (int64_t)rest - (int64_t)whole);
+#undef XS_PARK_PUBLISH_
 }
 /* Clears it, before the currents move (a release fence after: a reader
    that sees a moved current sees it cleared). */
@@ -49,10 +54,35 @@ static inline void xs_park_owed_clear(xs_stats *s, xs_pool_kind k) {
 #undef XS_PARK_CLEAR_
   atomic_thread_fence(memory_order_release);
 }
-/* Whether the block parked in pool kind k may be taken back for its own
-   requested size without posting first: its free's gauges, back at their
-   current values, pass no threshold. With one pair nothing else moves
-   the thresholds, so always; with more, another pair's crossing may have
+/* How far the held-back merges of pool p's run raise inactive_split_bytes
+   above its current value (types.h, park_held: the parks from
+   park_oldest[kind] up to the top); 0 when none is held back. Only the
+   top's merge can make a whole segment (nothing is before it), so every
+   other merge adds its block's bytes. */
+static inline int64_t xs_park_held_split_bytes(const xs_stream_pools *sp,
+                                               const xs_pool *p) {
+  if (sp->park_stats != p && sp->park_first != p) return 0;
+  const xs_block *top = p->parked, *last = p->park_rest;
+  const xs_block *oldest = sp->park_oldest[p->kind];
+  return (int64_t)xs_pool_merge_whole(top, last) -
+         (int64_t)(xs_block_end(last) - xs_block_end(oldest));
+}
+/* Whether inactive_split_bytes of pool kind k, `up` above its current
+   value and the other kind's `up_other` above its own, stays at or under
+   both thresholds (xs_stats_rise_under with the other kind's held-back
+   merges). */
+static inline bool xs_park_split_under(const xs_stats *s, xs_pool_kind k,
+                                       int64_t up, int64_t up_other) {
+  const xs_gauge g = XS_GAUGE_inactive_split_bytes;
+  int64_t pt = xs_gv_get(&s->pool[k][g].current) + up;
+  return pt <= xs_gv_get(&s->pool[k][g].peak) &&
+         pt + xs_gv_get(&s->pool[!k][g].current) + up_other <=
+             xs_gv_get(&s->all[g].peak);
+}
+/* Whether the top of pool kind k may be taken back for its own requested
+   size without paying first: its free's gauges, back at their current
+   values, pass no threshold. With one pair nothing else moves the
+   thresholds, so always; with more, another pair's crossing may have
    lowered them to the true values meanwhile. */
 static inline bool xs_park_cancel_under(const xs_stream_pools *sp,
                                         xs_pool_kind k) {
@@ -61,54 +91,87 @@ static inline bool xs_park_cancel_under(const xs_stream_pools *sp,
           xs_stats_rise_under(&sp->stats, XS_GAUGE_allocated_bytes, k, 0) &&
           xs_stats_rise_under(&sp->stats, XS_GAUGE_requested_bytes, k, 0));
 }
-/* Holds back the stats of a park of b in pool p of pair sp (none held
-   back yet): published when other pairs' crossings could read them
-   (`several`). False when they must count at once (xs_park_owed_pay,
-   once b is parked): held back, the merge would raise a true value above
-   the shard's threshold, which only inactive_split_bytes can (by b's
-   size, less the rest's when it makes a whole segment). Hidden there,
-   the other shards could pass the recorded peak between them with none
-   of them crossing, since their thresholds and this one sum to it.
-   `kind` is p's, given apart so that a caller that knows it at compile
-   time folds the stats' offsets; `first`: nothing is parked in p yet
-   (xs_pool_park). */
+/* Whether a park in pool p may hold its stats back: the held-back parks
+   are undone newest first, so they keep the order of their frees in two
+   runs at most, p's the newer: nothing is held back, or p's park is the
+   newest, or only the other pool's are held. */
+static inline bool xs_park_may_hold(const xs_stream_pools *sp,
+                                    const xs_pool *p) {
+  return sp->park_stats == p || sp->park_first == NULL;
+}
+/* Holds back the stats of a park of b in pool p of pair sp, on top of
+   those held back already (xs_park_may_hold): published when other
+   pairs' crossings could read them (`several`); b keeps its requested
+   size until they count. False when they must count at once
+   (xs_park_owed_pay, once b is parked): held back, the merges would
+   raise a true value above the shard's threshold, which only
+   inactive_split_bytes can. Hidden there, the other shards could pass
+   the recorded peak between them with none of them crossing, since their
+   thresholds and this one sum to it. `kind` is p's, given apart so that
+   a caller that knows it at compile time folds the stats' offsets;
+   `first`: nothing is parked in p yet (xs_pool_park); `older`: other
+   parks are held back (park_stats), as the caller read it. */
 static inline __attribute__((always_inline)) bool xs_park_owe(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind, const xs_block *b,
-    bool several, bool first) {
-  assert(sp->park_stats == NULL && "the last park counted first");
-  assert(p->kind == kind);
-  sp->park_stats = p;
-  sp->park_requested = b->requested;
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind, xs_block *b,
+    bool several, bool first, bool older) {
+  assert(xs_park_may_hold(sp, p) && p->kind == kind &&
+         older == (sp->park_stats != NULL));
+  if (sp->park_stats != p) {            /* the first of p's held back */
+    sp->park_first = sp->park_stats;
+    sp->park_stats = p;
+    sp->park_oldest[kind] = b;
+  }
+  /* A pair made or destroyed since the older ones were held back: they
+     were published, or not, for the other case. All count now (the
+     publishing flag up, so that the payment clears what was). */
+  if (older && sp->park_owed_published != several) {
+    sp->park_owed_published = true;
+    return false;
+  }
   sp->park_owed_published = several;
   if (!several) return true;
   const xs_block *last = xs_pool_run_last(p, b, first);
   size_t rest = xs_pool_merge_rest(b, last);
   size_t whole = xs_pool_merge_whole(b, last);
-  xs_park_owed_publish(&sp->stats, kind, b, b->requested, rest, whole);
-  return xs_stats_rise_under(&sp->stats, XS_GAUGE_inactive_split_bytes,
-                             kind, (int64_t)whole - (int64_t)rest);
+  xs_park_owed_publish(&sp->stats, kind, b, rest, whole, 1, !older);
+  if (!older)
+    return xs_park_split_under(&sp->stats, kind,
+                               (int64_t)whole - (int64_t)rest, 0);
+  const xs_gauge g = XS_GAUGE_inactive_split_bytes;
+  return xs_park_split_under(&sp->stats, kind,
+                             -xs_gv_get(&sp->stats.owed[kind][g]),
+                             -xs_gv_get(&sp->stats.owed[!kind][g]));
 }
-/* The take-back of sp's held-back park for its own requested size: the
-   free and the malloc cancel, what was held back is posted as it is (and
-   cleared before any current moves). `kind`: the parked pool's, as
-   above. */
-static inline void xs_park_owed_cancel(xs_stream_pools *sp,
-                                         xs_pool_kind kind) {
-  assert(sp->park_stats != NULL && sp->park_stats->kind == kind);
+/* The take-back of the newest held-back park, the top of pool p (of
+   `kind`, as above), for its own requested size: its free and the malloc
+   cancel, what it held back is taken off what is published. */
+static inline __attribute__((always_inline)) void xs_park_owed_cancel(
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+  const xs_block *top = p->parked;
+  assert(sp->park_stats == p && p->kind == kind);
+  if (sp->park_owed_published) {
+    const xs_block *last = p->park_rest;
+    xs_park_owed_publish(&sp->stats, kind, top, xs_pool_merge_rest(top, last),
+                         xs_pool_merge_whole(top, last), -1, false);
+  }
+  if (top == sp->park_oldest[kind]) {   /* p's last held back */
+    sp->park_stats = sp->park_first;
+    sp->park_first = NULL;
+  }
+}
+/* xs_park_owed_cancel when the top of p is the only park held back: it
+   is the repeated size's, and its stats are all that is published. */
+static inline __attribute__((always_inline)) void xs_park_owed_cancel_alone(
+    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+  (void)p;
+  assert(sp->park_stats == p && sp->park_first == NULL &&
+         sp->park_oldest[kind] == p->parked && p->kind == kind);
   if (sp->park_owed_published) xs_park_owed_clear(&sp->stats, kind);
   sp->park_stats = NULL;
-  sp->park_owed_published = false;
 }
-/* Counts sp's last park (its free, then its merge) in the stats, if it
-   is not yet: what it held back is cleared as at a take-back, then the
-   currents move (the pool's kind given apart, as xs_park_owe's). */
-static inline __attribute__((always_inline)) void xs_park_owed_pay_kind(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
-  xs_park_owed_cancel(sp, kind);
-  xs_alloc_account_free(&sp->stats, kind, p->parked->size,
-                        sp->park_requested);
-  xs_pool_park_stats(p, &sp->stats, kind);
-}
+/* Counts every held-back park (its free, then its merge), in the order
+   of their frees: what they held back is cleared first, then the
+   currents move (pairs.c). */
 void xs_park_owed_pay_now(xs_stream_pools *sp);
 static inline void xs_park_owed_pay(xs_stream_pools *sp) {
   if (sp->park_stats != NULL) xs_park_owed_pay_now(sp);

@@ -70,15 +70,21 @@ typedef struct xs_stream_pools {
      settles them all as it takes the locks. A parked block keeps its
      entry in `live` (not allocated: a free of it is the slow path's)
      until it settles, so that taking it back costs the table nothing. */
-  /* The pool of the last park while neither that free nor its merge is
-     in the stats yet, and the parked block's requested size, for its
-     free's count. The free of a block taken back at once then moves no
-     gauge but the totals of increases (alloc.c, alloc_retake). With more
-     than one pair, what is held back is published in the shard
-     (xs_stats.owed: `park_owed_published`), so that other pairs' crossings
-     sum true values, and a take-back checks the thresholds first. */
+  /* Parks whose free and merge are not in the stats yet (held back,
+     alloc/park.h): the newest parks of at most two runs, in the order of
+     their frees. Those of pool park_stats are the newest, from
+     park_oldest[its kind] up to its top; those of park_first (NULL: none)
+     came before, from park_oldest[its kind] up to its top. Each keeps its
+     requested size for its free's count. A malloc that takes the newest
+     back for its own requested size moves no gauge but the totals of
+     increases (alloc.c, alloc_retake); anything else counts them all
+     first. With more than one pair, what is held back is published in
+     the shard (xs_stats.owed: `park_owed_published`), so that other
+     pairs' crossings sum true values, and a take-back checks the
+     thresholds first. */
   xs_pool *park_stats;
-  size_t park_requested;
+  xs_pool *park_first;
+  xs_block *park_oldest[2];
   bool park_owed_published;
   xs_pool pool[2];                    /* indexed by xs_pool_kind */
   /* The frees of its blocks that wait on work recorded on other streams

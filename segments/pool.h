@@ -169,9 +169,10 @@ xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
    the top's size takes the top back when merging the whole run and then
    taking the best fit would cut exactly the top off it (mallocs in the
    order of allocation): the layer comes and goes without a tree update
-   or a split. The stats count each park's free and merge as they would
-   have happened (xs_pool_park_stats), or a retake counts merge and split
-   together. Until they settle the pool breaks block.h's rules for the
+   or a split. A parked block keeps its requested size for the caller
+   (alloc/park.h), who counts its free and merge as they would have
+   happened, or none of it when the same request takes it back; a retake
+   counts merge and split together. Until they settle the pool breaks block.h's rules for the
    run alone, so nothing but these functions may look at the pool
    meanwhile (alloc/ settles before any other operation on it, and every
    pool before anything that looks at more than one). */
@@ -191,7 +192,8 @@ static inline const xs_block *xs_pool_run_last(const xs_pool *p,
                                                const xs_block *b, bool first) {
   return first ? b->next : p->park_rest;
 }
-/* Frees parkable block b without merging it (xs_pool_may_park): the top
+/* Frees parkable block b without merging it (xs_pool_may_park; its
+   requested size stays, for the caller's stats): the top
    of a new run when nothing is parked (`first`: p->parked is NULL, read
    by the caller, who may know it already), else on top of the run. */
 static inline void xs_pool_park(xs_pool *p, xs_block *b, bool first) {
@@ -199,7 +201,6 @@ static inline void xs_pool_park(xs_pool *p, xs_block *b, bool first) {
          first == (p->parked == NULL));
   if (first) p->park_rest = b->next;
   b->allocated = false;
-  b->requested = 0;
   p->parked = b;
 }
 /* For block b heading or joining a run that ends with `last`
@@ -221,15 +222,6 @@ static inline size_t xs_pool_merge_whole(const xs_block *b,
                                          const xs_block *last) {
   return xs_pool_run_piece(b, last) ? (size_t)(xs_block_end(last) - b->addr)
                                     : 0;
-}
-/* Moves the stats as merging the top of p's run would (`s` and `kind`:
-   p's, given apart as above). */
-static inline __attribute__((always_inline)) void xs_pool_park_stats(
-    xs_pool *p, xs_stats *s, xs_pool_kind kind) {
-  const xs_block *b = p->parked, *last = p->park_rest;
-  assert(s == p->stats && kind == p->kind);
-  xs_pool_split_swap(s, kind, xs_pool_merge_rest(b, last),
-                     xs_pool_merge_whole(b, last));
 }
 /* Merges p's run into one block of the index, as xs_pool_give would have
    at each park; returns the merged block. */
@@ -293,9 +285,9 @@ static inline bool xs_pool_retake_piece(const xs_pool *p) {
          p->retake_piece == xs_pool_run_piece(p->parked, p->park_rest));
   return p->retake_piece;
 }
-/* Whether xs_pool_retake(p, kind, false) (p's top known to retake) passes
-   no peak: its merge and split then move nothing but the totals of
-   increases. `s` is p's stats and `kind` its kind, given apart so that a
+/* Whether xs_pool_retake_cancelled (p's top known to retake, its park the
+   only one held back) passes no peak: its merge and split then move
+   nothing but the totals of increases. `s` is p's stats and `kind` its kind, given apart so that a
    caller that knows where they are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               const xs_stats *s,
@@ -334,32 +326,40 @@ static inline void xs_pool_retake_finish(xs_pool *p, bool last) {
   b->allocated = true;
   p->parked = last ? NULL : next;
 }
-/* Hands p's top out again (xs_pool_retake_fits). The stats move as the
-   split's, and as the merge's first unless `merge_counted`. `s` and
-   `kind` as above. */
-static inline __attribute__((always_inline)) void xs_pool_retake(
-    xs_pool *p, xs_stats *s, xs_pool_kind kind, bool merge_counted) {
+/* Hands p's top out again (xs_pool_retake_fits), the stats of its merge
+   counted already: they move as the split's. `s` and `kind` as above. */
+static inline __attribute__((always_inline)) void xs_pool_retake_counted(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind) {
   const xs_block *b = p->parked, *last = p->park_rest;
   assert(!b->allocated && !last->allocated && last->mapped &&
          s == p->stats && kind == p->kind);
   size_t rest = xs_pool_merge_rest(b, last);
-  bool piece = xs_pool_run_piece(b, last);
-  if (merge_counted) {
-    /* The split's: the merged block out of inactive_split, what follows
-       the top in (a piece). */
-    xs_pool_split_swap(s, kind, piece ? rest + b->size : 0, rest);
-  } else {
-    /* The merge's top may be a new peak (no total: those move below). */
-    if (piece)
-      xs_stats_bounce(s, XS_GAUGE_inactive_split_bytes, kind,
-                      (int64_t)b->size, 0);
-    xs_pool_retake_totals(s, kind, b, piece, rest);
-  }
+  /* The merged block out of inactive_split, what follows the top in (a
+     piece). */
+  xs_pool_split_swap(s, kind, xs_pool_run_piece(b, last) ? rest + b->size : 0,
+                     rest);
   xs_pool_retake_finish(p, b->next == last);
 }
-/* xs_pool_retake(p, kind, false) of the top known to retake when
-   xs_pool_retake_under_peaks: the totals of increases alone, and no call
-   (`s` and `kind` as there). The caller checked the peaks; not asserted
+/* The same when the top's merge was never counted (its free's stats held
+   back and cancelled by the caller): merge and split undone move nothing
+   but the totals of increases, and the peaks see the top of the merge,
+   inactive_split_bytes `up` above its current value (held-back merges
+   raise it) and the other kind's `up_other` above its own. */
+static inline __attribute__((always_inline)) void xs_pool_retake_cancelled(
+    xs_pool *p, xs_stats *s, xs_pool_kind kind, int64_t up,
+    int64_t up_other) {
+  const xs_block *b = p->parked, *last = p->park_rest;
+  assert(!b->allocated && !last->allocated && last->mapped &&
+         s == p->stats && kind == p->kind);
+  if (up > 0)
+    xs_stats_bounce(s, XS_GAUGE_inactive_split_bytes, kind, up, up_other, 0);
+  xs_pool_retake_totals(s, kind, b, xs_pool_run_piece(b, last),
+                        xs_pool_merge_rest(b, last));
+  xs_pool_retake_finish(p, b->next == last);
+}
+/* xs_pool_retake_cancelled of the top known to retake, held back alone,
+   when xs_pool_retake_under_peaks: the totals of increases alone, and no
+   call (`s` and `kind` as there). The caller checked the peaks; not asserted
    again here: another pair's crossing may have lowered this shard's
    thresholds since, a threshold its owner sees late, as segments/shards.h
    allows. */

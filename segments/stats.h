@@ -190,15 +190,17 @@ static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
 }
 
 /* Gauge g of pool `kind` (and of all pools) rose by `up` >= 0 and fell
-   back, its increases adding up to `added` on the way: the current value
-   is unchanged, the peaks see the top (a merge and a split undone in one
-   step, segments/pool.c's xs_pool_retake). */
-static inline void xs_stats_bounce(xs_stats *s, xs_gauge g, xs_pool_kind kind,
-                                   int64_t up, int64_t added) {
+   back, its increases adding up to `added` on the way, while the other
+   kind stood `up_other` above its current value: the current value is
+   unchanged, the peaks see the top (merges and a split undone in one
+   step, segments/pool.h's xs_pool_retake_cancelled). */
+static inline __attribute__((always_inline)) void xs_stats_bounce(
+    xs_stats *s, xs_gauge g, xs_pool_kind kind, int64_t up, int64_t up_other,
+    int64_t added) {
   xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
   p->allocated += added;
   int64_t pt = xs_gv_get(&p->current) + up;
-  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current);
+  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current) + up_other;
   if (pt > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pt);
   if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
 }

@@ -68,9 +68,11 @@ static void model_read(xseg_allocator *a, model *m) {
                                   b->size, b->requested, k, b->allocated,
                                   b->mapped};
           /* A run of parked blocks (lazy merging) is its merge with
-             the rest. */
+             the rest: free (a parked block keeps its requested size
+             while its stats are held back). */
           if (b == sp->pool[k].parked)
             do {
+              m->b[m->n - 1].requested = 0;
               b = b->next;
               m->b[m->n - 1].size += b->size;
             } while (b != sp->pool[k].park_rest);
