@@ -267,6 +267,35 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
                          alloc_free_slot(a, sp, addr));
 }
 
+/* The live block at ptr if it is the one just before the top of p's run,
+   a plain one (not pending, used on no other stream) that may park on
+   it; NULL otherwise. The run's neighbours are the pair's blocks: no
+   pointer-table lookup needed (the block keeps its entry once parked). */
+static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
+  const xs_block *top = p->parked;
+  if (top == NULL) return NULL;
+  xs_block *b = top->prev;
+  if (b == NULL || b->addr != (uint64_t)(uintptr_t)ptr || !b->allocated ||
+      b->pending || b->uses.n != 0 || !xs_pool_parkable(b))
+    return NULL;
+  assert(xs_ptrtable_get(&xs_pools_of((xs_pool *)p)->live, b->addr) == b);
+  return b;
+}
+
+/* Parks b, live, on the top of pool `kind`'s run (alloc_park_onto), as
+   the cached free would; the pair lock drops. */
+static inline __attribute__((always_inline)) xseg_status alloc_park_cached(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
+    xs_pool_kind kind, xs_block *b) {
+  xs_pool *p = &sp->pool[kind];
+  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
+  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, false), 0))
+    xs_park_owed_pay(sp);
+  xs_pair_drop(sp);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
 /* A free with pair sp's lock held, sp the thread's last (not the repeated
    size's): alloc_free_pair when the block is one of the pair's, else the
    range table decides (alloc_free_any). Out of line: xseg_free then makes
@@ -274,6 +303,17 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
    arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_held(
     xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
+  /* A free in reverse order of allocation: the block just before the
+     top of the run parked last (the pool whose parks are held back
+     newest) parks on it, found without the pointer table. */
+  xs_pool *p = sp->park_stats;
+  if (p != NULL && xs_pair_cached_on(a, sp)) {
+    xs_block *b = alloc_park_onto(p, ptr);
+    if (b != NULL)
+      return p->kind == XS_POOL_SMALL
+                 ? alloc_park_cached(a, t, sp, XS_POOL_SMALL, b)
+                 : alloc_park_cached(a, t, sp, XS_POOL_LARGE, b);
+  }
   size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
   if (__builtin_expect(slot != SIZE_MAX, 1))
     return alloc_free_pair(a, t, sp, ptr, slot);
