@@ -115,9 +115,11 @@ static inline __attribute__((always_inline)) bool xs_park_owe(
     xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind, xs_block *b,
     bool several, bool first, bool older) {
   assert(xs_park_may_hold(sp, p) && p->kind == kind &&
-         older == (sp->park_stats != NULL));
+         older == (sp->park_stats != NULL) &&
+         (older || sp->park_first == NULL));
   if (sp->park_stats != p) {            /* the first of p's held back */
-    sp->park_first = sp->park_stats;
+    /* (park_first is NULL already when nothing is held back.) */
+    if (older) sp->park_first = sp->park_stats;
     sp->park_stats = p;
     sp->park_oldest[kind] = b;
   }
