@@ -123,13 +123,9 @@ static inline __attribute__((always_inline)) bool xs_park_owe(
     sp->park_stats = p;
     sp->park_oldest[kind] = b;
   }
-  /* A pair made or destroyed since the older ones were held back: they
-     were published, or not, for the other case. All count now (the
-     publishing flag up, so that the payment clears what was). */
-  if (older && sp->park_owed_published != several) {
-    sp->park_owed_published = true;
-    return false;
-  }
+  /* Pairs come and go with every lock held, which settles every park:
+     the older ones were published, or not, as this one is. */
+  assert(!older || sp->park_owed_published == several);
   sp->park_owed_published = several;
   if (!several) return true;
   const xs_block *last = xs_pool_run_last(p, b, first);

@@ -118,6 +118,49 @@ static char *lazy_stats_json(xseg_allocator *a) {
   return buf;
 }
 
+/* Parks held back while the allocator had one pair are not published
+   for other pairs' crossings: the second pair comes with every lock
+   held, which counts and settles them, and the parks after it are
+   published. Stats and addresses as when every block merges at its free
+   (stats read after every call). */
+XSEG_TEST(alloc_lazy, held_parks_count_when_a_second_pair_comes) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  char *json[2];
+  void *got[2];
+  for (int eager = 0; eager < 2; eager++) {
+    xseg_allocator *a = at_create(NULL);
+    void *x, *y, *z, *w, *again;
+    xseg_stats unused;
+#define LAZY_CALL_(call)                                                     \
+  XSEG_ASSERT_OK(call);                                                      \
+  if (eager) XSEG_ASSERT_OK(xseg_get_stats(a, &unused));
+    LAZY_CALL_(xseg_malloc(a, 4096, NULL, &x))
+    LAZY_CALL_(xseg_malloc(a, 8192, NULL, &y))
+    LAZY_CALL_(xseg_malloc(a, 3 * MiB, NULL, &z))
+    LAZY_CALL_(xseg_free(a, z))            /* held back, one pair */
+    LAZY_CALL_(xseg_free(a, y))            /* held back on top of it */
+    LAZY_CALL_(xseg_malloc(a, 8192, s1, &w))  /* a second pair */
+    LAZY_CALL_(xseg_free(a, x))            /* held back, published */
+    LAZY_CALL_(xseg_malloc(a, 4096, NULL, &again))
+#undef LAZY_CALL_
+    got[eager] = again;
+    XSEG_EXPECT_TRUE(again == x);
+    XSEG_EXPECT_OK(xseg_free(a, w));
+    XSEG_EXPECT_OK(xseg_free(a, again));
+    json[eager] = lazy_stats_json(a);
+    XSEG_EXPECT_OK(xseg_check(a));
+    xseg_destroy(a);
+  }
+  XSEG_ASSERT_TRUE(json[0] != NULL && json[1] != NULL);
+  XSEG_EXPECT_STREQ(json[0], json[1]);
+  XSEG_EXPECT_TRUE(got[0] != NULL && got[1] != NULL);
+  free(json[0]);
+  free(json[1]);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
+
 /* One step of the sequence: free slot `i` if live, else malloc a size
    drawn from a few (so that sizes repeat, and some round to the same
    block size with another requested size) on one of `n_streams`
