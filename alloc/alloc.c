@@ -247,9 +247,10 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
   if (p->parked != NULL) {
     xs_block *b = alloc_retake(a, sp, kind, size, rounded, stream, held);
     if (b != NULL) return b;
-    xs_park_settle_pool(p);
+    xs_park_settle_pool(p);               /* counts what is held back */
+  } else {
+    xs_park_owed_pay(sp);
   }
-  xs_park_owed_pay(sp);
   return alloc_cached_fit(a, sp, kind, size, rounded, stream, held);
 }
 
