@@ -53,6 +53,17 @@ static inline __attribute__((always_inline)) bool alloc_park(
   return held;
 }
 
+/* alloc_park, its stats held back on top of those held back already
+   when their order allows (park.h, xs_park_may_hold), else counted first;
+   a merge that would pass a threshold unseen counts at once, crossing. */
+static inline __attribute__((always_inline)) void alloc_park_held(
+    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xs_pool_kind kind, xs_block *b, bool slow) {
+  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
+  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
+    xs_park_owed_pay(sp);
+}
+
 /* A live block's free that needs nothing outside its pair (no recorded
    streams, not shared): back to its pool p (of `kind`, given apart so
    that a caller that knows it at compile time folds it), or parked (true:
@@ -77,12 +88,7 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
       xs_pool_give(p, b);
     return false;
   }
-  /* Held back on top of the parks held back already, when their order
-     allows (park.h); a merge that would pass a threshold unseen counts
-     now, crossing. */
-  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
-  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
-    xs_park_owed_pay(sp);
+  alloc_park_held(a, t, sp, p, kind, b, slow);
   return true;
 }
 
@@ -282,20 +288,6 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
   return b;
 }
 
-/* Parks b, live, on the top of pool `kind`'s run (alloc_park_onto), as
-   the cached free would; the pair lock drops. */
-static inline __attribute__((always_inline)) xseg_status alloc_park_cached(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
-    xs_pool_kind kind, xs_block *b) {
-  xs_pool *p = &sp->pool[kind];
-  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
-  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, false), 0))
-    xs_park_owed_pay(sp);
-  xs_pair_drop(sp);
-  xs_alloc_debug_after_cached(a);
-  return XSEG_OK;
-}
-
 /* A free with pair sp's lock held, sp the thread's last (not the repeated
    size's): alloc_free_pair when the block is one of the pair's, else the
    range table decides (alloc_free_any). Out of line: xseg_free then makes
@@ -309,10 +301,16 @@ static __attribute__((noinline)) xseg_status alloc_free_held(
   xs_pool *p = sp->park_stats;
   if (p != NULL && xs_pair_cached_on(a, sp)) {
     xs_block *b = alloc_park_onto(p, ptr);
-    if (b != NULL)
-      return p->kind == XS_POOL_SMALL
-                 ? alloc_park_cached(a, t, sp, XS_POOL_SMALL, b)
-                 : alloc_park_cached(a, t, sp, XS_POOL_LARGE, b);
+    if (b != NULL) {
+      /* The kind a constant in each copy: the stats' offsets fold. */
+      if (p->kind == XS_POOL_SMALL)
+        alloc_park_held(a, t, sp, p, XS_POOL_SMALL, b, false);
+      else
+        alloc_park_held(a, t, sp, p, XS_POOL_LARGE, b, false);
+      xs_pair_drop(sp);
+      xs_alloc_debug_after_cached(a);
+      return XSEG_OK;
+    }
   }
   size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
   if (__builtin_expect(slot != SIZE_MAX, 1))

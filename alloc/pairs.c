@@ -315,21 +315,21 @@ static inline __attribute__((always_inline)) void pairs_pay_pool(
   }
 }
 
-static void pairs_pay(xs_stream_pools *sp, xs_pool *p) {
-  if (p->kind == XS_POOL_SMALL)
-    pairs_pay_pool(sp, p, XS_POOL_SMALL);
-  else
-    pairs_pay_pool(sp, p, XS_POOL_LARGE);
-}
-
 void xs_park_owed_pay_now(xs_stream_pools *sp) {
   if (sp->park_owed_published) {
     for (int k = 0; k < 2; k++)
       xs_park_owed_clear(&sp->stats, (xs_pool_kind)k);
     sp->park_owed_published = false;
   }
-  if (sp->park_first != NULL) pairs_pay(sp, sp->park_first);
-  pairs_pay(sp, sp->park_stats);
+  /* The older run first; the kind a constant in each copy. */
+  for (xs_pool *p = sp->park_first ? sp->park_first : sp->park_stats;;
+       p = sp->park_stats) {
+    if (p->kind == XS_POOL_SMALL)
+      pairs_pay_pool(sp, p, XS_POOL_SMALL);
+    else
+      pairs_pay_pool(sp, p, XS_POOL_LARGE);
+    if (p == sp->park_stats) break;
+  }
   sp->park_first = sp->park_stats = NULL;
 }
 
