@@ -306,10 +306,8 @@ xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
     xs_blocks_put(p->blocks, b);
     return st;
   }
-  b->addr = s->base;
-  b->size = size;
-  b->seg = s;
-  b->stream = p->stream;
+  *b = (xs_block){.addr = s->base, .size = size, .seg = s,
+                  .stream = p->stream};
   s->first = s->last = b;
   s->pool = p;
   s->next = p->segments;

@@ -13,16 +13,24 @@ xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
                            xs_block *spare) {
   assert(offset > 0 && offset < b->size && "a split leaves two pieces");
   assert(!b->mapped || b->allocated || offset % 512 == 0);
+  /* Every field but the index's links (the cache hands the struct out as
+     it was): the rest is free, in no index, used on no stream. One by
+     one: a compound literal zeroes the whole struct first. */
   spare->addr = b->addr + offset;
   spare->size = b->size - offset;
-  spare->seg = s;
-  spare->stream = b->stream;
-  spare->mapped = b->mapped;
-  spare->allocated = false;
   spare->requested = 0;
-  spare->free_epoch = b->free_epoch;   /* the spare was free as part of b */
+  spare->stream = b->stream;
+  spare->seg = s;
   spare->prev = b;
   spare->next = b->next;
+  spare->uses = (xs_stream_set){.n = 0};
+  spare->free_epoch = b->free_epoch;   /* the spare was free as part of b */
+  spare->pending_events = 0;
+  spare->allocated = false;
+  spare->pending = false;
+  spare->mapped = b->mapped;
+  spare->retiring = false;
+  spare->retire_next = NULL;
   if (b->next != NULL)
     b->next->prev = spare;
   else
