@@ -199,13 +199,11 @@ static xs_block *freetree_next_in(const xs_freetree *t, xs_block *b) {
                                      : xs_freetree_rb_RB_NEXT(b);
 }
 
-bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
-                         uint64_t addr) {
-  /* The same slot: the same size in a bin, the same class above. An
-     insert goes to the head of its bin. */
-  if (freetree_binned(t, size) || freetree_binned(t, b->size))
-    return size == b->size && b->bin.newer == NULL;
+bool xs_freetree_class_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                               uint64_t addr) {
+  assert(!freetree_binned(t, size) && !freetree_binned(t, b->size));
   assert(size % XS_FREETREE_BIN_STEP == 0);
+  /* The same slot: the same class. */
   if (size != b->size &&
       xs_freetree_class_of(size / XS_FREETREE_BIN_STEP) !=
           xs_freetree_class_of(b->size / XS_FREETREE_BIN_STEP))

@@ -129,13 +129,21 @@ void xs_freetree_init(xs_freetree *t, xs_freebin *bins);
    is in this one, except through xs_freetree_replace. */
 void xs_freetree_insert(xs_freetree *t, xs_block *b);
 void xs_freetree_remove(xs_freetree *t, xs_block *b);
+/* xs_freetree_fits_at of a block in a class and a size above the bins. */
+bool xs_freetree_class_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                               uint64_t addr);
 /* Whether a block keyed (size, addr), indexed now, would sit exactly where
    b sits in the order and in the same slot (b's bin, or b's class), so
    that it may take b's node. In a bin that is its head alone (an insert
    goes first); a block in a bin never changes size in place: its bin
-   holds one size. */
-bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
-                         uint64_t addr);
+   holds one size. Inline for the bins' answer, the cached split's usual
+   case (a split changes the size). */
+static inline bool xs_freetree_fits_at(xs_freetree *t, xs_block *b,
+                                       size_t size, uint64_t addr) {
+  if (size <= t->bin_limit || b->size <= t->bin_limit)
+    return size == b->size && b->bin.newer == NULL;
+  return xs_freetree_class_fits_at(t, b, size, addr);
+}
 /* `repl` takes the node of `old` (a block in t, whose size was old_size
    when it went in) without rebalancing: the cached path splits the front
    off a free block, and in the usual case the piece left over sorts where
