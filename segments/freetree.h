@@ -36,7 +36,9 @@
  * rebalancing each; a class holds the few free blocks of 1/16 of a power
  * of two, so its tree is shallow, and the first block of the next class
  * is one pointer. Measured with bench/callgrind.sh mixed 10000
- * (bench/README.md, "The cached path and threads").
+ * (bench/README.md, "The mixed case: size classes above the bins"): the
+ * trees' own work 36 -> 14 instructions per pair, the pair 626 -> 621
+ * (the class of a size is computed at each insert and remove).
  *
  * Why a bin is LIFO and not by address: frees and merges insert and remove
  * anywhere in a bin, many times per malloc+free pair under random sizes,
