@@ -50,16 +50,25 @@ static size_t pool_split_bytes(const xs_block *b) {
    as pool_split_stat(-1) for each leaving block then (+1) for each
    entering one. The values in between are at most the current ones, so
    only the end values can set a peak (xs_stats_swap). */
-static inline __attribute__((always_inline)) void pool_split_move(
-    xs_pool *p, int64_t out_n, size_t out, int64_t in_n, size_t in) {
+static inline __attribute__((always_inline)) void pool_split_move_kind(
+    xs_stats *s, xs_pool_kind kind, int64_t out_n, size_t out, int64_t in_n,
+    size_t in) {
   /* As many leave as enter (a split's usual case): the count only adds
      to its total of increases. */
   if (out_n == in_n)
-    p->stats->pool[p->kind][XS_GAUGE_inactive_split].allocated += in_n;
+    s->pool[kind][XS_GAUGE_inactive_split].allocated += in_n;
   else
-    xs_stats_swap(p->stats, XS_GAUGE_inactive_split, p->kind, out_n, in_n);
-  xs_stats_swap(p->stats, XS_GAUGE_inactive_split_bytes, p->kind,
-                (int64_t)out, (int64_t)in);
+    xs_stats_swap(s, XS_GAUGE_inactive_split, kind, out_n, in_n);
+  xs_stats_swap(s, XS_GAUGE_inactive_split_bytes, kind, (int64_t)out,
+                (int64_t)in);
+}
+static inline __attribute__((always_inline)) void pool_split_move(
+    xs_pool *p, int64_t out_n, size_t out, int64_t in_n, size_t in) {
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  if (p->kind == XS_POOL_SMALL)
+    pool_split_move_kind(p->stats, XS_POOL_SMALL, out_n, out, in_n, in);
+  else
+    pool_split_move_kind(p->stats, XS_POOL_LARGE, out_n, out, in_n, in);
 }
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
