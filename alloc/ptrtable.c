@@ -8,7 +8,9 @@
 
 #include "alloc/ptrtable.h"
 
-enum { XS_PTRTABLE_INITIAL_BITS = 12 };
+/* The table starts at 2^12 slots and holds at most a quarter of its slots
+   (ptrtable.h). */
+enum { XS_PTRTABLE_INITIAL_BITS = 12, XS_PTRTABLE_LOAD_BITS = 2 };
 
 static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
   /* On lines of its own: the cached path writes it (segments/block.h). */
@@ -19,7 +21,8 @@ static bool ptrtable_alloc(xs_ptrtable *t, unsigned bits) {
   if (s == NULL) return false;
   memset(s, 0, bytes);
   *t = (xs_ptrtable){.slot = s, .mask = ((size_t)1 << bits) - 1,
-                     .count = 0, .limit = (size_t)1 << (bits - 1),
+                     .count = 0,
+                     .limit = (size_t)1 << (bits - XS_PTRTABLE_LOAD_BITS),
                      .shift = 64 - bits};
   return true;
 }
@@ -58,7 +61,7 @@ bool xs_ptrtable_is_valid(const xs_ptrtable *t, char *msg, size_t msg_size) {
       return false;
     }
   }
-  if (n != t->count || t->limit != (t->mask + 1) / 2 ||
+  if (n != t->count || t->limit != (t->mask + 1) >> XS_PTRTABLE_LOAD_BITS ||
       t->count > t->limit) {
     snprintf(msg, msg_size, "pointer table holds %zu entries, counts %zu "
              "(capacity %zu, limit %zu)", n, t->count, t->mask + 1, t->limit);

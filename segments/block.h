@@ -114,13 +114,14 @@ typedef struct xs_blocks {
 bool xs_blocks_refill(xs_blocks *c);
 void xs_blocks_destroy(xs_blocks *c);
 
-/* A zeroed block, or NULL when host memory is exhausted. Inline: every
-   cached malloc that splits takes one. */
+/* A block struct, its fields as they were (the caller sets every one, as
+   xs_segment_split does: zeroing it here first wrote it twice), or NULL
+   when host memory is exhausted. Inline: every cached malloc that splits
+   takes one. */
 static inline xs_block *xs_blocks_get(xs_blocks *c) {
   if (c->free_list == NULL && !xs_blocks_refill(c)) return NULL;
   xs_block *b = c->free_list;
   c->free_list = b->next;
-  *b = (xs_block){.addr = 0};
   c->live++;
   return b;
 }

@@ -35,20 +35,30 @@ static inline __attribute__((always_inline)) void pool_split_stat(
     xs_pool_split_stat(p->stats, XS_POOL_LARGE, b, sign);
 }
 
+/* The index of b's mapped state. */
+static xs_freetree *pool_tree(xs_pool *p, const xs_block *b) {
+  return b->mapped ? &p->free : &p->unmapped;
+}
+
 /* What inactive_split_bytes counts for b as it is now (0: nothing). */
 static size_t pool_split_bytes(const xs_block *b) {
   return b->mapped && xs_block_is_split(b) ? b->size : 0;
+}
+
+static inline __attribute__((always_inline)) void pool_split_move(
+    xs_pool *p, int64_t out_n, size_t out, int64_t in_n, size_t in) {
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  if (p->kind == XS_POOL_SMALL)
+    xs_pool_split_move(p->stats, XS_POOL_SMALL, out_n, out, in_n, in);
+  else
+    xs_pool_split_move(p->stats, XS_POOL_LARGE, out_n, out, in_n, in);
 }
 
 /* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
    counted (pool_split_bytes; a block is never empty). */
 static inline __attribute__((always_inline)) void pool_split_swap(
     xs_pool *p, size_t out, size_t in) {
-  /* The kind a constant in each copy: the stats' offsets fold. */
-  if (p->kind == XS_POOL_SMALL)
-    xs_pool_split_swap(p->stats, XS_POOL_SMALL, out, in);
-  else
-    xs_pool_split_swap(p->stats, XS_POOL_LARGE, out, in);
+  pool_split_move(p, out != 0, out, in != 0, in);
 }
 
 /* xs_pool_index and _unindex, inline in the take and the coalesce. */
@@ -69,27 +79,23 @@ void xs_pool_index(xs_pool *p, xs_block *b) { pool_index(p, b); }
 
 void xs_pool_unindex(xs_pool *p, xs_block *b) { pool_unindex(p, b); }
 
-static xs_freetree *pool_tree(xs_pool *p, const xs_block *b) {
-  return b->mapped ? &p->free : &p->unmapped;
-}
-
 /* Splits the front `size` bytes off indexed block b; the rest, `spare`,
-   takes b's node in the tree when it sorts where b did (the usual case: a
-   front cut only shrinks the key), else b goes out and the rest goes in.
-   The stats move as an unindex of b and an index of the rest. */
+   takes b's node in the tree when it sorts where b did (a front cut only
+   shrinks the key, and in a class the usual case), else b goes out and
+   the rest goes in. The stats move as an unindex of b and an index of the
+   rest, in one step. */
 static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
                             xs_block *spare) {
   xs_freetree *t = pool_tree(p, b);
-  size_t old = b->size;
-  if (!xs_freetree_fits_at(t, b, old - size, b->addr + size)) {
-    pool_unindex(p, b);
-    pool_index(p, xs_segment_split(b->seg, b, size, spare));
-    return;
-  }
-  size_t out = pool_split_bytes(b);
+  size_t old = b->size, out = pool_split_bytes(b);
   xs_pool_trees_changed(p);
-  xs_segment_split(b->seg, b, size, spare);
-  xs_freetree_replace(t, b, old, spare);
+  if (xs_freetree_fits_at(t, b, old - size, b->addr + size)) {
+    xs_segment_split(b->seg, b, size, spare);
+    xs_freetree_replace(t, b, old, spare);
+  } else {
+    xs_freetree_remove(t, b);
+    xs_freetree_insert(t, xs_segment_split(b->seg, b, size, spare));
+  }
   pool_split_swap(p, out, pool_split_bytes(spare));
 }
 
@@ -111,24 +117,42 @@ static bool pool_mergeable(const xs_block *a, const xs_block *b) {
          a->mapped == b->mapped;
 }
 
-/* xs_pool_coalesce, inline in the give. */
+/* The split bytes of a free block leaving the index for a merge, added
+   to a pool_split_move's `out`. */
+static inline void pool_merge_out(const xs_block *b, int64_t *out_n,
+                                  size_t *out) {
+  size_t bytes = pool_split_bytes(b);
+  *out_n += bytes != 0;
+  *out += bytes;
+}
+
+/* xs_pool_coalesce, inline in the give. The stats move once for the
+   blocks merged and the block indexed (pool_split_move). */
 static inline __attribute__((always_inline)) xs_block *pool_coalesce(
     xs_pool *p, xs_block *b) {
   /* Merges go out of the tree and back in, never in place: measured, a
      merged block taking its neighbour's node (as pool_take_split does)
      saves nothing on a repeated size and costs ~600 instructions per pair
      with 10^6 blocks live (bench/callgrind.sh random 1000000). */
+  xs_freetree *t = pool_tree(p, b);
+  int64_t out_n = 0;
+  size_t out = 0;
+  xs_pool_trees_changed(p);
   if (pool_mergeable(b->prev, b)) {
     xs_block *prev = b->prev;
-    pool_unindex(p, prev);
+    pool_merge_out(prev, &out_n, &out);
+    xs_freetree_remove(t, prev);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
     b = prev;
   }
   if (pool_mergeable(b, b->next)) {
-    pool_unindex(p, b->next);
+    pool_merge_out(b->next, &out_n, &out);
+    xs_freetree_remove(t, b->next);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
   }
-  pool_index(p, b);
+  xs_freetree_insert(t, b);
+  size_t in = pool_split_bytes(b);
+  pool_split_move(p, out_n, out, in != 0, in);
   return b;
 }
 
@@ -228,10 +252,8 @@ xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
     xs_blocks_put(p->blocks, b);
     return st;
   }
-  b->addr = s->base;
-  b->size = size;
-  b->seg = s;
-  b->stream = p->stream;
+  *b = (xs_block){.addr = s->base, .size = size, .seg = s,
+                  .stream = p->stream};
   s->first = s->last = b;
   s->pool = p;
   s->next = p->segments;

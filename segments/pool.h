@@ -114,24 +114,38 @@ static inline void xs_pool_trees_changed(xs_pool *p) {
 static inline __attribute__((always_inline)) void xs_pool_split_stat(
     xs_stats *s, xs_pool_kind kind, const xs_block *b, int sign) {
   if (!xs_block_is_split(b)) return;
-  xs_stats_move(s, XS_GAUGE_inactive_split, kind, sign);
-  xs_stats_move(s, XS_GAUGE_inactive_split_bytes, kind,
-                sign * (int64_t)b->size);
+  /* By the sign, a constant where inlined: the size's sign is not. */
+  if (sign > 0) {
+    xs_stats_inc(s, XS_GAUGE_inactive_split, kind, 1);
+    xs_stats_inc(s, XS_GAUGE_inactive_split_bytes, kind, (int64_t)b->size);
+  } else {
+    xs_stats_dec(s, XS_GAUGE_inactive_split, kind, 1);
+    xs_stats_dec(s, XS_GAUGE_inactive_split_bytes, kind, (int64_t)b->size);
+  }
 }
-/* inactive_split as a free mapped block counting `out` bytes there (0:
-   not a piece) leaves the index and one counting `in` enters it (a split
-   or merge in place; a block is never empty). `s` and `kind` as
+/* inactive_split as `out_n` split blocks of `out` bytes in all leave the
+   index and `in_n` of `in` bytes enter it (a split or a merge): the same
+   as xs_pool_split_stat(-1) for each leaving block then (+1) for each
+   entering one. The values in between are at most the current ones, so
+   only the end values can set a peak (xs_stats_swap). `s` and `kind` as
    above. */
-static inline __attribute__((always_inline)) void xs_pool_split_swap(
-    xs_stats *s, xs_pool_kind kind, size_t out, size_t in) {
-  /* Both counted (the usual case): the count's -1 then +1 only adds to
-     its total of increases. */
-  if (out != 0 && in != 0)
-    s->pool[kind][XS_GAUGE_inactive_split].allocated++;
+static inline __attribute__((always_inline)) void xs_pool_split_move(
+    xs_stats *s, xs_pool_kind kind, int64_t out_n, size_t out, int64_t in_n,
+    size_t in) {
+  /* As many leave as enter (a split's usual case): the count only adds
+     to its total of increases. */
+  if (out_n == in_n)
+    s->pool[kind][XS_GAUGE_inactive_split].allocated += in_n;
   else
-    xs_stats_swap(s, XS_GAUGE_inactive_split, kind, out != 0, in != 0);
+    xs_stats_swap(s, XS_GAUGE_inactive_split, kind, out_n, in_n);
   xs_stats_swap(s, XS_GAUGE_inactive_split_bytes, kind, (int64_t)out,
                 (int64_t)in);
+}
+/* One block counting `out` bytes leaves (0: not a piece), one counting
+   `in` enters (a split or merge in place; a block is never empty). */
+static inline __attribute__((always_inline)) void xs_pool_split_swap(
+    xs_stats *s, xs_pool_kind kind, size_t out, size_t in) {
+  xs_pool_split_move(s, kind, out != 0, out, in != 0, in);
 }
 /* xs_pool_take(p, b, b->size, false). */
 static inline __attribute__((always_inline)) void xs_pool_take_whole(

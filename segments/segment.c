@@ -1,6 +1,7 @@
 /* segment.c: the blocks and the page map of one reserved range (see
- * segment.h): splitting and merging blocks, recording what is mapped, and
- * the validator that checks the tiling against the page map.
+ * segment.h, where splitting and merging blocks are inline): recording
+ * what is mapped, and the validator that checks the tiling against the
+ * page map.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -8,44 +9,6 @@
 #include <string.h>
 
 #include "segments/segment.h"
-
-xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
-                           xs_block *spare) {
-  assert(offset > 0 && offset < b->size && "a split leaves two pieces");
-  assert(!b->mapped || b->allocated || offset % 512 == 0);
-  spare->addr = b->addr + offset;
-  spare->size = b->size - offset;
-  spare->seg = s;
-  spare->stream = b->stream;
-  spare->mapped = b->mapped;
-  spare->allocated = false;
-  spare->requested = 0;
-  spare->free_epoch = b->free_epoch;   /* the spare was free as part of b */
-  spare->prev = b;
-  spare->next = b->next;
-  if (b->next != NULL)
-    b->next->prev = spare;
-  else
-    s->last = spare;
-  b->next = spare;
-  b->size = offset;
-  return spare;
-}
-
-xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b) {
-  xs_block *n = b->next;
-  assert(n != NULL && !n->allocated && !b->allocated);
-  assert(n->mapped == b->mapped && "mapped never merges with unmapped");
-  b->size += n->size;
-  /* The merged block is as recently freed as its newest part. */
-  if (n->free_epoch > b->free_epoch) b->free_epoch = n->free_epoch;
-  b->next = n->next;
-  if (n->next != NULL)
-    n->next->prev = b;
-  else
-    s->last = b;
-  return n;
-}
 
 bool xs_segment_alloc_page_map(xs_segment *s, size_t n) {
   s->handle = calloc(n, sizeof *s->handle);

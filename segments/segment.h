@@ -37,6 +37,7 @@
 #ifndef XS_SEGMENTS_SEGMENT_H
 #define XS_SEGMENTS_SEGMENT_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,12 +70,57 @@ static inline size_t xs_segment_granule_of(const xs_segment *s, uint64_t a) {
 
 /* Splits b at b->addr + offset (0 < offset < b->size, within one mapped
    state); `spare` becomes the upper piece, which is returned. The caller
-   keeps the trees straight: b must be out of them. */
-xs_block *xs_segment_split(xs_segment *s, xs_block *b, size_t offset,
-                           xs_block *spare);
+   keeps the trees straight: b must be out of them. Inline, as the merge
+   below: every cached malloc that splits and every free that merges
+   calls them. */
+static inline xs_block *xs_segment_split(xs_segment *s, xs_block *b,
+                                         size_t offset, xs_block *spare) {
+  assert(offset > 0 && offset < b->size && "a split leaves two pieces");
+  assert(!b->mapped || b->allocated || offset % 512 == 0);
+  /* Every field but the index's links (the cache hands the struct out as
+     it was): the rest is free, in no index, used on no stream. One by
+     one: a compound literal zeroes the whole struct first. */
+  spare->addr = b->addr + offset;
+  spare->size = b->size - offset;
+  spare->requested = 0;
+  spare->stream = b->stream;
+  spare->seg = s;
+  spare->prev = b;
+  spare->next = b->next;
+  spare->uses = (xs_stream_set){.n = 0};
+  spare->free_epoch = b->free_epoch;   /* the spare was free as part of b */
+  spare->pending_events = 0;
+  spare->allocated = false;
+  spare->pending = false;
+  spare->mapped = b->mapped;
+  spare->retiring = false;
+  spare->retire_next = NULL;
+  if (b->next != NULL)
+    b->next->prev = spare;
+  else
+    s->last = spare;
+  b->next = spare;
+  b->size = offset;
+  return spare;
+}
+
 /* Merges b's upper neighbour into b (both free, same mapped state, neither
    in a tree) and returns the struct that is no longer used. */
-xs_block *xs_segment_absorb_next(xs_segment *s, xs_block *b);
+static inline xs_block *xs_segment_absorb_next(xs_segment *s,
+                                               xs_block *b) {
+  xs_block *n = b->next;
+  assert(n != NULL && !n->allocated && !b->allocated);
+  assert(n->mapped == b->mapped && "mapped never merges with unmapped");
+  b->size += n->size;
+  /* The merged block is as recently freed as its newest part. */
+  if (n->free_epoch > b->free_epoch) b->free_epoch = n->free_epoch;
+  b->next = n->next;
+  if (n->next != NULL)
+    n->next->prev = b;
+  else
+    s->last = b;
+  return n;
+}
 
 /* Allocates the page map of n granules (all unmapped); false on host
    OOM. xs_segment_free_page_map frees it. */
