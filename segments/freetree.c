@@ -1,7 +1,6 @@
 /* freetree.c: the best-fit index of free blocks: exact-size LIFO bins
- * for sizes up to 1 MiB, segregated size classes above, each a
- * (size, address)-ordered red-black tree (BSD sys/tree.h), all under one
- * two-level bitmap (see freetree.h).
+ * under a two-level bitmap for sizes up to 1 MiB, a (size, address)-ordered
+ * red-black tree above (BSD sys/tree.h; see freetree.h).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -23,64 +22,71 @@ RB_GENERATE_STATIC(xs_freetree_rb, xs_block, link, freetree_cmp)
 
 void xs_freetree_init(xs_freetree *t, xs_freebin *bins) {
   memset(t, 0, sizeof *t);
-  for (size_t c = 0; c < XS_FREETREE_CLASSES; c++)
-    RB_INIT(&t->classes[c].root);
+  RB_INIT(&t->root);
   if (bins != NULL) memset(bins, 0, XS_FREETREE_BINS * sizeof *bins);
   t->bins = bins;
   t->bin_limit = bins != NULL ? XS_FREETREE_BIN_MAX : 0;
 }
 
-/* Whether a block of this size lives in a bin (else in a class). */
+/* Whether a block of this size lives in a bin (else in the tree). */
 static bool freetree_binned(const xs_freetree *t, size_t size) {
   return size <= t->bin_limit;
 }
 
-/* The slot a block of this size lives in: its bin, or its class's slot.
-   Inline: every insert and remove asks it. */
-static inline __attribute__((always_inline)) size_t freetree_slot(const xs_freetree *t, size_t size) {
-  assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
-         "block sizes are exact steps");
-  if (freetree_binned(t, size)) return size / XS_FREETREE_BIN_STEP - 1;
-  return XS_FREETREE_BINS + xs_freetree_class_of(size / XS_FREETREE_BIN_STEP);
+/* Whether blocks of these sizes share a structure: one bin (a bin holds
+   one size) or the tree. */
+static bool freetree_same_structure(const xs_freetree *t, size_t a,
+                                    size_t b) {
+  return a == b || (!freetree_binned(t, a) && !freetree_binned(t, b));
 }
 
-static xs_freeclass *freetree_class(xs_freetree *t, size_t slot) {
-  assert(slot >= XS_FREETREE_BINS && slot < XS_FREETREE_SLOTS);
-  return &t->classes[slot - XS_FREETREE_BINS];
+/* The bin a block of this size lives in (block sizes are exact steps). */
+static size_t freetree_bin_index(const xs_freetree *t, size_t size) {
+  assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
+         freetree_binned(t, size) && "a bin holds one size exactly");
+  (void)t;
+  return size / XS_FREETREE_BIN_STEP - 1;
 }
 
 /* ---- the bitmap ------------------------------------------------------- */
 
 static void freetree_mark(xs_freetree *t, size_t i) {
-  t->bits[i / 64] |= (uint64_t)1 << (i % 64);
-  t->words |= (uint64_t)1 << (i / 64);
+  t->bin_bits[i / 64] |= (uint64_t)1 << (i % 64);
+  t->bin_words |= (uint64_t)1 << (i / 64);
 }
 
 static void freetree_unmark(xs_freetree *t, size_t i) {
-  t->bits[i / 64] &= ~((uint64_t)1 << (i % 64));
-  if (t->bits[i / 64] == 0) t->words &= ~((uint64_t)1 << (i / 64));
+  t->bin_bits[i / 64] &= ~((uint64_t)1 << (i % 64));
+  if (t->bin_bits[i / 64] == 0) t->bin_words &= ~((uint64_t)1 << (i / 64));
 }
 
-/* The last non-empty slot below slot i (i <= XS_FREETREE_SLOTS), or
-   XS_FREETREE_SLOTS when there is none. */
-static size_t freetree_slot_below(const xs_freetree *t, size_t i) {
-  if (i == 0) return XS_FREETREE_SLOTS;
-  size_t j = i - 1, w = j / 64;
-  uint64_t bits = t->bits[w] & (~(uint64_t)0 >> (63 - j % 64));
+/* The first non-empty bin at or above bin i, or XS_FREETREE_BINS. */
+static size_t freetree_bin_from(const xs_freetree *t, size_t i) {
+  if (i >= XS_FREETREE_BINS) return XS_FREETREE_BINS;
+  size_t w = i / 64;
+  uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));
   if (bits == 0) {
-    uint64_t words = t->words & (((uint64_t)1 << w) - 1);  /* below w */
-    if (words == 0) return XS_FREETREE_SLOTS;
+    uint64_t words = t->bin_words & (~(uint64_t)1 << w);
+    if (words == 0) return XS_FREETREE_BINS;
+    w = (size_t)__builtin_ctzll(words);
+    bits = t->bin_bits[w];
+  }
+  return w * 64 + (size_t)__builtin_ctzll(bits);
+}
+
+/* The last non-empty bin below bin i (i <= XS_FREETREE_BINS), or
+   XS_FREETREE_BINS when there is none. */
+static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
+  if (i == 0) return XS_FREETREE_BINS;
+  size_t j = i - 1, w = j / 64;
+  uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 >> (63 - j % 64));
+  if (bits == 0) {
+    uint64_t words = t->bin_words & (((uint64_t)1 << w) - 1);  /* below w */
+    if (words == 0) return XS_FREETREE_BINS;
     w = 63 - (size_t)__builtin_clzll(words);
-    bits = t->bits[w];
+    bits = t->bin_bits[w];
   }
   return w * 64 + 63 - (size_t)__builtin_clzll(bits);
-}
-
-/* The last block of slot i (not empty) in the order: a bin's oldest, a
-   class's largest. */
-static xs_block *freetree_last_of(xs_freetree *t, size_t i) {
-  if (i < XS_FREETREE_BINS) return t->bins[i].oldest;
-  return RB_MAX(xs_freetree_rb, &freetree_class(t, i)->root);
 }
 
 /* ---- one bin ---------------------------------------------------------- */
@@ -108,76 +114,41 @@ static void freebin_remove(xs_freetree *t, size_t i, xs_block *b) {
   if (bin->newest == NULL) freetree_unmark(t, i);
 }
 
-/* ---- one class -------------------------------------------------------- */
-
-static __attribute__((noinline)) void freeclass_insert(xs_freetree *t, size_t i, xs_block *b) {
-  xs_freeclass *c = freetree_class(t, i);
-  xs_block *dup = RB_INSERT(xs_freetree_rb, &c->root, b);
-  assert(dup == NULL && "(size, address) is unique: blocks never overlap");
-  (void)dup;
-  if (c->first == NULL) {
-    c->first = b;
-    freetree_mark(t, i);
-  } else if (freetree_cmp(b, c->first) < 0) {
-    c->first = b;
-  }
-}
-
-static __attribute__((noinline)) void freeclass_remove(xs_freetree *t, size_t i, xs_block *b) {
-  xs_freeclass *c = freetree_class(t, i);
-  if (c->first == b) c->first = xs_freetree_rb_RB_NEXT(b);
-  RB_REMOVE(xs_freetree_rb, &c->root, b);
-  if (c->first == NULL) freetree_unmark(t, i);
-}
-
-xs_block *xs_freetree_class_fit(const xs_freetree *t, size_t size) {
-  size_t c = xs_freetree_class_of(
-      size == 0 ? 0 : (size - 1) / XS_FREETREE_BIN_STEP + 1);
-  const xs_freeclass *cls = &t->classes[c];
-  /* In the request's own class, the first block when it holds the
-     request, else the tree's lower bound of (size, 0), written out as
-     RB_NFIND; in any later class, its first block. */
-  if (cls->first != NULL && cls->first->size < size) {
-    for (xs_block *b = RB_ROOT(&cls->root), *fit = NULL;; ) {
-      if (b == NULL) {
-        if (fit != NULL) return fit;
-        break;
-      }
-      if (b->size >= size) {
-        fit = b;                /* (size, 0) <= b: b fits; look lower */
-        b = RB_LEFT(b, link);
-      } else {
-        b = RB_RIGHT(b, link);
-      }
-    }
-    c++;                        /* none in the class holds it */
-  }
-  return xs_freetree_first_from(t, XS_FREETREE_BINS + c);
+/* The last block of bin i (not empty) in the order: its oldest. */
+static xs_block *freebin_last(xs_freetree *t, size_t i) {
+  assert(i < XS_FREETREE_BINS && t->bins[i].newest != NULL);
+  return t->bins[i].oldest;
 }
 
 /* ---- the index -------------------------------------------------------- */
 
-/* The counts move first, so that a block of a class ends in a tail call:
-   the tree's work, out of line, then costs the bins' path no register
-   saves. */
 void xs_freetree_insert(xs_freetree *t, xs_block *b) {
   assert(!b->allocated && "only free blocks are indexed");
+  if (freetree_binned(t, b->size)) {
+    freebin_insert(t, freetree_bin_index(t, b->size), b);
+  } else {
+    xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
+    assert(dup == NULL && "(size, address) is unique: blocks never overlap");
+    (void)dup;
+    if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
+      t->tree_min = b;
+  }
   t->count++;
   t->bytes += b->size;
-  if (freetree_binned(t, b->size))
-    freebin_insert(t, freetree_slot(t, b->size), b);
-  else
-    freeclass_insert(t, freetree_slot(t, b->size), b);
 }
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0 && t->bytes >= b->size);
-  t->count--;
+  /* Apart from the count's update: together at the end, GCC joins them
+     in vector registers (nine instructions for two). */
   t->bytes -= b->size;
-  if (freetree_binned(t, b->size))
-    freebin_remove(t, freetree_slot(t, b->size), b);
-  else
-    freeclass_remove(t, freetree_slot(t, b->size), b);
+  if (freetree_binned(t, b->size)) {
+    freebin_remove(t, freetree_bin_index(t, b->size), b);
+  } else {
+    if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
+    RB_REMOVE(xs_freetree_rb, &t->root, b);
+  }
+  t->count--;
 }
 
 /* Sign of (size, addr) against b's key. */
@@ -187,8 +158,8 @@ static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
   return 0;
 }
 
-/* b's neighbours in the order within its own slot: its bin's list (the
-   newer one first), or its class's tree. */
+/* b's neighbours in the order within its own structure: its bin's list
+   (the newer one first), or the tree. */
 static xs_block *freetree_prev_in(const xs_freetree *t, xs_block *b) {
   return freetree_binned(t, b->size) ? b->bin.newer
                                      : xs_freetree_rb_RB_PREV(b);
@@ -199,15 +170,11 @@ static xs_block *freetree_next_in(const xs_freetree *t, xs_block *b) {
                                      : xs_freetree_rb_RB_NEXT(b);
 }
 
-bool xs_freetree_class_fits_at(xs_freetree *t, xs_block *b, size_t size,
-                               uint64_t addr) {
-  assert(!freetree_binned(t, size) && !freetree_binned(t, b->size));
-  assert(size % XS_FREETREE_BIN_STEP == 0);
-  /* The same slot: the same class. */
-  if (size != b->size &&
-      xs_freetree_class_of(size / XS_FREETREE_BIN_STEP) !=
-          xs_freetree_class_of(b->size / XS_FREETREE_BIN_STEP))
-    return false;
+bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                         uint64_t addr) {
+  if (!freetree_same_structure(t, size, b->size)) return false;
+  /* An insert goes to the head of its bin. */
+  if (freetree_binned(t, size)) return b->bin.newer == NULL;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
@@ -226,22 +193,20 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl) {
   assert(!repl->allocated && "only free blocks are indexed");
   assert(t->bytes >= old_size);
-  size_t i = freetree_slot(t, old_size);
-  assert(i == freetree_slot(t, repl->size) &&
-         "xs_freetree_fits_at said so: the same bin, or the same class");
-  if (repl != old && i < XS_FREETREE_BINS) {
-    xs_freebin *bin = &t->bins[i];
+  assert(freetree_same_structure(t, old_size, repl->size) &&
+         "xs_freetree_fits_at said so: the same bin, or the tree");
+  if (repl != old && freetree_binned(t, old_size)) {
+    xs_freebin *bin = &t->bins[freetree_bin_index(t, old_size)];
     xs_block *newer = old->bin.newer, *older = old->bin.older;
     repl->bin = old->bin;
     if (newer == NULL) bin->newest = repl; else newer->bin.older = repl;
     if (older == NULL) bin->oldest = repl; else older->bin.newer = repl;
   } else if (repl != old) {
-    xs_freeclass *c = freetree_class(t, i);
-    if (c->first == old) c->first = repl;
+    if (t->tree_min == old) t->tree_min = repl;
     repl->link = old->link;
     xs_block *parent = RB_PARENT(old, link);
     if (parent == NULL)
-      RB_ROOT(&c->root) = repl;
+      RB_ROOT(&t->root) = repl;
     else if (RB_LEFT(parent, link) == old)
       RB_LEFT(parent, link) = repl;
     else
@@ -254,21 +219,27 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
 }
 
 xs_block *xs_freetree_largest(xs_freetree *t) {
-  size_t i = freetree_slot_below(t, XS_FREETREE_SLOTS);
-  return i < XS_FREETREE_SLOTS ? freetree_last_of(t, i) : NULL;
+  xs_block *b = RB_MAX(xs_freetree_rb, &t->root);
+  if (b != NULL) return b;
+  size_t i = freetree_bin_below(t, XS_FREETREE_BINS);
+  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
 }
 
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
   xs_block *p = freetree_prev_in(t, b);
   if (p != NULL) return p;
-  size_t i = freetree_slot_below(t, freetree_slot(t, b->size));
-  return i < XS_FREETREE_SLOTS ? freetree_last_of(t, i) : NULL;
+  size_t i = freetree_binned(t, b->size) ? freetree_bin_index(t, b->size)
+                                         : XS_FREETREE_BINS;
+  i = freetree_bin_below(t, i);
+  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
-  xs_block *n = freetree_next_in(t, b);
+  if (!freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
+  xs_block *n = b->bin.older;
   if (n != NULL) return n;
-  return xs_freetree_first_from(t, freetree_slot(t, b->size) + 1);
+  size_t i = freetree_bin_from(t, freetree_bin_index(t, b->size) + 1);
+  return i < XS_FREETREE_BINS ? t->bins[i].newest : t->tree_min;
 }
 
 /* ---- the validator ---------------------------------------------------- */
@@ -299,7 +270,7 @@ static bool freetree_check_block(freetree_walk *w, const xs_block *prev,
 
 static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
   xs_freebin *bin = &t->bins[i];
-  bool marked = (t->bits[i / 64] >> (i % 64)) & 1;
+  bool marked = (t->bin_bits[i / 64] >> (i % 64)) & 1;
   if ((bin->newest == NULL) != (bin->oldest == NULL) ||
       marked != (bin->newest != NULL)) {
     snprintf(w->msg, w->msg_size,
@@ -331,44 +302,36 @@ static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
 }
 
 static bool freetree_check_words(xs_freetree *t, freetree_walk *w) {
-  for (size_t k = 0; k < XS_FREETREE_WORDS; k++) {
-    bool marked = (t->words >> k) & 1;
-    if (marked != (t->bits[k] != 0)) {
+  for (size_t k = 0; k < XS_FREETREE_BIN_WORDS; k++) {
+    bool marked = (t->bin_words >> k) & 1;
+    if (marked != (t->bin_bits[k] != 0)) {
       snprintf(w->msg, w->msg_size,
                "free bitmap: word %zu is %s but its summary bit is %d", k,
-               t->bits[k] != 0 ? "not empty" : "empty", (int)marked);
+               t->bin_bits[k] != 0 ? "not empty" : "empty", (int)marked);
       return false;
     }
   }
-  if ((t->words >> (XS_FREETREE_WORDS - 1) >> 1) != 0 ||
-      (t->bits[XS_FREETREE_WORDS - 1] >> (XS_FREETREE_SLOTS % 64)) != 0) {
-    snprintf(w->msg, w->msg_size, "free bitmap: bits past the slots");
+  if ((t->bin_words >> (XS_FREETREE_BIN_WORDS - 1) >> 1) != 0) {
+    snprintf(w->msg, w->msg_size, "free bitmap: summary bits past the bins");
     return false;
   }
   return true;
 }
 
-/* Class slot i: its bit, its cached first block, and its tree's blocks,
-   each of the class's sizes, in order. */
-static bool freetree_check_class(xs_freetree *t, size_t i, freetree_walk *w) {
-  xs_freeclass *c = freetree_class(t, i);
-  bool marked = (t->bits[i / 64] >> (i % 64)) & 1;
-  xs_block *min = RB_MIN(xs_freetree_rb, &c->root);
-  if (c->first != min || marked != (min != NULL)) {
-    snprintf(w->msg, w->msg_size,
-             "free class %zu: cached first %p, minimum %p, bitmap bit %d",
-             i - XS_FREETREE_BINS, (void *)c->first, (void *)min,
-             (int)marked);
+static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
+  xs_block *min = RB_MIN(xs_freetree_rb, &t->root);
+  if (t->tree_min != min) {
+    snprintf(w->msg, w->msg_size, "free tree: cached first %p, minimum %p",
+             (void *)t->tree_min, (void *)min);
     return false;
   }
   const xs_block *prev = NULL;
   xs_block *b;
-  RB_FOREACH(b, xs_freetree_rb, &c->root) {
-    if (b->size == 0 || b->size % XS_FREETREE_BIN_STEP != 0 ||
-        freetree_slot(t, b->size) != i) {
+  RB_FOREACH(b, xs_freetree_rb, &t->root) {
+    if (freetree_binned(t, b->size)) {
       snprintf(w->msg, w->msg_size,
-               "block 0x%llx of %zu bytes is in free class %zu, not its own",
-               (unsigned long long)b->addr, b->size, i - XS_FREETREE_BINS);
+               "block 0x%llx of %zu bytes is in the free tree, not a bin",
+               (unsigned long long)b->addr, b->size);
       return false;
     }
     if (!freetree_check_block(w, prev, b)) return false;
@@ -380,22 +343,20 @@ static bool freetree_check_class(xs_freetree *t, size_t i, freetree_walk *w) {
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
   freetree_walk w = {.msg = msg, .msg_size = msg_size};
   if (t->bin_limit != (t->bins != NULL ? XS_FREETREE_BIN_MAX : 0) ||
-      (t->bins == NULL &&
-       xs_freetree_slot_from(t, 0) < XS_FREETREE_BINS)) {
+      (t->bins == NULL && t->bin_words != 0)) {
     snprintf(msg, msg_size, "free tree: bins %p, bin limit %zu, bitmap %llx",
-             (void *)t->bins, t->bin_limit, (unsigned long long)t->words);
+             (void *)t->bins, t->bin_limit,
+             (unsigned long long)t->bin_words);
     return false;
   }
   if (!freetree_check_words(t, &w)) return false;
   /* Only the bins the bitmap marks are walked (xseg_check runs after
      every operation in debug builds): a block in an unmarked bin shows as
-     a count below t->count. Every class is looked at: its bit against its
-     tree. */
-  for (size_t i = xs_freetree_slot_from(t, 0); i < XS_FREETREE_BINS;
-       i = xs_freetree_slot_from(t, i + 1))
+     a count below t->count. */
+  for (size_t i = freetree_bin_from(t, 0); i < XS_FREETREE_BINS;
+       i = freetree_bin_from(t, i + 1))
     if (!freetree_check_bin(t, i, &w)) return false;
-  for (size_t i = XS_FREETREE_BINS; i < XS_FREETREE_SLOTS; i++)
-    if (!freetree_check_class(t, i, &w)) return false;
+  if (!freetree_check_tree(t, &w)) return false;
   if (w.count != t->count || w.bytes != t->bytes) {
     snprintf(msg, msg_size,
              "free tree holds %zu blocks / %zu bytes but counts %zu / %zu",

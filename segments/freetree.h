@@ -4,41 +4,25 @@
  * blocks of equal size, two tie-breaks, one per structure, split at
  * XS_FREETREE_BIN_MAX (1 MiB, the largest request the small pool serves):
  *
- *   bins     2048 of them, one per size from 512 B to 1 MiB in 512-byte
- *            steps (block sizes are multiples of 512, so a bin holds one
- *            size exactly). Each is a list, the block indexed last first
- *            (LIFO).
- *   classes  the sizes above the bins in segregated classes, as TLSF's:
- *            16 per power of two (the class of a size is its top five
- *            bits; every size under 8 KiB a class of its own, every size
- *            from 2 TiB up one class). Each is a red-black tree ordered by
- *            (size, address), its first block cached: among equal sizes
- *            the lowest address first, as PyTorch's BlockPool.
+ *   bins  2048 of them, one per size from 512 B to 1 MiB in 512-byte steps
+ *         (block sizes are multiples of 512, so a bin holds one size
+ *         exactly). Each is a list, the block indexed last first (LIFO).
+ *   tree  a red-black tree ordered by (size, address) of every block above
+ *         1 MiB: the lowest address first, as PyTorch's BlockPool.
  *
- * Bins and classes are slots in one order: slot i < 2048 is bin i, slot
- * 2048 + c is class c. Each slot holds sizes all below the next one's, so
- * the whole order is the slots' in index order, a bin newest first, a
- * class in its tree's order. A two-level bitmap says which slots hold
- * blocks:
+ * A two-level bitmap says which bins hold blocks:
  *
- *   words               bit w set <=> bits[w] != 0   (40 words)
- *   bits[w]             bit j set <=> slot 64 * w + j holds a block
+ *   bin_words               bit w set <=> bin_bits[w] != 0   (32 words)
+ *   bin_bits[w]             bit j set <=> bins[64 * w + j] holds a block
+ *   bins[i].newest          the head of its list: the best fit of its size
  *
- * A request takes the first block of the first non-empty slot after its
- * own (a bit scan in its word, else one in `words` and one in the word it
- * names, then one pointer), or a block of its own slot: a bin's newest
- * (any block there holds it), a class's first when that holds it, else
- * the class tree's lower bound of the request. O(1) but for that lower
- * bound, a descent of a tree of one class's blocks alone.
- *
- * Why classes and not one tree of every block above 1 MiB: an insert and
- * a remove in a tree of n blocks cost a descent of log n steps and a
- * rebalancing each; a class holds the few free blocks of 1/16 of a power
- * of two, so its tree is shallow, and the first block of the next class
- * is one pointer. Measured with bench/callgrind.sh mixed 10000
- * (bench/README.md, "The mixed case: size classes above the bins"): the
- * trees' own work 36 -> 14 instructions per pair, the pair 626 -> 621
- * (the class of a size is computed at each insert and remove).
+ * Bin i sorts before bin i + 1 and every bin before the tree, so the whole
+ * order is the bins' in index order, each newest first, then the tree's.
+ * A request of at most 1 MiB takes the newest block of the first non-empty
+ * bin at or above its size: a bit scan in its own word, else one in
+ * bin_words and one in the word it names, then one pointer; O(1). When no
+ * bin has one it takes the tree's smallest block, also cached. A larger
+ * request takes the tree's lower bound, O(log n).
  *
  * Why a bin is LIFO and not by address: frees and merges insert and remove
  * anywhere in a bin, many times per malloc+free pair under random sizes,
@@ -56,12 +40,10 @@
  * blocks keep address order: placement there decides how segments grow.
  *
  * Memory: the bins are 32 KiB of host memory, kept by the caller and
- * given at xs_freetree_init; an index given none keeps every block in a
- * class (address order at every size; the classes under 1 MiB are used
- * there alone). Only the small pool's index of free mapped blocks has
- * bins (alloc/pairs.c): a large pool serves requests above 1 MiB, and
- * unmapped blocks are whole granules. The classes are in the index, 16
- * bytes each (7.3 KiB).
+ * given at xs_freetree_init; an index given none keeps every block in the
+ * tree (address order at every size). Only the small pool's index of free
+ * mapped blocks has bins (alloc/pairs.c): a large pool serves requests
+ * above 1 MiB, and unmapped blocks are whole granules.
  */
 #ifndef XS_SEGMENTS_FREETREE_H
 #define XS_SEGMENTS_FREETREE_H
@@ -77,16 +59,7 @@
 #define XS_FREETREE_BIN_STEP ((size_t)512)
 #define XS_FREETREE_BINS ((size_t)2048)
 #define XS_FREETREE_BIN_MAX (XS_FREETREE_BINS * XS_FREETREE_BIN_STEP)
-/* Classes: a size of u steps with top bit l (u < 2^XS_FREETREE_CLASS_TOP)
-   is in class ((l - SUB + 1) << SUB) + the SUB bits below its top bit (u
-   itself while l < SUB); every larger size is in the last class. */
-#define XS_FREETREE_CLASS_SUB 4u
-#define XS_FREETREE_CLASS_TOP 32u
-#define XS_FREETREE_CLASSES                                                  \
-  ((((size_t)XS_FREETREE_CLASS_TOP - XS_FREETREE_CLASS_SUB + 1)              \
-    << XS_FREETREE_CLASS_SUB) + 1)
-#define XS_FREETREE_SLOTS (XS_FREETREE_BINS + XS_FREETREE_CLASSES)
-#define XS_FREETREE_WORDS ((XS_FREETREE_SLOTS + 63) / 64)
+#define XS_FREETREE_BIN_WORDS (XS_FREETREE_BINS / 64)
 
 RB_HEAD(xs_freetree_rb, xs_block);
 
@@ -97,55 +70,38 @@ typedef struct xs_freebin {
   xs_block *newest, *oldest;
 } xs_freebin;
 
-/* One class's free blocks, a tree in (size, address) order. Invariant:
-   first is the tree's first block, NULL exactly when the tree is empty and
-   the class's bitmap bit is clear. */
-typedef struct xs_freeclass {
-  struct xs_freetree_rb root;
-  xs_block *first;
-} xs_freeclass;
-
 typedef struct xs_freetree {
-  size_t count;                 /* blocks in the index (bins and classes) */
-  uint64_t words;               /* bit w: bits[w] != 0 */
-  size_t bytes;                 /* sum of their sizes (not beside count:
-                                   GCC would join their updates in vector
-                                   registers, nine instructions for two) */
-  uint64_t bits[XS_FREETREE_WORDS];  /* bit i % 64 of word i / 64: slot i
-                                        is not empty */
+  struct xs_freetree_rb root;   /* blocks above XS_FREETREE_BIN_MAX */
+  xs_block *tree_min;           /* the tree's first block: the fit of a
+                                   small request no bin holds (the
+                                   repeated-size path's usual case) */
+  size_t count;                 /* blocks in the index (bins and tree) */
+  size_t bytes;                 /* sum of their sizes */
+  uint64_t bin_words;           /* bit w: bin_bits[w] != 0 */
+  uint64_t bin_bits[XS_FREETREE_BIN_WORDS];  /* bit i % 64 of word i / 64:
+                                                bins[i] is not empty */
   xs_freebin *bins;             /* XS_FREETREE_BINS of them, or NULL */
   size_t bin_limit;             /* XS_FREETREE_BIN_MAX with bins, else 0:
                                    the largest size a bin holds */
-  xs_freeclass classes[XS_FREETREE_CLASSES];
 } xs_freetree;
 
-_Static_assert(XS_FREETREE_WORDS <= 64, "one word summarises the slots");
-_Static_assert(XS_FREETREE_SLOTS < XS_FREETREE_WORDS * 64,
-               "a slot past the last one has a bit (always clear)");
+_Static_assert(XS_FREETREE_BIN_WORDS <= 64, "one word summarises the bins");
 
 /* An empty index. `bins`: XS_FREETREE_BINS bins the caller keeps for as
-   long as the index (cleared here), or NULL: no bins, every block in a
-   class. */
+   long as the index (cleared here), or NULL: no bins, every block in the
+   tree. */
 void xs_freetree_init(xs_freetree *t, xs_freebin *bins);
 /* b must not be in any tree; its size and address must not change while it
    is in this one, except through xs_freetree_replace. */
 void xs_freetree_insert(xs_freetree *t, xs_block *b);
 void xs_freetree_remove(xs_freetree *t, xs_block *b);
-/* xs_freetree_fits_at of a block in a class and a size above the bins. */
-bool xs_freetree_class_fits_at(xs_freetree *t, xs_block *b, size_t size,
-                               uint64_t addr);
 /* Whether a block keyed (size, addr), indexed now, would sit exactly where
-   b sits in the order and in the same slot (b's bin, or b's class), so
-   that it may take b's node. In a bin that is its head alone (an insert
-   goes first); a block in a bin never changes size in place: its bin
-   holds one size. Inline for the bins' answer, the cached split's usual
-   case (a split changes the size). */
-static inline bool xs_freetree_fits_at(xs_freetree *t, xs_block *b,
-                                       size_t size, uint64_t addr) {
-  if (size <= t->bin_limit || b->size <= t->bin_limit)
-    return size == b->size && b->bin.newer == NULL;
-  return xs_freetree_class_fits_at(t, b, size, addr);
-}
+   b sits in the order (b's neighbours bracket the key) and in the same
+   structure (b's bin, or the tree), so that it may take b's node. In a
+   bin that is its head alone (an insert goes first); a block in a bin
+   never changes size in place: its bin holds one size. */
+bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                         uint64_t addr);
 /* `repl` takes the node of `old` (a block in t, whose size was old_size
    when it went in) without rebalancing: the cached path splits the front
    off a free block, and in the usual case the piece left over sorts where
@@ -163,53 +119,38 @@ static inline size_t xs_freetree_bin_of(size_t size) {
   return size == 0 ? 0 : (size - 1) / XS_FREETREE_BIN_STEP;
 }
 
-/* The class of sizes of `steps` 512-byte steps (0 for a request of 0
-   bytes). */
-static inline size_t xs_freetree_class_of(uint64_t steps) {
-  const unsigned sub = XS_FREETREE_CLASS_SUB;
-  if (steps >> XS_FREETREE_CLASS_TOP != 0) return XS_FREETREE_CLASSES - 1;
-  if (steps >> sub == 0) return (size_t)steps;
-  unsigned l = 63u - (unsigned)__builtin_clzll(steps);
-  return ((size_t)(l - sub + 1) << sub) +
-         (size_t)((steps >> (l - sub)) & ((1u << sub) - 1));
-}
-
-/* The first non-empty slot at or after slot i (at most
-   XS_FREETREE_SLOTS), or XS_FREETREE_SLOTS. */
-static inline size_t xs_freetree_slot_from(const xs_freetree *t, size_t i) {
-  size_t w = i / 64;
-  uint64_t bits = t->bits[w] & (~(uint64_t)0 << (i % 64));
-  if (bits == 0) {
-    uint64_t words = t->words & (~(uint64_t)1 << w);  /* above w */
-    if (words == 0) return XS_FREETREE_SLOTS;
-    w = (size_t)__builtin_ctzll(words);
-    bits = t->bits[w];
-  }
-  return w * 64 + (size_t)__builtin_ctzll(bits);
-}
-
-/* The first block of the first non-empty slot at or after slot i, or
-   NULL. */
-static inline xs_block *xs_freetree_first_from(const xs_freetree *t,
-                                               size_t i) {
-  i = xs_freetree_slot_from(t, i);
-  if (i < XS_FREETREE_BINS) return t->bins[i].newest;
-  return i < XS_FREETREE_SLOTS ? t->classes[i - XS_FREETREE_BINS].first
-                               : NULL;
-}
-
-/* xs_freetree_best_fit of a size no bin holds: out of line, as the
-   large pool's requests and the unmapped blocks' are the rarer ones. */
-xs_block *xs_freetree_class_fit(const xs_freetree *t, size_t size);
-
 /* The smallest block of at least `size` bytes (among equal sizes the
-   newest in a bin, the lowest address in a class), or NULL. Inline
+   newest in a bin, the lowest address in the tree), or NULL. Inline
    because every cached malloc starts here. */
 static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
   /* The constant bound tells the compiler what bin_limit's does. */
-  if (size <= XS_FREETREE_BIN_MAX && size <= t->bin_limit)
-    return xs_freetree_first_from(t, xs_freetree_bin_of(size));
-  return xs_freetree_class_fit(t, size);
+  if (size <= XS_FREETREE_BIN_MAX && size <= t->bin_limit) {
+    /* No bin holds a block: small requests served from a large block (a
+       repeated size at the front of the mapped range) stop here. (An
+       index without bins comes here for size 0 alone: its tree_min, the
+       smallest block of all, is that fit.) */
+    if (t->bin_words == 0) return t->tree_min;
+    size_t i = xs_freetree_bin_of(size), w = i / 64;
+    uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));
+    if (bits == 0) {
+      uint64_t words = t->bin_words & (~(uint64_t)1 << w);  /* above w */
+      if (words == 0) return t->tree_min;
+      w = (size_t)__builtin_ctzll(words);
+      bits = t->bin_bits[w];
+    }
+    return t->bins[w * 64 + (size_t)__builtin_ctzll(bits)].newest;
+  }
+  /* RB_NFIND of (size, 0), written out. */
+  xs_block *b = RB_ROOT(&t->root), *fit = NULL;
+  while (b != NULL) {
+    if (b->size >= size) {
+      fit = b;                  /* (size, 0) <= b: b fits; look lower */
+      b = RB_LEFT(b, link);
+    } else {
+      b = RB_RIGHT(b, link);
+    }
+  }
+  return fit;
 }
 /* Largest first, then each next smaller (for reclaiming whole granules). */
 xs_block *xs_freetree_largest(xs_freetree *t);
@@ -223,8 +164,8 @@ static inline bool xs_freetree_before(const xs_freetree *t, size_t size,
   if (size != b->size) return size < b->size;
   return size <= t->bin_limit || addr < b->addr;
 }
-/* Bins, classes, bitmap, order, count and bytes agree with a walk; `msg`
-   gets the first problem. */
+/* Bins, bitmap, tree, order, count and bytes agree with a walk; `msg` gets
+   the first problem. */
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
 
 #endif /* XS_SEGMENTS_FREETREE_H */

@@ -1,8 +1,8 @@
 /* The best-fit index of segments/freetree.h on its own: the exact-size LIFO
-   bins, the size classes above them (each a (size, address) tree), the
-   two-level bitmap over both, and the boundary between the two. Every order it gives (best fit,
+   bins and their two-level bitmap, the (size, address) tree above them,
+   and the boundary between the two. Every order it gives (best fit,
    largest then smaller, larger) is one total order: size first, then the
-   newest first in a bin and the lowest address first in a class, which a
+   newest first in a bin and the lowest address first in the tree, which a
    sorted array of the same blocks stands for here. No driver is needed:
    the blocks are metadata over made-up addresses. */
 #include <stdlib.h>
@@ -86,7 +86,7 @@ XSEG_TEST(segments_freetree, equal_sizes_give_the_newest_first) {
   xs_freetree_remove(t, &b[2]);
   XSEG_EXPECT_EQ(t->count, 0);
   XSEG_EXPECT_EQ(t->bytes, 0);
-  XSEG_EXPECT_EQ(t->words, 0);
+  XSEG_EXPECT_EQ(t->bin_words, 0);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == NULL);
   XSEG_EXPECT_TRUE(valid(t));
   free(t);
@@ -121,8 +121,8 @@ XSEG_TEST(segments_freetree, bins_at_both_bitmap_levels) {
   put(&first_of_word1, 65 * STEP, 0x3000000);   /* bin 64 */
   put(&last, BIN_MAX, 0x4000000);               /* bin 2047 */
   xs_freetree_insert(t, &last);
-  XSEG_EXPECT_EQ(t->words,
-                 (uint64_t)1 << (XS_FREETREE_BINS / 64 - 1));
+  XSEG_EXPECT_EQ(t->bin_words,
+                 (uint64_t)1 << (XS_FREETREE_BIN_WORDS - 1));
   /* Only the last bin: every request of at most 1 MiB finds it through the
      summary word. */
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 0) == &last);
@@ -133,8 +133,8 @@ XSEG_TEST(segments_freetree, bins_at_both_bitmap_levels) {
   xs_freetree_insert(t, &first_of_word1);
   xs_freetree_insert(t, &last_of_word0);
   xs_freetree_insert(t, &first);
-  XSEG_EXPECT_EQ(t->words,
-                 3 | (uint64_t)1 << (XS_FREETREE_BINS / 64 - 1));
+  XSEG_EXPECT_EQ(t->bin_words,
+                 3 | (uint64_t)1 << (XS_FREETREE_BIN_WORDS - 1));
   XSEG_EXPECT_TRUE(valid(t));
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == &first);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, STEP + 1) == &last_of_word0);
@@ -154,30 +154,29 @@ XSEG_TEST(segments_freetree, bins_at_both_bitmap_levels) {
   /* Emptying word 0 clears its summary bit; bin 64 still answers. */
   xs_freetree_remove(t, &first);
   xs_freetree_remove(t, &last_of_word0);
-  XSEG_EXPECT_EQ(t->bits[0], 0);
-  XSEG_EXPECT_EQ(t->words & 1, 0);
+  XSEG_EXPECT_EQ(t->bin_bits[0], 0);
+  XSEG_EXPECT_EQ(t->bin_words & 1, 0);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == &first_of_word1);
   XSEG_EXPECT_TRUE(valid(t));
   xs_freetree_remove(t, &first_of_word1);
   xs_freetree_remove(t, &last);
-  XSEG_EXPECT_EQ(t->words, 0);
+  XSEG_EXPECT_EQ(t->bin_words, 0);
   XSEG_EXPECT_TRUE(valid(t));
   free(t);
 }
 
-/* 1 MiB is the last bin; 1 MiB + 512 the smallest size of the classes. */
+/* 1 MiB is the last bin; 1 MiB + 512 the smallest size of the tree. */
 XSEG_TEST(segments_freetree, the_boundary_between_bins_and_tree) {
   xs_freetree *t = tree_new();
   xs_block in_bin, in_tree, big, low_tree;
   put(&in_bin, BIN_MAX, 0x900000);
   put(&in_tree, BIN_MAX + STEP, 0x100000);
-  put(&big, 4 * BIN_MAX + 256 * STEP, 0x80000000);
+  put(&big, 4 * BIN_MAX, 0x80000000);
   put(&low_tree, BIN_MAX + STEP, 0x50000);
   xs_freetree_insert(t, &in_tree);
   xs_freetree_insert(t, &big);
-  /* Both in classes: no bin holds anything, and a small request takes
-     the first class's first block. */
-  XSEG_EXPECT_TRUE(xs_freetree_slot_from(t, 0) >= XS_FREETREE_BINS);
+  XSEG_EXPECT_EQ(t->bin_words, 0);               /* both in the tree */
+  /* No bin holds anything: a small request takes the tree's smallest. */
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 512) == &in_tree);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, BIN_MAX) == &in_tree);
   xs_freetree_insert(t, &in_bin);
@@ -196,16 +195,10 @@ XSEG_TEST(segments_freetree, the_boundary_between_bins_and_tree) {
   XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &in_bin, BIN_MAX - STEP,
                                         0x900000 + STEP));
   XSEG_EXPECT_TRUE(xs_freetree_fits_at(t, &in_bin, BIN_MAX, 0x910000));
-  /* Front cuts keep the node while the order holds and the size stays in
-     its class (4 MiB .. 4 MiB + 256 KiB)... */
-  XSEG_EXPECT_TRUE(xs_freetree_fits_at(t, &big, 4 * BIN_MAX + 128 * STEP,
-                                       0x80010000));
-  XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &big, 4 * BIN_MAX - STEP,
-                                        0x80080200));
+  /* Front cuts inside the tree keep the node while the order holds... */
+  XSEG_EXPECT_TRUE(xs_freetree_fits_at(t, &big, 3 * BIN_MAX, 0x80100000));
   /* ...and not past a neighbour. */
   XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &big, BIN_MAX + STEP, 0x0));
-  XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &in_tree, BIN_MAX + STEP,
-                                        0x40000));
   xs_freetree_remove(t, &in_bin);
   xs_freetree_remove(t, &in_tree);
   xs_freetree_remove(t, &big);
@@ -224,7 +217,7 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   put(&a, 2048, 0x10000);
   put(&b, 2048, 0x20000);
   put(&c, 2048, 0x30000);
-  put(&big, 8 * BIN_MAX + 768 * STEP, 0x40000000);   /* class 8 .. 8.5 MiB */
+  put(&big, 8 * BIN_MAX, 0x40000000);
   xs_freetree_insert(t, &a);
   xs_freetree_insert(t, &b);
   xs_freetree_insert(t, &c);
@@ -248,13 +241,12 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &last) == &big);
   XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big) == &last);
   XSEG_EXPECT_TRUE(valid(t));
-  /* The front 256 KiB cut off big: the rest sorts where big was, in its
-     class. */
-  put(&cut, 8 * BIN_MAX + 256 * STEP, big.addr + 512 * STEP);
+  /* The front 1 MiB cut off big: the rest sorts where big was. */
+  put(&cut, 7 * BIN_MAX, big.addr + BIN_MAX);
   XSEG_ASSERT_TRUE(xs_freetree_fits_at(t, &big, cut.size, cut.addr));
   xs_freetree_replace(t, &big, big.size, &cut);
   XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &cut);
-  XSEG_EXPECT_EQ(t->bytes, 3 * 2048 + 8 * BIN_MAX + 256 * STEP);
+  XSEG_EXPECT_EQ(t->bytes, 3 * 2048 + 7 * BIN_MAX);
   XSEG_EXPECT_TRUE(valid(t));
   xs_freetree_remove(t, &moved);
   xs_freetree_remove(t, &b);
@@ -291,18 +283,13 @@ static uint64_t rng(uint64_t *s) {   /* splitmix64 */
 }
 
 /* Sizes in steps: mostly a few small bins (many equal sizes), some
-   anywhere in the bins, some around the boundary, some in the classes
-   just above it, some in classes of every power of two up to the last
-   class (2 TiB and up), and some on class boundaries. */
+   anywhere in the bins, some around the boundary, some in the tree. */
 static size_t random_size(uint64_t *s) {
-  switch (rng(s) % 6) {
+  switch (rng(s) % 4) {
   case 0: return STEP * (1 + rng(s) % 8);
   case 1: return STEP * (1 + rng(s) % XS_FREETREE_BINS);
   case 2: return BIN_MAX - 2 * STEP + STEP * (rng(s) % 5);
-  case 3: return BIN_MAX + STEP * (1 + rng(s) % 4096);
-  case 4: return STEP * ((1 + rng(s) % 64) << (rng(s) % 40));
-  default: return STEP * ((16 + rng(s) % 16) << (rng(s) % 30)) -
-                  STEP * (rng(s) % 2);
+  default: return BIN_MAX + STEP * (1 + rng(s) % 4096);
   }
 }
 
@@ -413,22 +400,22 @@ XSEG_TEST(segments_freetree, validator_catches_bitmap_and_a_broken_list) {
   XSEG_EXPECT_TRUE(strstr(msg, "free bin 1") != NULL);
   t->bins[1].newest = &b;
   /* A bin bit set for an empty bin, then its word's summary bit lost. */
-  t->bits[0] |= 1;
+  t->bin_bits[0] |= 1;
   XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
   XSEG_EXPECT_TRUE(strstr(msg, "free bin 0") != NULL);
-  t->bits[0] &= ~(uint64_t)1;
-  t->words = 0;
+  t->bin_bits[0] &= ~(uint64_t)1;
+  t->bin_words = 0;
   XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
   XSEG_EXPECT_TRUE(strstr(msg, "summary") != NULL);
-  t->words = 1;
+  t->bin_words = 1;
   XSEG_EXPECT_TRUE(xs_freetree_is_valid(t, msg, sizeof msg));
   /* Blocks in a bin the bitmap lost: best fit cannot see them. */
-  t->bits[0] = 0;
-  t->words = 0;
+  t->bin_bits[0] = 0;
+  t->bin_words = 0;
   XSEG_EXPECT_FALSE(xs_freetree_is_valid(t, msg, sizeof msg));
   XSEG_EXPECT_TRUE(strstr(msg, "counts") != NULL);
-  t->bits[0] = 2;
-  t->words = 1;
+  t->bin_bits[0] = 2;
+  t->bin_words = 1;
   XSEG_EXPECT_TRUE(xs_freetree_is_valid(t, msg, sizeof msg));
   xs_freetree_remove(t, &a);
   xs_freetree_remove(t, &b);
