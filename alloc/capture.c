@@ -119,6 +119,19 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
   return capture_add(a, c, out);
 }
 
+xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
+                              bool *capturing) {
+  *capturing = false;
+  for (uint32_t i = 0; i < streams->n && !*capturing; i++) {
+    bool id_known;
+    uint64_t id;
+    xseg_status st = capture_query(a, xs_stream_set_at(streams, i), capturing,
+                                   &id_known, &id);
+    if (st != XSEG_OK) return st;
+  }
+  return XSEG_OK;
+}
+
 xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
   size_t i = 0;
   while (i < a->n_captures) {

@@ -6,6 +6,7 @@
 
 #include "alloc/capture_mode.h"
 #include "alloc/types.h"
+#include "streams/stream_set.h"
 
 /* The private pools that allocations on `stream` go to, or NULL. */
 xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
@@ -16,6 +17,12 @@ xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
 xseg_status xs_capture_detect_locked(xseg_allocator *a,
                                      struct CUstream_st *stream,
                                      xs_stream_pools **out);
+/* Whether any of `streams` is in a capture now (cuStreamGetCaptureInfo;
+   an invalidated capture still counts, a destroyed stream does not),
+   whether xseg knows of that capture or not. Reads no allocator state:
+   any lock will do. Context current. */
+xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
+                              bool *capturing);
 /* Drops implicit entries whose capture ended. Context current. */
 xseg_status xs_capture_refresh_locked(xseg_allocator *a);
 /* Before releasing memory: drops implicit entries whose capture ended and

@@ -21,7 +21,13 @@
  * recorded into a capture would describe the graph, not the work: frees
  * then only park the block in a->deferred, and its events are recorded
  * once no capture is under way (PyTorch's
- * needs_events_deferred_until_no_capture).
+ * needs_events_deferred_until_no_capture). xseg knows of announced
+ * captures and of those a slow malloc detected on its own stream, but any
+ * of a block's streams may capture unseen, so each is asked first: a free
+ * (or a parked free's recording) that finds one capturing parks, or stays
+ * parked, the same way. An event recorded there would be the capture's,
+ * and cuEventQuery of it fails (CUDA_ERROR_CAPTURED_EVENT) and invalidates
+ * the capture.
  */
 #include <assert.h>
 #include <stdlib.h>
@@ -135,10 +141,14 @@ static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
 
 /* Queues the events of b (pending) on its recorded streams; none when
    every one of them has been destroyed (pending_events 0: the caller
-   completes the free). */
-static xseg_status deferred_record(xseg_allocator *a, xs_block *b) {
+   completes the free). *later, nothing done, when one of them captures:
+   the events wait until it no longer does. */
+static xseg_status deferred_record(xseg_allocator *a, xs_block *b,
+                                   bool *later) {
+  xseg_status st = xs_capture_any_on(a, &b->uses, later);
+  if (st != XSEG_OK || *later) return st;
   xs_pending *queues = &xs_pools_of(b->seg->pool)->pending;
-  xseg_status st = xs_pending_add_all(queues, &b->uses, b);
+  st = xs_pending_add_all(queues, &b->uses, b);
   if (st == XSEG_ERR_DRIVER && deferred_drop_dead(a, b))
     st = b->uses.n == 0 ? XSEG_OK : xs_pending_add_all(queues, &b->uses, b);
   if (st == XSEG_OK) b->pending_events = b->uses.n;
@@ -164,37 +174,47 @@ static void deferred_begin(xseg_allocator *a, xs_block *b) {
   if (b->uses.n == 0) deferred_complete(a, b);  /* its streams are gone */
 }
 
-xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b) {
+xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
+                                     bool *later) {
   assert(b->allocated && !b->pending && b->uses.n > 0);
   assert(!xs_alloc_capturing(a) && "captures send frees the slow way");
   XS_ASSERT_PAIR_LOCKED(a, xs_pools_of(b->seg->pool));
+  *later = false;
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st != XSEG_OK) return st;
-  st = deferred_record(a, b);
+  st = deferred_record(a, b, later);
   xs_vmm_ctx_leave(&a->vmm, saved);
-  if (st == XSEG_OK) deferred_begin(a, b);
+  if (st == XSEG_OK && !*later) deferred_begin(a, b);
   return st;
 }
 
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   assert(b->allocated && !b->pending && b->uses.n > 0);
-  if (!xs_alloc_capturing(a)) return xs_alloc_defer_free_pair(a, b);
+  /* Parked during a capture xseg knows of, or one it finds on b's
+     streams. */
+  if (!xs_alloc_capturing(a)) {
+    bool later;
+    xseg_status st = xs_alloc_defer_free_pair(a, b, &later);
+    if (st != XSEG_OK || !later) return st;
+  }
   xseg_status st = deferred_park(a, b);
   if (st == XSEG_OK) deferred_begin(a, b);
   return st;
 }
 
-/* Records the events of frees made during a capture. One that fails stays
-   parked for the next call; the first failure is returned. */
+/* Records the events of frees made during a capture. One that fails, or
+   one of whose streams captures, stays parked for the next call; the first
+   failure is returned. */
 static xseg_status deferred_record_parked(xseg_allocator *a) {
   xseg_status first = XSEG_OK;
   size_t kept = 0;
   for (size_t i = 0; i < a->n_deferred; i++) {
     xs_block *b = a->deferred[i];
-    xseg_status st = deferred_record(a, b);
-    if (st != XSEG_OK) a->deferred[kept++] = b;
+    bool later;
+    xseg_status st = deferred_record(a, b, &later);
+    if (st != XSEG_OK || later) a->deferred[kept++] = b;
     else if (b->uses.n == 0) deferred_complete(a, b);  /* streams gone */
     if (first == XSEG_OK) first = st;
   }

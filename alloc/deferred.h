@@ -54,11 +54,15 @@ static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
    pending blocks sit in pairs the stream index lacks (private pools). */
 bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp);
 /* The cross-stream free of live block b (recorded streams, not shared)
-   with its pair's lock held and no capture under way (the cached path:
-   deferred.c): queued behind an event on each of its streams, pending.
-   Fails (block still live, nothing changed) only when the events cannot
-   be recorded or host memory runs out. Enters the context. */
-xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b);
+   with its pair's lock held and no capture under way that xseg knows of
+   (the cached path: deferred.c): queued behind an event on each of its
+   streams, pending. *later (nothing changed) when one of its streams
+   captures all the same: the free must park, with every lock
+   (xs_alloc_defer_free_locked). Fails (block still live, nothing changed)
+   only when the events cannot be recorded, a stream's capture status
+   cannot be read, or host memory runs out. Enters the context. */
+xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
+                                     bool *later);
 /* Frees the pending blocks of pair sp whose events fired (queries only),
    its lock held and no capture under way (the cached malloc, as PyTorch's
    process_events), its parked blocks merged first; nothing when none is

@@ -118,6 +118,8 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   return XSEG_OK;
 }
 
+static xseg_status alloc_free_locked(xseg_allocator *a, void *ptr);
+
 /* The cached free of live block b, used on other streams, `slot` in the
    pointer table of pair sp, whose lock is held and dropped here: pending
    behind their events, its entry out of the table, unless recording them
@@ -130,9 +132,14 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
     xs_park_settle_pair(sp);                 /* entries after b's may move */
     slot = xs_ptrtable_find(&sp->live, b->addr);
   }
-  xseg_status st = xs_alloc_defer_free_pair(a, b);
-  if (st == XSEG_OK) xs_ptrtable_remove_at(&sp->live, slot);
+  bool later;
+  xseg_status st = xs_alloc_defer_free_pair(a, b, &later);
+  if (st == XSEG_OK && !later) xs_ptrtable_remove_at(&sp->live, slot);
+  void *ptr = (void *)(uintptr_t)b->addr;
   xs_pair_drop(sp);
+  /* One of its streams captures: the free parks, with every lock. */
+  if (__builtin_expect(st == XSEG_OK && later, 0))
+    return alloc_free_locked(a, ptr);
   xs_alloc_debug_after_cached(a);
   return st;
 }
