@@ -10,7 +10,8 @@
 
 /* Deferred frees (deferred.c). xseg_free of a block with recorded streams:
    parks it pending. Fails (block still live, nothing changed) only when
-   the events cannot be recorded or host memory runs out. */
+   the events cannot be recorded, a stream's capture status cannot be read
+   or host memory runs out. */
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
 /* A pending block that waited on something else (other processes holding
    it, alloc/ipc_export.c) now waits on its recorded streams: parked until
