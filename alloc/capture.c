@@ -121,13 +121,23 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
 
 xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
                               bool *capturing) {
+  xs_driver *drv = a->vmm.drv;
   *capturing = false;
-  for (uint32_t i = 0; i < streams->n && !*capturing; i++) {
-    bool id_known;
-    uint64_t id;
-    xseg_status st = capture_query(a, xs_stream_set_at(streams, i), capturing,
-                                   &id_known, &id);
-    if (st != XSEG_OK) return st;
+  for (uint32_t i = 0; i < streams->n; i++) {
+    struct CUstream_st *s = xs_stream_set_at(streams, i);
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = XS_DRV(drv, cuStreamIsCapturing, (CUstream)s, &status);
+    /* The legacy stream while a blocking stream captures: work queued on
+       it would join that capture (cuda.h, cuStreamIsCapturing). */
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+        (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE)) {
+      *capturing = true;
+      return XSEG_OK;
+    }
+    /* A destroyed stream captures nothing (as in capture_query). */
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_HANDLE)
+      return xs_driver_error(drv, r, "cuStreamIsCapturing(stream %p)",
+                             (void *)s);
   }
   return XSEG_OK;
 }

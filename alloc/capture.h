@@ -17,10 +17,10 @@ xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
 xseg_status xs_capture_detect_locked(xseg_allocator *a,
                                      struct CUstream_st *stream,
                                      xs_stream_pools **out);
-/* Whether any of `streams` is in a capture now (cuStreamGetCaptureInfo;
-   an invalidated capture still counts, a destroyed stream does not),
-   whether xseg knows of that capture or not. Reads no allocator state:
-   any lock will do. Context current. */
+/* Whether any of `streams` is in a capture now (cuStreamIsCapturing; an
+   invalidated capture still counts, a destroyed stream does not), whether
+   xseg knows of that capture or not. Reads no allocator state: any lock
+   will do. Context current. */
 xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
                               bool *capturing);
 /* Drops implicit entries whose capture ended. Context current. */
