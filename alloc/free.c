@@ -123,7 +123,8 @@ static xseg_status alloc_free_locked(xseg_allocator *a, void *ptr);
 /* The cached free of live block b, used on other streams, `slot` in the
    pointer table of pair sp, whose lock is held and dropped here: pending
    behind their events, its entry out of the table, unless recording them
-   fails (its status, nothing changed). The pair's parked blocks merge
+   fails (its status, nothing changed) or one of its streams captures
+   (then the free parks, with every lock). The pair's parked blocks merge
    first, as completions may give blocks back to their pools. Out of line:
    the plain free's registers stay few. */
 static __attribute__((noinline)) xseg_status alloc_free_deferred(
