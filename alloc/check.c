@@ -266,7 +266,7 @@ static bool check_stats(check_ctx *c, xseg_allocator *a, const xs_stats *sum) {
 
 /* A block's recorded streams and events agree with its state. */
 static bool check_block_streams(check_ctx *c, const xs_block *b,
-                                uint64_t *events, size_t *parked) {
+                                uint64_t *events, size_t *eventless) {
   if (!b->allocated && (b->uses.n != 0 || b->pending_events != 0))
     CHECK_FAIL(c, "free block 0x%llx still has recorded streams",
                (unsigned long long)b->addr);
@@ -277,22 +277,23 @@ static bool check_block_streams(check_ctx *c, const xs_block *b,
     CHECK_FAIL(c, "live block 0x%llx has events",
                (unsigned long long)b->addr);
   *events += b->pending_events;
-  *parked += b->pending && b->pending_events == 0;
+  *eventless += b->pending && b->pending_events == 0;
   return true;
 }
 
 /* Every queued event belongs to one pending block; a pending block without
-   events is parked until no capture is under way. */
+   events waits for them to be recorded once no capture is under way
+   (a->deferred), or for other processes to let go of it (ipc_held_frees). */
 static bool check_pending(check_ctx *c, xseg_allocator *a) {
   uint64_t events = 0, queued = 0;
-  size_t parked = 0;
+  size_t eventless = 0;
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     queued += sp->pending.entries;
     size_t pending = 0;
     for (int k = 0; k < 2; k++)
       for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
         for (xs_block *b = s->first; b != NULL; b = b->next) {
-          if (!check_block_streams(c, b, &events, &parked)) return false;
+          if (!check_block_streams(c, b, &events, &eventless)) return false;
           pending += b->pending;
         }
     size_t counted = atomic_load(&sp->n_pending);
@@ -302,10 +303,12 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
   }
   /* Blocks that other processes hold wait on no event either. */
   if (events != queued ||
-      parked != a->n_deferred + a->ipc_parked)
-    CHECK_FAIL(c, "blocks wait on %llu events and %zu are parked; the queues "
-               "hold %llu events and %zu parked", (unsigned long long)events,
-               parked, (unsigned long long)queued, a->n_deferred);
+      eventless != a->n_deferred + a->ipc_held_frees)
+    CHECK_FAIL(c, "blocks wait on %llu events and %zu pending blocks on none; "
+               "the queues hold %llu events, %zu frees wait unrecorded and "
+               "%zu are held by other processes", (unsigned long long)events,
+               eventless, (unsigned long long)queued, a->n_deferred,
+               a->ipc_held_frees);
   return true;
 }
 

@@ -2,7 +2,7 @@
  *
  * A block may still be read or written by work queued on the streams it
  * was recorded on. Its free records one pooled event on each of them (the
- * point each had reached) and parks the block pending: it is no longer the
+ * point each had reached) and makes the block pending: it is no longer the
  * caller's (allocation and allocated_bytes drop), but stays active, out of
  * every tree, until every one of its events has fired. Work queued on those
  * streams after the free does not delay it.
@@ -19,13 +19,13 @@
  *
  * While a graph capture is under way no event may be queried, and events
  * recorded into a capture would describe the graph, not the work: frees
- * then only park the block in a->deferred, and its events are recorded
- * once no capture is under way (PyTorch's
+ * then only list the block in a->deferred, its events unrecorded, and they
+ * are recorded once no capture is under way (PyTorch's
  * needs_events_deferred_until_no_capture). xseg knows of announced
  * captures and of those a slow malloc detected on its own stream, but any
  * of a block's streams may capture unseen, so each is asked first: a free
- * (or a parked free's recording) that finds one capturing parks, or stays
- * parked, the same way. An event recorded there would be the capture's,
+ * (or an unrecorded free's recording) that finds one capturing waits
+ * unrecorded, or stays so, the same way. An event recorded there would be the capture's,
  * and cuEventQuery of it fails (CUDA_ERROR_CAPTURED_EVENT) and invalidates
  * the capture.
  */
@@ -155,7 +155,8 @@ static xseg_status deferred_record(xseg_allocator *a, xs_block *b,
   return st;
 }
 
-static xseg_status deferred_park(xseg_allocator *a, xs_block *b) {
+/* Lists pending block b in a->deferred, its events still to record. */
+static xseg_status deferred_add_unrecorded(xseg_allocator *a, xs_block *b) {
   if (!XS_ARRAY_RESERVE(a->deferred, a->cap_deferred, a->n_deferred + 1, 16))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory deferring the free of %p",
@@ -192,22 +193,22 @@ xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   assert(b->allocated && !b->pending && b->uses.n > 0);
-  /* Parked during a capture xseg knows of, or one it finds on b's
+  /* Unrecorded during a capture xseg knows of, or one it finds on b's
      streams. */
   if (!xs_alloc_capturing(a)) {
     bool later;
     xseg_status st = xs_alloc_defer_free_pair(a, b, &later);
     if (st != XSEG_OK || !later) return st;
   }
-  xseg_status st = deferred_park(a, b);
+  xseg_status st = deferred_add_unrecorded(a, b);
   if (st == XSEG_OK) deferred_begin(a, b);
   return st;
 }
 
 /* Records the events of frees made during a capture. One that fails, or
-   one of whose streams captures, stays parked for the next call; the first
-   failure is returned. */
-static xseg_status deferred_record_parked(xseg_allocator *a) {
+   one of whose streams captures, stays unrecorded, listed for the next
+   call; the first failure is returned. */
+static xseg_status deferred_record_unrecorded(xseg_allocator *a) {
   xseg_status first = XSEG_OK;
   size_t kept = 0;
   for (size_t i = 0; i < a->n_deferred; i++) {
@@ -222,10 +223,10 @@ static xseg_status deferred_record_parked(xseg_allocator *a) {
   return first;
 }
 
-xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b) {
+xseg_status xs_alloc_defer_unrecorded_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   assert(b->pending && b->pending_events == 0 && b->uses.n > 0);
-  return deferred_park(a, b);
+  return deferred_add_unrecorded(a, b);
 }
 
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
@@ -246,7 +247,7 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
     xs_vmm_ctx_leave(&a->vmm, saved);
     return st;
   }
-  if (a->n_deferred != 0) st = deferred_record_parked(a);
+  if (a->n_deferred != 0) st = deferred_record_unrecorded(a);
   xseg_status qs = XSEG_OK;
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     if (sp->pending.entries == 0) continue;

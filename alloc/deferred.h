@@ -9,21 +9,21 @@
 #include "alloc/pairs.h"
 
 /* Deferred frees (deferred.c). xseg_free of a block with recorded streams:
-   parks it pending. Fails (block still live, nothing changed) only when
+   makes it pending. Fails (block still live, nothing changed) only when
    the events cannot be recorded, a stream's capture status cannot be read
    or host memory runs out. */
 xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b);
 /* A pending block that waited on something else (other processes holding
-   it, alloc/ipc_export.c) now waits on its recorded streams: parked until
-   the next completion of pending frees records their events. Fails only on
-   host OOM (the block is then unchanged). */
-xseg_status xs_alloc_park_pending_locked(xseg_allocator *a, xs_block *b);
+   it, alloc/ipc_export.c) now waits on its recorded streams: listed
+   unrecorded until the next completion of pending frees records their
+   events. Fails only on host OOM (the block is then unchanged). */
+xseg_status xs_alloc_defer_unrecorded_locked(xseg_allocator *a, xs_block *b);
 /* Frees every pending block whose events fired; `wait` blocks on them
    (cuEventSynchronize). Records the events of frees made during a capture
    once none is under way; does nothing while one is. Enters the context. */
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait);
-/* Queued or parked, every pending free is counted in pending_blocks: one
-   load on the cached path. */
+/* Queued behind events or waiting without them, every pending free is
+   counted in pending_blocks: one load on the cached path. */
 static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
   return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) != 0;
 }
@@ -58,7 +58,7 @@ bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp);
    with its pair's lock held and no capture under way that xseg knows of
    (the cached path: deferred.c): queued behind an event on each of its
    streams, pending. *later (nothing changed) when one of its streams
-   captures all the same: the free must park, with every lock
+   captures all the same: the free must wait unrecorded, with every lock
    (xs_alloc_defer_free_locked). Fails (block still live, nothing changed)
    only when the events cannot be recorded, a stream's capture status
    cannot be read, or host memory runs out. Enters the context. */

@@ -138,7 +138,8 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
   if (st == XSEG_OK && !later) xs_ptrtable_remove_at(&sp->live, slot);
   void *ptr = (void *)(uintptr_t)b->addr;
   xs_pair_drop(sp);
-  /* One of its streams captures: the free parks, with every lock. */
+  /* One of its streams captures: the free waits unrecorded, with every
+     lock. */
   if (__builtin_expect(st == XSEG_OK && later, 0))
     return alloc_free_locked(a, ptr);
   xs_alloc_debug_after_cached(a);

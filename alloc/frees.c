@@ -14,6 +14,6 @@
 xseg_status xs_alloc_complete_frees_locked(xseg_allocator *a, bool wait) {
   XS_ASSERT_LOCKED(a);
   /* Blocks other processes held may be free now (no driver call). */
-  if (a->ipc_parked != 0) xs_ipc_reap_locked(a);
+  if (a->ipc_held_frees != 0) xs_ipc_reap_locked(a);
   return xs_alloc_process_pending_locked(a, wait);
 }

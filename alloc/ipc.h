@@ -20,9 +20,9 @@
  * block id), and refuses a handle whose table fd is not the table the id
  * names.
  *
- * Lifetime: a block freed by its producer while any holder remains is
- * parked pending (pending_free_bytes), out of every tree; the producer
- * looks at its parked blocks whenever it completes pending frees (every
+ * Lifetime: a block freed by its producer while any holder remains is a
+ * free held back: pending (pending_free_bytes), out of every tree; the
+ * producer looks at its held frees whenever it completes pending frees (every
  * malloc while any is pending), reclaims the holds of processes that
  * died, and gives a block back once no holder is left.
  */
@@ -73,10 +73,11 @@ enum { XS_IPC_EXPORTS = 4096, XS_IPC_HOLDERS = 8192 };
 
 /* An export slot, written by the producer alone. A block id is
    generation * XS_IPC_EXPORTS + slot, never 0. Holders may register while
-   the slot is LIVE or PARKED; CLOSING means the producer is counting
+   the slot is LIVE or FREE_HELD (freed by the producer, kept for its
+   holders); CLOSING means the producer is counting
    holders to give the block back (a consumer that sees it backs out). */
 typedef enum xs_ipc_export_state {
-  XS_IPC_EMPTY = 0, XS_IPC_LIVE, XS_IPC_PARKED, XS_IPC_CLOSING
+  XS_IPC_EMPTY = 0, XS_IPC_LIVE, XS_IPC_FREE_HELD, XS_IPC_CLOSING
 } xs_ipc_export_state;
 
 typedef struct xs_ipc_export_slot {
@@ -177,11 +178,11 @@ size_t xs_ipc_table_holders(xs_ipc_table *t, uint64_t id);
 size_t xs_ipc_table_reap(xs_ipc_table *t, uint64_t id, xs_ipc_alive *alive);
 /* The producer's handshake before giving a block back: CLOSING, count the
    holders, then EMPTY (true: no holder, the block may go) or back to
-   PARKED (false). */
+   FREE_HELD (false). */
 bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id);
 /* The consumer's side: claims a holder slot for `id` (a FREE one, or one
    a dead claimant left CLAIMING) and checks, after publishing it, that
-   the block is still exported (LIVE or PARKED). The slot in *slot, or an
+   the block is still exported (LIVE or FREE_HELD). The slot in *slot, or an
    error with a message. */
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot);
 /* The same in the name of process (pid, start), e.g. a ticket's hold
@@ -196,7 +197,7 @@ void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot);
 typedef struct xs_ipc_export {
   xs_block *block;
   uint64_t id;
-  bool parked;                 /* freed by the caller, held by others */
+  bool free_held;              /* freed by the caller, held by others */
 } xs_ipc_export;
 
 /* A block of another process that this allocator has open. */
@@ -246,13 +247,13 @@ typedef struct xs_ipc {
 xs_ipc *xs_ipc_get_locked(xseg_allocator *a);
 
 /* Hook of xseg_free: true when b, exported and still held by another
-   process, was parked pending (a->ipc_parked) instead of freed. */
+   process, was held back pending (a->ipc_held_frees) instead of freed. */
 bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b);
-/* Hook of pending frees: reclaims dead holders and gives back parked
-   blocks that no one holds. */
+/* Hook of pending frees: reclaims dead holders and gives back held
+   frees that no one holds any more. */
 void xs_ipc_reap_locked(xseg_allocator *a);
 /* xseg_destroy: unmaps what this allocator opened and withdraws what it
-   exported (parked blocks go with their segments). Context current when
+   exported (held frees go with their segments). Context current when
    `entered`. */
 void xs_ipc_destroy_locked(xseg_allocator *a, bool entered);
 /* xseg_destroy: destroys the events of xseg_ipc_record / xseg_ipc_wait

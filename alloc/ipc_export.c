@@ -197,28 +197,29 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
   xs_ipc *ipc = a->ipc;
   size_t i = export_find(ipc, b);
   if (i == SIZE_MAX) return false;
-  assert(!ipc->exports[i].parked && "a parked block is not live");
+  assert(!ipc->exports[i].free_held && "a held free is not live");
   if (xs_ipc_table_try_close(ipc->table, ipc->exports[i].id)) {
     export_drop(ipc, i);
     return false;              /* nobody holds it: an ordinary free */
   }
   /* Pending, as a free waiting on recorded streams: not the caller's any
      more, still active, in no tree. Its streams (if any) are waited on
-     once the last holder is gone (xs_alloc_park_pending_locked). */
-  ipc->exports[i].parked = true;
+     once the last holder is gone (xs_alloc_defer_unrecorded_locked). */
+  ipc->exports[i].free_held = true;
   xs_pool_forget_retake(b->seg->pool, b);
   b->pending = true;
   xs_alloc_pending_count(a, b, 1);
-  a->ipc_parked++;
+  a->ipc_held_frees++;
   xs_alloc_account_live(b, -1);
   return true;
 }
 
-/* The last holder of parked block b is gone: it is freed as xseg_free
+/* The last holder of held free b is gone: it is freed as xseg_free
    would have, had nobody held it. False when it must stay (host OOM
-   parking it for its streams): the next pass tries again. */
+   listing it for its streams): the next pass tries again. */
 static bool export_release(xseg_allocator *a, xs_block *b) {
-  if (b->uses.n != 0) return xs_alloc_park_pending_locked(a, b) == XSEG_OK;
+  if (b->uses.n != 0)
+    return xs_alloc_defer_unrecorded_locked(a, b) == XSEG_OK;
   b->pending = false;
   xs_alloc_pending_count(a, b, -1);
   xs_alloc_account_active(b, -1);
@@ -231,7 +232,7 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
   xs_ipc *ipc = a->ipc;
   for (size_t i = 0; i < ipc->n_exports;) {
     xs_ipc_export *e = &ipc->exports[i];
-    if (!e->parked) {
+    if (!e->free_held) {
       i++;
       continue;
     }
@@ -245,7 +246,7 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
       i++;
       continue;
     }
-    a->ipc_parked--;
+    a->ipc_held_frees--;
     export_drop(ipc, i);
   }
 }
@@ -269,7 +270,7 @@ void xs_ipc_stats_locked(xseg_allocator *a, xseg_ipc_stats *out) {
   for (size_t i = 0; i < ipc->n_exports; i++) {
     out->open_by_others +=
         xs_ipc_table_holders(ipc->table, ipc->exports[i].id) != 0;
-    out->pending_on_others += ipc->exports[i].parked;
+    out->pending_on_others += ipc->exports[i].free_held;
   }
   out->reclaimed = ipc->reclaimed;
   for (const xs_ipc_mapping *m = ipc->mappings; m != NULL; m = m->next)

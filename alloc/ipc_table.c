@@ -11,8 +11,8 @@
  *     producer                         consumer
  *     export.state = CLOSING           holder.state = HELD (id, pid)
  *     count HELD holders of id         read export.state of id
- *     0: EMPTY, give the block back    not LIVE/PARKED: unhold, fail
- *     else: PARKED, keep it            else: map it
+ *     0: EMPTY, give the block back    not LIVE/FREE_HELD: unhold, fail
+ *     else: FREE_HELD, keep it         else: map it
  *
  * A process is identified by pid and start time (from /proc/<pid>/stat),
  * so a pid reused by a later process does not keep a dead one's holds.
@@ -274,7 +274,7 @@ bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id) {
   assert(atomic_load(&e->id) == id && "the producer owns its slots");
   atomic_store(&e->state, XS_IPC_CLOSING);
   if (xs_ipc_table_holders(t, id) != 0) {
-    atomic_store(&e->state, XS_IPC_PARKED);
+    atomic_store(&e->state, XS_IPC_FREE_HELD);
     return false;
   }
   atomic_store(&e->id, 0);
@@ -328,7 +328,7 @@ xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
   xs_ipc_export_slot *e = table_export(t, id);
   uint32_t state = atomic_load(&e->state);
   if (atomic_load(&e->id) != id ||
-      (state != XS_IPC_LIVE && state != XS_IPC_PARKED)) {
+      (state != XS_IPC_LIVE && state != XS_IPC_FREE_HELD)) {
     xs_ipc_table_unhold(t, i);
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_ipc_open: block %llu is no longer exported by "

@@ -33,7 +33,8 @@ static uint64_t ticket_serial(void) {
          (uint64_t)xs_ipc_self_pid() * 0x9e3779b97f4a7c15u;
 }
 
-/* The export record of the block at addr (live, or freed and parked). */
+/* The export record of the block at addr (live, or freed and held by
+   others). */
 static const xs_ipc_export *ticket_export(const xs_ipc *ipc, uint64_t addr) {
   for (size_t i = 0; ipc != NULL && i < ipc->n_exports; i++)
     if (ipc->exports[i].block->addr == addr) return &ipc->exports[i];
@@ -61,8 +62,8 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
   size_t where, slot = 0;
   uint64_t addr = (uint64_t)(uintptr_t)ptr, id = 0;
   xs_ipc_table *t = NULL;
-  /* A block exported here must still be live (not freed and parked); one
-     opened here is held by this very process. */
+  /* A block exported here must still be live (not a free held by
+     others); one opened here is held by this very process. */
   bool found = ticket_block(a->ipc, addr, &t, &id) &&
                (t != a->ipc->table ||
                 xs_alloc_find_live_locked(a, addr, &where) != NULL);

@@ -215,7 +215,7 @@ struct xseg_allocator {
   /* Blocks shared with other processes (alloc/ipc*.c); NULL until the
      first export or open. */
   struct xs_ipc *ipc;
-  size_t ipc_parked;                  /* pending blocks that other processes
+  size_t ipc_held_frees;              /* pending blocks that other processes
                                          hold (no events, not in deferred) */
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of every lock, for asserts */

@@ -3,12 +3,12 @@
  *
  * The loop PyTorch runs when a tensor was used on a side stream: malloc on
  * the default stream, record_stream on a second stream, free. The free
- * records a pooled event on the second stream and parks the block; the next
- * malloc polls the stream's queue and gives back what fired. Timed against
- * the plain malloc+free pair of the same size in the same allocator, round
- * for round, median over --rounds: the difference is what deferral costs on
- * the host per free (an event record and, amortised, its query). The events
- * the loop created show that the pool reuses them.
+ * records a pooled event on the second stream and makes the block pending;
+ * the next malloc polls the stream's queue and gives back what fired. Timed
+ * against the plain malloc+free pair of the same size in the same
+ * allocator, round for round, median over --rounds: the difference is what
+ * deferral costs on the host per free (an event record and, amortised, its
+ * query). The events the loop created show that the pool reuses them.
  *
  * When the next malloc finds the last free's event fired depends on the
  * device (on the emulator, on when its stream thread runs). --fired takes

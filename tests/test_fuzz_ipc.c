@@ -39,8 +39,8 @@ typedef struct fi {
   fi_block b[FI_BLOCKS];
   int n;
   /* Blocks of each producer freed while held whose last holder closed
-     since that producer last completed its frees (a malloc or empty_cache): parked
-     still, or given back already. */
+     since that producer last completed its frees (a malloc or
+     empty_cache): held still, or given back already. */
   int64_t uncompleted[FI_PRODUCERS];
   uint64_t rng, step;
   unsigned char next_tag;

@@ -50,7 +50,7 @@ XSEG_TEST(streams_capture, announced_capture_uses_a_private_pool) {
   XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &p2));
   XSEG_EXPECT_TRUE(p2 == tmp);
   XSEG_ASSERT_OK(xseg_record_stream(a, p2, s1));
-  XSEG_ASSERT_OK(xseg_free(a, p2));         /* parked: no event now */
+  XSEG_ASSERT_OK(xseg_free(a, p2));         /* unrecorded: no event now */
   XSEG_ASSERT_OK(xseg_malloc(a, 4096, s0, &tmp));   /* pending waits */
   XSEG_ASSERT_OK(xseg_free(a, tmp));
   XSEG_ASSERT_OK(xseg_empty_cache(a));      /* does nothing */
