@@ -137,10 +137,9 @@ static xs_stream_pools *pairs_memory(xseg_allocator *a) {
            sizeof *sp - offsetof(xs_stream_pools, dead));
     return sp;
   }
-  size_t size = (sizeof(xs_stream_pools) + 63) / 64 * 64;
-  sp = aligned_alloc(64, size);
+  sp = xs_lines_alloc(sizeof *sp);
   if (sp == NULL) return NULL;
-  memset(sp, 0, size);
+  memset(sp, 0, sizeof *sp);
   atomic_init(&sp->lock.state, 1);
   a->pair_structs++;
   return sp;

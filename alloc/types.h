@@ -36,8 +36,8 @@
 /* The two pools of one stream, or of one private pool on one stream
    (graph capture: private_id != 0; a private pool that several streams
    allocate to has a pair per stream, whose guard follows that stream).
-   Allocated on a cache line of its own, so that two threads on two pairs
-   share no line; never freed before the allocator (a thread may still
+   Allocated on lines of its own (xs_lines_alloc), so that two threads on
+   two pairs share no line; never freed before the allocator (a thread may still
    find a pair that went away in an old table: `dead` says so). */
 typedef struct xs_stream_pools {
   xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
@@ -150,8 +150,14 @@ typedef struct xs_capture {
   bool implicit;
 } xs_capture;
 
+/* Three parts, each on cache lines of its own (the struct is allocated
+   on lines, create.c), so that what threads on different pairs write
+   stays off what the others' cached paths read: a line one core writes
+   is taken from every core that holds it. */
 struct xseg_allocator {
-  xs_lock lock;                       /* see vmm/lock.h for why not pthread */
+  /* 1. What every cached malloc and free reads, written only with every
+     lock held (or, the range table, by a slow operation under its
+     sequence count): shared by every core, written rarely. */
   /* Set whenever the cached malloc and free must take the slow path;
      written with every lock held (xs_alloc_leave). Read under a pair
      lock for the answer, and before it as a hint: a malloc or free that
@@ -160,16 +166,27 @@ struct xseg_allocator {
   uint64_t id;                        /* unique per xseg_create (pairs.c) */
   size_t n_pairs;                     /* live pairs */
   _Atomic(xs_stream_index *) stream_index;
+  /* The range table (ranges.c): even sequence count when stable. */
+  _Atomic(xs_range_array *) ranges;
+  atomic_size_t n_ranges;
+  atomic_uint ranges_seq;
+  xs_config cfg;
+  /* 2. Blocks in state pending, every pair's: moved by a pair's cached
+     cross-stream free and by the malloc that polls it under that pair's
+     lock alone, and read by every cached malloc (active's peak needs a
+     look while anything is held), hence atomics; apart from part 1, which
+     a deferred free would otherwise take from every other core. */
+  _Alignas(XS_LINE) atomic_size_t pending_blocks;
+  _Atomic int64_t pending_bytes;
+  /* 3. What slow operations (every lock held) read and write. */
+  _Alignas(XS_LINE) xs_lock lock;     /* see vmm/lock.h for why not pthread */
   /* Every pair in lock order (creation order), read and written with the
      allocator's lock held: xs_alloc_enter takes each one's lock. A pair
      that goes away stays in it, dead, until the unlock drops its lock. */
   xs_stream_pools **order;
   size_t n_order, order_cap;
-  /* The range table (ranges.c): even sequence count when stable. */
-  _Atomic(xs_range_array *) ranges;
-  atomic_size_t n_ranges;
-  atomic_uint ranges_seq;
-  uint64_t ranges_made_at;            /* vmm.reserves at its making */
+  uint64_t ranges_made_at;            /* range table: vmm.reserves at its
+                                         making */
   uint64_t next_order;                /* of the next pair */
   /* Pairs gone: their memory is never given back before xseg_destroy, as
      a thread may still hold one found in the range table, but it is
@@ -180,7 +197,6 @@ struct xseg_allocator {
   size_t pair_structs;                /* allocated, alive or not */
   uint64_t frees_gone;                /* frees of pairs gone */
   xs_vmm vmm;
-  xs_config cfg;
   xs_stats_group stats;               /* the shards and their peaks */
   xs_stats shared_stats;              /* the shard of no pair: counters of
                                          slow operations, totals of pairs
@@ -199,12 +215,6 @@ struct xseg_allocator {
   bool flow_at_limit;                 /* the out-of-memory path's last try
                                          before a host wait: flow.c steals
                                          from any stream */
-  /* Blocks in state pending, every pair's: moved by a pair's cached
-     cross-stream free and by the malloc that polls it under that pair's
-     lock alone, and read by every cached malloc (active's peak needs a
-     look while anything is held), hence atomics. */
-  atomic_size_t pending_blocks;
-  _Atomic int64_t pending_bytes;
   xs_block **deferred;                /* pending, events not recorded yet
                                          (freed during a capture) */
   size_t n_deferred, cap_deferred;

@@ -90,13 +90,18 @@ static inline uint64_t xs_block_end(const xs_block *b) {
   return b->addr + b->size;
 }
 
-/* Host memory on cache lines of its own, as malloc (freed with free()),
-   for what one pair's cached path writes (block slabs, segments, the
-   pointer table): a heap neighbour could be another pair's, written by
-   another thread at the same time, and a line both write goes back and
+/* The span that what two threads write must keep apart: two 64-byte
+   cache lines, as x86 cores fetch lines in aligned pairs (Intel's L2
+   spatial prefetcher completes each line with its pair; AMD's adjacent
+   line prefetch does the same), so that a write to one line of a pair
+   can still take its neighbour from another core. */
+#define XS_LINE 128
+/* Host memory on lines of its own (XS_LINE), as malloc (freed with
+   free()), for what one pair's cached path writes (block slabs, segments,
+   the pointer table): a heap neighbour could be another pair's, written
+   by another thread at the same time, and a line both write goes back and
    forth between their cores. */
 static inline void *xs_lines_alloc(size_t size) {
-  enum { XS_LINE = 64 };
   if (size > SIZE_MAX - XS_LINE) return NULL;
   return aligned_alloc(XS_LINE, (size + XS_LINE - 1) / XS_LINE * XS_LINE);
 }
