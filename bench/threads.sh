@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# threads.sh: the two-thread scaling of the cached path, measured as the
+# target of bench/README.md ("The cached path and threads") states it: the
+# median and the minimum over N runs of `xseg-bench micro --only threads`,
+# xseg's ratio (2 threads on 2 streams over 1 thread) beside glibc's own
+# (each thread its own malloc+free loop, run in the same moments), so that
+# xseg's means something on any machine.
+#
+#   bench/threads.sh [XSEG_BENCH] [N] [-- MICRO_ARGS...]
+#
+# XSEG_BENCH defaults to build/bench/xseg-bench (build it Release or
+# RelWithDebInfo: a Debug build's asserts are not the cached path);
+# N defaults to 10. MICRO_ARGS go to `micro` after `--only threads`
+# (e.g. `--pairs 2000000` for longer runs). Prints the load (uptime) before
+# and after, one line per run, then the medians and minima. The exit status
+# is micro's failure, never the ratios': they are measurements, not tests.
+set -euo pipefail
+
+bench=build/bench/xseg-bench
+runs=10
+if [ $# -gt 0 ] && [ "$1" != -- ]; then bench=$1; shift; fi
+if [ $# -gt 0 ] && [ "$1" != -- ]; then runs=$1; shift; fi
+if [ $# -gt 0 ] && [ "$1" = -- ]; then shift; fi
+[ -x "$bench" ] || { echo "threads.sh: $bench is not an executable" >&2; exit 2; }
+case $runs in ''|*[!0-9]*|0) echo "threads.sh: N must be a positive count" >&2; exit 2;; esac
+
+echo "load before: $(uptime)"
+xs=() gl=()
+for ((i = 1; i <= runs; i++)); do
+  json=$("$bench" micro --only threads "$@" --json - 2>/dev/null)
+  read -r x g one < <(jq -r '.threads |
+      "\(.speedup_2) \(.glibc_speedup_2) \(.threads_1_pairs_per_s)"' <<<"$json")
+  if [ "$x" = null ]; then
+    echo "threads.sh: fewer than 2 cores: no two-thread ratio" >&2
+    exit 2
+  fi
+  printf 'run %2d: xseg %.3fx  glibc %.3fx  (xseg 1 thread %.1f M pairs/s)\n' \
+    "$i" "$x" "$g" "$(jq -n "$one / 1e6")"
+  xs+=("$x") gl+=("$g")
+done
+echo "load after:  $(uptime)"
+
+# Median (the mean of the middle two for an even count) and minimum.
+summary() {
+  printf '%s\n' "$@" | sort -g | awk '
+    { v[NR] = $1 }
+    END {
+      m = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+      printf "median %.3fx  min %.3fx", m, v[1]
+    }'
+}
+echo "xseg  over $runs runs: $(summary "${xs[@]}")"
+echo "glibc over $runs runs: $(summary "${gl[@]}")"
