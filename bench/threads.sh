@@ -14,6 +14,11 @@
 # (e.g. `--pairs 2000000` for longer runs). Prints the load (uptime) before
 # and after, one line per run, then the medians and minima. The exit status
 # is micro's failure, never the ratios': they are measurements, not tests.
+#
+# On a machine shared with other jobs a run is worth little while they use
+# the cores, so each run waits (at most XSEG_THREADS_WAIT seconds, 60
+# unless set; 0: no wait) for a second in which the cores were at least
+# 95% idle (from /proc/stat), and its line says how busy that second was.
 set -euo pipefail
 
 bench=build/bench/xseg-bench
@@ -24,9 +29,28 @@ if [ $# -gt 0 ] && [ "$1" = -- ]; then shift; fi
 [ -x "$bench" ] || { echo "threads.sh: $bench is not an executable" >&2; exit 2; }
 case $runs in ''|*[!0-9]*|0) echo "threads.sh: N must be a positive count" >&2; exit 2;; esac
 
+# Percent of the cores busy over one second (-1 without /proc/stat).
+busy_second() {
+  [ -r /proc/stat ] || { sleep 1; echo -1; return; }
+  local a b
+  read -r _ u0 n0 s0 i0 w0 q0 sq0 st0 _ < /proc/stat
+  sleep 1
+  read -r _ u1 n1 s1 i1 w1 q1 sq1 st1 _ < /proc/stat
+  a=$(( (i1 + w1) - (i0 + w0) ))
+  b=$(( (u1 + n1 + s1 + i1 + w1 + q1 + sq1 + st1) -
+        (u0 + n0 + s0 + i0 + w0 + q0 + sq0 + st0) ))
+  echo $(( b > 0 ? 100 - 100 * a / b : -1 ))
+}
+wait_max=${XSEG_THREADS_WAIT:-60}
+
 echo "load before: $(uptime)"
 xs=() gl=()
 for ((i = 1; i <= runs; i++)); do
+  busy=-1
+  for ((waited = 0; waited < wait_max; waited++)); do
+    busy=$(busy_second)
+    [ "$busy" -le 5 ] && break
+  done
   json=$("$bench" micro --only threads "$@" --json - 2>/dev/null)
   read -r x g one < <(jq -r '.threads |
       "\(.speedup_2) \(.glibc_speedup_2) \(.threads_1_pairs_per_s)"' <<<"$json")
@@ -34,8 +58,8 @@ for ((i = 1; i <= runs; i++)); do
     echo "threads.sh: fewer than 2 cores: no two-thread ratio" >&2
     exit 2
   fi
-  printf 'run %2d: xseg %.3fx  glibc %.3fx  (xseg 1 thread %.1f M pairs/s)\n' \
-    "$i" "$x" "$g" "$(jq -n "$one / 1e6")"
+  printf 'run %2d: xseg %.3fx  glibc %.3fx  (1 thread %.1f M/s; busy %s%%)\n' \
+    "$i" "$x" "$g" "$(jq -n "$one / 1e6")" "$busy"
   xs+=("$x") gl+=("$g")
 done
 echo "load after:  $(uptime)"
