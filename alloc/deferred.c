@@ -25,9 +25,9 @@
  * captures and of those a slow malloc detected on its own stream, but any
  * of a block's streams may capture unseen, so each is asked first: a free
  * (or an unrecorded free's recording) that finds one capturing waits
- * unrecorded, or stays so, the same way. An event recorded there would be the capture's,
- * and cuEventQuery of it fails (CUDA_ERROR_CAPTURED_EVENT) and invalidates
- * the capture.
+ * unrecorded, or stays so, the same way. An event recorded there would
+ * be the capture's, and cuEventQuery of it fails
+ * (CUDA_ERROR_CAPTURED_EVENT) and invalidates the capture.
  */
 #include <assert.h>
 #include <stdlib.h>
