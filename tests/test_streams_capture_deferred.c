@@ -84,16 +84,16 @@ static void capture_case_end(capture_case *c) {
    the block's) waits, unrecorded, in a->deferred. An unannounced capture
    then begins on one of the block's streams, and a malloc misses the
    cache before xseg has seen that capture: the malloc must neither record
-   the parked free's event on the capturing stream nor query it.
+   the unrecorded free's event on the capturing stream nor query it.
    `on_captured`: the malloc is the capturing stream's own (which detects
    the capture only when it grows), else home's. */
-static void parked_free_meets_capture(bool on_captured) {
+static void unrecorded_free_meets_capture(bool on_captured) {
   capture_case c;
   capture_case_open(&c);
   void *p = capture_case_shared_block(&c);
   CUstream announced = at_stream_new();
   XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(c.a, 5, announced));
-  XSEG_ASSERT_OK(xseg_free(c.a, p));         /* parked: no event */
+  XSEG_ASSERT_OK(xseg_free(c.a, p));         /* unrecorded: no event */
   XSEG_ASSERT_OK(xseg_end_allocate_to_pool(c.a, 5));
   XSEG_EXPECT_EQ(at_stats(c.a).pending_free_bytes, 4 * MiB);
 
@@ -110,12 +110,14 @@ static void parked_free_meets_capture(bool on_captured) {
   XSEG_EXPECT_CU(cuStreamDestroy(announced));
 }
 
-XSEG_TEST(streams_capture_deferred, parked_free_waits_out_its_streams_capture) {
-  parked_free_meets_capture(true);
+XSEG_TEST(streams_capture_deferred,
+          unrecorded_free_waits_out_its_streams_capture) {
+  unrecorded_free_meets_capture(true);
 }
 
-XSEG_TEST(streams_capture_deferred, parked_free_waits_out_a_capture_elsewhere) {
-  parked_free_meets_capture(false);
+XSEG_TEST(streams_capture_deferred,
+          unrecorded_free_waits_out_a_capture_elsewhere) {
+  unrecorded_free_meets_capture(false);
 }
 
 /* The free itself comes while one of the block's streams captures, and
