@@ -55,6 +55,16 @@ XSEG_TEST(alloc_lazy, parked_block_returns_for_its_size_and_stream) {
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
 }
 
+/* A call of the sequences below; on the eager allocator (`eager`), its
+   stats read after it, which settles every parked block: merging at
+   free. */
+#define LAZY_CALL_(call)                                                     \
+  do {                                                                       \
+    XSEG_ASSERT_OK(call);                                                    \
+    xseg_stats unused_;                                                      \
+    if (eager) XSEG_ASSERT_OK(xseg_get_stats(a, &unused_));                  \
+  } while (0);
+
 /* A block taken back right after its park: merge and split count
    together, and the merge's top can be a new peak (here: stream s1's free
    space grew while the block was live). Compared with an allocator whose
@@ -67,17 +77,12 @@ XSEG_TEST(alloc_lazy, retake_counts_the_peak_of_the_merge) {
   for (int eager = 0; eager < 2; eager++) {
     xseg_allocator *a = at_create(NULL);
     void *x, *z, *y;
-    xseg_stats unused;
-#define LAZY_CALL_(call)                                                     \
-  XSEG_ASSERT_OK(call);                                                      \
-  if (eager) XSEG_ASSERT_OK(xseg_get_stats(a, &unused));
     LAZY_CALL_(xseg_malloc(a, 4096, NULL, &x))
     LAZY_CALL_(xseg_malloc(a, 8192, s1, &z))
     LAZY_CALL_(xseg_free(a, z))
     LAZY_CALL_(xseg_free(a, x))
     LAZY_CALL_(xseg_malloc(a, 4096, NULL, &y))
     XSEG_EXPECT_TRUE(y == x);
-#undef LAZY_CALL_
     st[eager] = at_stats(a);         /* y live: below the merge's top */
     XSEG_EXPECT_OK(xseg_free(a, y));
     XSEG_EXPECT_OK(xseg_check(a));
@@ -132,10 +137,6 @@ XSEG_TEST(alloc_lazy, held_parks_count_when_a_second_pair_comes) {
   for (int eager = 0; eager < 2; eager++) {
     xseg_allocator *a = at_create(NULL);
     void *x, *y, *z, *w, *again;
-    xseg_stats unused;
-#define LAZY_CALL_(call)                                                     \
-  XSEG_ASSERT_OK(call);                                                      \
-  if (eager) XSEG_ASSERT_OK(xseg_get_stats(a, &unused));
     LAZY_CALL_(xseg_malloc(a, 4096, NULL, &x))
     LAZY_CALL_(xseg_malloc(a, 8192, NULL, &y))
     LAZY_CALL_(xseg_malloc(a, 3 * MiB, NULL, &z))
@@ -144,7 +145,6 @@ XSEG_TEST(alloc_lazy, held_parks_count_when_a_second_pair_comes) {
     LAZY_CALL_(xseg_malloc(a, 8192, s1, &w))  /* a second pair */
     LAZY_CALL_(xseg_free(a, x))            /* held back, published */
     LAZY_CALL_(xseg_malloc(a, 4096, NULL, &again))
-#undef LAZY_CALL_
     got[eager] = again;
     XSEG_EXPECT_TRUE(again == x);
     XSEG_EXPECT_OK(xseg_free(a, w));
