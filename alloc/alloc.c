@@ -11,8 +11,9 @@
  * would only merge the block back into the rest it was split from parks
  * it instead (free.c), and a malloc of the same size on the same pool
  * takes it back when that is what merging and splitting would give (lazy
- * merging, segments/pool.h, park.h); every other entry point settles
- * first.
+ * merging, segments/pool.h, park.h), counting neither the free nor the
+ * malloc when it asks for what the free gave back (the refill); every
+ * other entry point settles first.
  */
 #include <assert.h>
 #include <stdio.h>
@@ -94,25 +95,19 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
 /* A block just taken from pool p (of `kind`, given apart so that a
    caller that knows it at compile time folds it) becomes the caller's,
    its entry in the pair's pointer table already there (a parked block
-   keeps its own). `refill`: its free was never counted (the parked
-   block taken back for the same requested size). `held`: a free is
-   pending (xs_alloc_has_pending, read once by the caller). */
+   keeps its own). `held`: a free is pending (xs_alloc_has_pending, read
+   once by the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
-    bool held, bool refill) {
+    bool held) {
   (void)p;
   assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  /* Active's peak needs a look only while a free is held, by any pair
-     (a refill is never made then: alloc_retake). */
-  if (refill)
-    alloc_account_refill(&sp->stats, b, kind);
-  else
-    alloc_account_malloc(&sp->stats, b, kind, held);
+  alloc_account_malloc(&sp->stats, b, kind, held);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow)
@@ -126,8 +121,7 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   struct CUstream_st *stream, bool slow,
                                   bool held) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, held,
-                        false);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, held);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -156,23 +150,86 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   return XSEG_OK;
 }
 
+/* Whether the run of p, merged, is a block the policy takes and splits
+   for a request of its top's size (`rounded`), as settling and taking
+   the best fit would (the best fit itself: xs_pool_retake_fits). */
+static inline bool alloc_retake_policy(const xseg_allocator *a,
+                                       const xs_pool *p, xs_pool_kind kind,
+                                       size_t rounded) {
+  size_t merged = (size_t)(xs_block_end(p->park_rest) - p->parked->addr);
+  return xs_alloc_fit_takes(a, merged, rounded) &&
+         xs_alloc_splits(a, kind, merged, rounded);
+}
+
 /* Whether p's top, of the request's size (`rounded`), is what settling
-   the run and taking the best fit would hand out: the merged block must
-   be one the policy takes and splits, and the best fit
-   (xs_pool_retake_fits). With the top alone parked, the pool keeps the
-   answer until a tree changes (the sizes cannot change before). */
+   the run and taking the best fit would hand out. With the top alone
+   parked, the pool keeps the answer until a tree changes (the sizes
+   cannot change before). */
 static inline __attribute__((always_inline)) bool alloc_retake_fits(
     const xseg_allocator *a, xs_pool *p, xs_pool_kind kind, size_t rounded) {
   if (xs_pool_retake_known(p)) return true;
-  size_t merged = (size_t)(xs_block_end(p->park_rest) - p->parked->addr);
-  return xs_alloc_fit_takes(a, merged, rounded) &&
-         xs_alloc_splits(a, kind, merged, rounded) && xs_pool_retake_fits(p);
+  return alloc_retake_policy(a, p, kind, rounded) && xs_pool_retake_fits(p);
+}
+
+/* The refill: a malloc that takes back the newest held-back park, the
+   top of pool `kind`, for the same requested size as its free (a layer's
+   tensors allocated again in the order of the batch before, as models
+   do), when settling the run and taking the best fit would hand out
+   exactly that block and no threshold is passed on the way. Free,
+   merges, split and malloc together then leave every gauge where it is
+   (inactive_split_bytes rising by the held-back merges in between, which
+   stay under their thresholds), so only the totals of increases move and
+   nothing is called: xseg_malloc gets there without the cached path's
+   frame. In two steps: the checks (false, nothing changed, when it does
+   not apply; the cached path, alloc_retake, then pays what is held back
+   and retakes, with the same result), then the moves. Pair lock held. */
+static inline __attribute__((always_inline)) bool alloc_refill_fits(
+    const xseg_allocator *a, const xs_stream_pools *sp, xs_pool_kind kind,
+    size_t size, size_t rounded) {
+  const xs_pool *p = &sp->pool[kind];
+  /* While a free is held (pending), active = allocation + held may pass
+     its peak at a malloc that only restores allocation: no refill then,
+     active's peak gets its look. (Read first: an atomic load makes the
+     compiler read the pool's fields again.) */
+  if (xs_alloc_has_pending(a)) return false;
+  if (sp->park_stats != p) return false;      /* not p's newest park */
+  const xs_block *b = p->parked;
+  assert(b != NULL && "a pool holding parks back has a run");
+  if (b->size != rounded || b->requested != size) return false;
+  /* The rest alone free in p: the merged block is the best fit without a
+     look at a tree (the walk, out of line, is alloc_retake's). */
+  if (!xs_pool_retake_known(p) &&
+      (p->free.count != 1 || !alloc_retake_policy(a, p, kind, rounded)))
+    return false;
+  /* The top of the merges: where every held-back merge of the pool took
+     inactive_split_bytes, the other pool's held too. */
+  int64_t up = xs_park_held_split_bytes(sp, p);
+  if (up > 0 &&
+      !xs_park_split_under(&sp->stats, kind, up,
+                           xs_park_held_split_bytes(sp, &sp->pool[!kind])))
+    return false;
+  return xs_park_cancel_under(sp, kind);
+}
+static inline __attribute__((always_inline)) xs_block *alloc_refill(
+    xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    struct CUstream_st *stream) {
+  xs_pool *p = &sp->pool[kind];
+  xs_block *b = p->parked;
+  if (!xs_pool_retake_known(p)) xs_pool_retake_fits_found(p);
+  xs_park_owed_cancel(sp, p, kind);
+  xs_pool_retake_cancelled(p, &sp->stats, kind);
+  b->requested = size;
+  alloc_account_refill(&sp->stats, b, kind);
+  b->stream = stream;
+  return b;
 }
 
 /* The cached malloc with blocks parked (xs_pair_parked): the top of
    the request's pool when the request is its size and settling then
-   taking the best fit would hand out exactly it. NULL (nothing changed)
-   otherwise: the caller settles and goes the usual way. */
+   taking the best fit would hand out exactly it, every held-back park
+   counted first (a refill, which counts none, was tried before, by
+   alloc_malloc_refill). NULL (nothing changed) otherwise: the caller
+   settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool held) {
@@ -180,28 +237,11 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return NULL;
   if (!alloc_retake_fits(a, p, kind, rounded)) return NULL;
-  /* While another free is held (pending), active = allocation + held may
-     pass its peak at a malloc that only restores allocation: no refill
-     then, active's peak gets its look. */
-  bool refill = sp->park_stats == p && b->requested == size && !held &&
-                xs_park_cancel_under(sp, kind);
-  if (refill) {
-    /* Its free and merge never counted: merges, split, free and malloc
-       in one; the top of the merge is where every held-back merge of
-       the pool took inactive_split_bytes, the other pool's held too. */
-    int64_t up = xs_park_held_split_bytes(sp, p);
-    int64_t up_other = xs_park_held_split_bytes(sp, &sp->pool[!kind]);
-    xs_park_owed_cancel(sp, p, kind);
-    xs_pool_retake_cancelled(p, &sp->stats, kind, up, up_other);
-  } else {
-    /* Every park not counted yet (the other pool's, or this one's for
-       another requested size) goes in the stats before this one's
-       moves. */
-    xs_park_owed_pay(sp);
-    xs_pool_retake_counted(p, &sp->stats, kind);
-  }
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held,
-                        refill);
+  /* Every park not counted yet (the other pool's, or this one's) goes
+     in the stats before this one's moves. */
+  xs_park_owed_pay(sp);
+  xs_pool_retake_counted(p, &sp->stats, kind);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held);
   return b;
 }
 
@@ -220,7 +260,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   else
     xs_pool_take_whole(p, &sp->stats, kind, b);
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held, false);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held);
   return b;
 }
 
@@ -331,7 +371,8 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
    (park_stats): free, merge, split and malloc together pass no peak and
    leave every gauge at or under its threshold, so only totals of
    increases move. Pair lock held. Any other case (the park counted
-   already, another requested size) is alloc_malloc_pair's cached path.
+   already, another requested size, more parks held back) is the
+   refill's or the cached path's (alloc_malloc_refill).
    In two steps: the checks (false, nothing changed, when it does not
    apply), then the moves. Neither calls anything. */
 static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
@@ -394,6 +435,37 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
   return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
 }
 
+/* A malloc of a valid size (`rounded`) with pair sp's lock held and its
+   use counted, as alloc_malloc_pair's, the cached path allowed
+   (xs_pair_cached_on): the refill (alloc_refill_fits), else
+   alloc_malloc_pair. Out of line and apart from alloc_malloc_pair: the
+   refill needs fewer registers than the cached path, and a request
+   with nothing held back passes through in a few instructions. */
+static __attribute__((noinline)) xseg_status alloc_malloc_refill(
+    xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
+    xs_stream_pools *sp, size_t rounded) {
+  assert(xs_pair_cached_on(a, sp));
+  if (sp->park_stats == NULL)                 /* nothing held back */
+    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+  xs_block *b = NULL;
+  if (sp->park_stats == &sp->pool[xs_alloc_kind(rounded)]) {
+    /* The kind a constant in each copy: the stats' offsets fold. */
+    if (xs_alloc_kind(rounded) == XS_POOL_SMALL) {
+      if (alloc_refill_fits(a, sp, XS_POOL_SMALL, size, rounded))
+        b = alloc_refill(sp, XS_POOL_SMALL, size, stream);
+    } else if (alloc_refill_fits(a, sp, XS_POOL_LARGE, size, rounded)) {
+      b = alloc_refill(sp, XS_POOL_LARGE, size, stream);
+    }
+  }
+  if (b == NULL)
+    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+  *ptr = (void *)(uintptr_t)b->addr;
+  if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
+    return xs_alloc_wake_after_cached(a, sp);
+  xs_alloc_debug_after_cached(a);
+  return XSEG_OK;
+}
+
 /* xseg_malloc's every case but the repeated size's. */
 static __attribute__((noinline)) xseg_status alloc_malloc_any(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
@@ -412,12 +484,15 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   }
   xs_pair_take(sp);
   sp->used_at = xs_pairs_use();
-  return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+  if (__builtin_expect(!xs_pair_cached_on(a, sp), 0))
+    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+  return alloc_malloc_refill(a, size, stream, ptr, sp, rounded);
 }
 
 /* A size on the thread's last stream, its pair lock free: the repeated
-   size's retake (alloc_retake_again), else alloc_malloc_pair with that
-   lock; anything else is alloc_malloc_any's. */
+   size's retake (alloc_retake_again), else the refill or the cached path
+   with that lock (alloc_malloc_refill); anything else is
+   alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   /* One test each: joined by ||, the compiler computes them as flags. */
@@ -436,10 +511,12 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
       !xs_pair_try(sp))
     return alloc_malloc_any(a, size, stream, ptr);
   sp->used_at = use;
-  if (__builtin_expect(
-          !xs_pair_cached_on(a, sp) || !alloc_retake_again_fits(a, sp, size), 0))
+  if (__builtin_expect(!xs_pair_cached_on(a, sp), 0))
     return alloc_malloc_pair(a, size, stream, ptr, sp,
                              alloc_round_plain(size));
+  if (__builtin_expect(!alloc_retake_again_fits(a, sp, size), 0))
+    return alloc_malloc_refill(a, size, stream, ptr, sp,
+                               alloc_round_plain(size));
   /* The address first: its register is free for the moves. */
   *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
   alloc_retake_again(sp, size, stream);

@@ -299,10 +299,11 @@ static inline bool xs_pool_retake_piece(const xs_pool *p) {
          p->retake_piece == xs_pool_run_piece(p->parked, p->park_rest));
   return p->retake_piece;
 }
-/* Whether xs_pool_retake_cancelled (p's top known to retake, its park the
-   only one held back) passes no peak: its merge and split then move
-   nothing but the totals of increases. `s` is p's stats and `kind` its kind, given apart so that a
-   caller that knows where they are folds the loads. */
+/* Whether the top's merge, p's top known to retake and its park the only
+   one held back, passes no peak: its merge and split then move nothing
+   but the totals of increases (xs_pool_retake_under). `s` is p's stats
+   and `kind` its kind, given apart so that a caller that knows where they
+   are folds the loads. */
 static inline bool xs_pool_retake_under_peaks(const xs_pool *p,
                                               const xs_stats *s,
                                               xs_pool_kind kind) {
@@ -355,18 +356,15 @@ static inline __attribute__((always_inline)) void xs_pool_retake_counted(
   xs_pool_retake_finish(p, b->next == last);
 }
 /* The same when the top's merge was never counted (its free's stats held
-   back and cancelled by the caller): merge and split undone move nothing
-   but the totals of increases, and the peaks see the top of the merge,
-   inactive_split_bytes `up` above its current value (held-back merges
-   raise it) and the other kind's `up_other` above its own. */
+   back and cancelled by the caller), the caller having found that the
+   top of the merge passes no threshold (alloc/park.h,
+   xs_park_split_under): merge and split undone move nothing but the
+   totals of increases, and nothing is called. `s` and `kind` as above. */
 static inline __attribute__((always_inline)) void xs_pool_retake_cancelled(
-    xs_pool *p, xs_stats *s, xs_pool_kind kind, int64_t up,
-    int64_t up_other) {
+    xs_pool *p, xs_stats *s, xs_pool_kind kind) {
   const xs_block *b = p->parked, *last = p->park_rest;
   assert(!b->allocated && !last->allocated && last->mapped &&
          s == p->stats && kind == p->kind);
-  if (up > 0)
-    xs_stats_bounce(s, XS_GAUGE_inactive_split_bytes, kind, up, up_other, 0);
   xs_pool_retake_totals(s, kind, b, xs_pool_run_piece(b, last),
                         xs_pool_merge_rest(b, last));
   xs_pool_retake_finish(p, b->next == last);

@@ -127,10 +127,9 @@ static inline int64_t xs_stats_cur_true(const xs_stats *s, int g,
                                           int scope);
 
 /* Gauge g of scope `scope` (XS_STAT_ALL or kind + 1) of shard s went over
-   its threshold, `top` being the shard's value at its highest (its current
-   or, for xs_stats_bounce, above it): raises the peak, resets thresholds
-   (segments/shards.c; the lone shard's peak here). The caller holds s's own
-   lock. */
+   its threshold, `top` being the shard's value (its current): raises the
+   peak, resets thresholds (segments/shards.c; the lone shard's peak
+   here). The caller holds s's own lock. */
 void xs_stats_crossed(xs_stats *s, xs_gauge g, int scope, int64_t top);
 
 static inline xs_gauge_val *xs_stats_val(xs_stats *s, xs_gauge g,
@@ -189,26 +188,10 @@ static inline void xs_stats_swap(xs_stats *s, xs_gauge g, xs_pool_kind kind,
   }
 }
 
-/* Gauge g of pool `kind` (and of all pools) rose by `up` >= 0 and fell
-   back, its increases adding up to `added` on the way, while the other
-   kind stood `up_other` above its current value: the current value is
-   unchanged, the peaks see the top (merges and a split undone in one
-   step, segments/pool.h's xs_pool_retake_cancelled). */
-static inline __attribute__((always_inline)) void xs_stats_bounce(
-    xs_stats *s, xs_gauge g, xs_pool_kind kind, int64_t up, int64_t up_other,
-    int64_t added) {
-  xs_gauge_val *p = &s->pool[kind][g], *a = &s->all[g];
-  p->allocated += added;
-  int64_t pt = xs_gv_get(&p->current) + up;
-  int64_t at = pt + xs_gv_get(&s->pool[!kind][g].current) + up_other;
-  if (pt > xs_gv_get(&p->peak)) xs_stats_crossed(s, g, kind + 1, pt);
-  if (at > xs_gv_get(&a->peak)) xs_stats_crossed(s, g, XS_STAT_ALL, at);
-}
-
 /* Whether gauge g of pool `kind`, `up` above its current value, stays at
    or under both thresholds, its scope's and all's: a rise to there passes
    no peak (up 0: a rise to the current value from below, as a take-back's;
-   up > 0: the top of xs_stats_bounce). A caller that must call nothing
+   up > 0: the top of merges undone at once). A caller that must call nothing
    checks first, then moves without a check. Always inline: the repeated
    size's path asks it several times (measured: out of line there, 11
    instructions more per pair). */
