@@ -1,7 +1,8 @@
 /* micro.h: what the parts of `xseg-bench micro` share.
  *
- * micro.c runs the cached-path loops (malloc+free pairs against glibc on the
- * same size sequence) and the command; micro_growth.c the growth path
+ * micro.c runs the command; micro_cached.c the cached-path loops
+ * (malloc+free pairs against glibc on the same size sequence);
+ * micro_growth.c the growth path
  * (driver calls per GiB mapped) and the 1- vs 2-thread scaling;
  * micro_deferred.c the host cost of a deferred (cross-stream) free.
  */
@@ -62,11 +63,18 @@ typedef struct xb_threads_row {
   double glibc_pairs_per_s[XB_THREAD_COUNTS];   /* the same loop, glibc */
 } xb_threads_row;
 
+/* The cached-path rows at most (repeat, layers, random at up to seven
+   live-set sizes, mixed) and the other streams' pools at most. */
+enum { XB_CACHED_ROWS = 10, XB_OTHER_STREAMS_MAX = 16 };
+
 /* A fresh allocator in the micro's mode; prints why on failure. */
 bool xb_micro_allocator(xb_micro *m, xseg_allocator **out);
 /* True when benchmark `name` is selected by --only. */
 bool xb_micro_selected(const xb_micro *m, const char *name);
 
+/* The selected cached-path cases, a row each appended at rows[*n]
+   (micro_cached.c); false (and why, on stderr) when one fails. */
+bool xb_micro_cached(xb_micro *m, xb_cached_row *rows, size_t *n);
 bool xb_micro_growth(xb_micro *m, const char *name, uint64_t min_size,
                      uint64_t max_size, uint64_t total, xb_growth_row *row);
 bool xb_micro_threads(xb_micro *m, xb_threads_row *row);
