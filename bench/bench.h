@@ -44,6 +44,9 @@ bool xb_parse_size(const char *s, uint64_t *out);
 /* "1.5 GiB" style, into buf; returns buf. */
 const char *xb_format_bytes(uint64_t n, char *buf, size_t size);
 uint64_t xb_now_ns(void);
+/* The next of a splitmix64 sequence whose state is *s: the benches'
+   reproducible random sizes and choices. */
+uint64_t xb_splitmix64(uint64_t *s);
 
 /* ---- trace.c: a workload as an event array ---------------------------- */
 

@@ -32,6 +32,16 @@ bool xb_micro_selected(const xb_micro *m, const char *name) {
   return m->only == NULL || strcmp(m->only, name) == 0;
 }
 
+static int micro_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double xb_micro_median(double *v, size_t n) {
+  qsort(v, n, sizeof *v, micro_cmp_double);
+  return v[n / 2];
+}
+
 /* ---- the command --------------------------------------------------------- */
 
 typedef struct xb_micro_out {

@@ -69,6 +69,9 @@ enum { XB_CACHED_ROWS = 10, XB_OTHER_STREAMS_MAX = 16 };
 
 /* A fresh allocator in the micro's mode; prints why on failure. */
 bool xb_micro_allocator(xb_micro *m, xseg_allocator **out);
+/* The median of v[0..n) (n > 0; v is sorted in place): each micro row is
+   the median of its rounds. */
+double xb_micro_median(double *v, size_t n);
 /* True when benchmark `name` is selected by --only. */
 bool xb_micro_selected(const xb_micro *m, const char *name);
 

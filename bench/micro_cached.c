@@ -25,16 +25,6 @@ static const uint32_t xb_layer_sizes[] = {
 };
 enum { XB_LAYER_TENSORS = sizeof xb_layer_sizes / sizeof *xb_layer_sizes };
 
-static int dbl_cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, dbl_cmp);
-  return v[n / 2];
-}
-
 static bool repeat_xseg(xseg_allocator *a, uint64_t pairs, double *ns) {
   uint64_t t0 = xb_now_ns();
   for (uint64_t i = 0; i < pairs; i++) {
@@ -64,8 +54,9 @@ static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
     if (!repeat_xseg(a, m->pairs, &xs[r])) return false;
     repeat_glibc(m->pairs, &gl[r]);
   }
-  *row = (xb_cached_row){"cached-repeat", 0, m->pairs, median(xs, rounds),
-                         median(gl, rounds)};
+  *row = (xb_cached_row){"cached-repeat", 0, m->pairs,
+                         xb_micro_median(xs, rounds),
+                         xb_micro_median(gl, rounds)};
   return true;
 }
 
@@ -78,16 +69,10 @@ typedef struct xb_churn {
   void **xseg_live, **glibc_live;
 } xb_churn;
 
-static uint64_t churn_rng(uint64_t *s) {   /* splitmix64 */
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 static uint32_t churn_size(const xb_churn *c, uint64_t *s) {
-  if (!c->mixed) return (uint32_t)(churn_rng(s) % XB_RANDOM_MAX_SIZE + 1);
-  uint64_t r = churn_rng(s);
+  if (!c->mixed)
+    return (uint32_t)(xb_splitmix64(s) % XB_RANDOM_MAX_SIZE + 1);
+  uint64_t r = xb_splitmix64(s);
   unsigned e = XB_MIXED_MIN_LOG + (unsigned)(r % XB_MIXED_LOGS);
   return (uint32_t)((1ull << e) + (r >> 8) % (1ull << e));
 }
@@ -115,7 +100,7 @@ static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
   for (uint64_t i = 0; i < live; i++)
     c->init_size[i] = churn_size(c, &s);
   for (uint64_t i = 0; i < pairs; i++) {
-    c->victim[i] = (uint32_t)(churn_rng(&s) % live);
+    c->victim[i] = (uint32_t)(xb_splitmix64(&s) % live);
     c->size[i] = churn_size(c, &s);
   }
   return true;
@@ -179,8 +164,9 @@ static bool cached_random(xb_micro *m, xseg_allocator *a, const char *name,
   churn_drain(&c, a);
   churn_release(&c);
   if (ok)
-    *row = (xb_cached_row){name, live, m->pairs, median(xs, m->rounds),
-                           median(gl, m->rounds)};
+    *row = (xb_cached_row){name, live, m->pairs,
+                           xb_micro_median(xs, m->rounds),
+                           xb_micro_median(gl, m->rounds)};
   return ok;
 }
 
@@ -224,8 +210,9 @@ static bool cached_layers(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
     layers_glibc(batches, &gl[r]);
   }
   *row = (xb_cached_row){"cached-layers", XB_LAYER_TENSORS,
-                         batches * XB_LAYER_TENSORS, median(xs, m->rounds),
-                         median(gl, m->rounds)};
+                         batches * XB_LAYER_TENSORS,
+                         xb_micro_median(xs, m->rounds),
+                         xb_micro_median(gl, m->rounds)};
   return true;
 }
 

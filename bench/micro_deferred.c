@@ -17,7 +17,6 @@
  * freed (bench/callgrind.sh counts that way; its timings include the
  * wait).
  */
-#include <stdlib.h>
 
 #include "micro.h"
 
@@ -40,16 +39,6 @@ static bool deferred_loop(xb_micro *m, xseg_allocator *a,
   return true;
 }
 
-static int deferred_cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double deferred_median(double *v, size_t n) {
-  qsort(v, n, sizeof *v, deferred_cmp);
-  return v[n / 2];
-}
-
 static bool deferred_rounds(xb_micro *m, xseg_allocator *a,
                             struct CUstream_st *side, xb_deferred_row *row) {
   double plain[64], deferred[64];
@@ -64,8 +53,8 @@ static bool deferred_rounds(xb_micro *m, xseg_allocator *a,
   double frees = (double)(m->pairs * m->rounds);
   *row = (xb_deferred_row){
       .frees = m->pairs * m->rounds,
-      .plain_ns = deferred_median(plain, m->rounds),
-      .deferred_ns = deferred_median(deferred, m->rounds),
+      .plain_ns = xb_micro_median(plain, m->rounds),
+      .deferred_ns = xb_micro_median(deferred, m->rounds),
       .events_created = xb_env_call_count(e, XS_DRIVER_FN_cuEventCreate) -
                         created,
       .records_per_free =

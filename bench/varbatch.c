@@ -46,15 +46,8 @@ typedef struct xb_script {
   bool oom;
 } xb_script;
 
-static uint64_t rng_next(uint64_t *s) {   /* splitmix64 */
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 static uint64_t rng_range(uint64_t *s, uint64_t lo, uint64_t hi) {
-  return lo + rng_next(s) % (hi - lo + 1);
+  return lo + xb_splitmix64(s) % (hi - lo + 1);
 }
 
 static void script_push(xb_script *s, int64_t key, uint64_t size) {
