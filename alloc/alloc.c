@@ -51,13 +51,13 @@ static xseg_status alloc_capture_refresh_locked(xseg_allocator *a) {
    known at compile time (no sign multiplications, decreases without peak
    checks), in the block's pair's shard. The same as xs_alloc_account_live
    and _active together. active's peak needs a look only while freed blocks
-   are still active (`held`: pending_blocks, any pair's). */
+   are still active (`pending`: pending_blocks, any pair's). */
 static inline __attribute__((always_inline)) void alloc_account_malloc(
-    xs_stats *s, const xs_block *b, xs_pool_kind k, bool held) {
+    xs_stats *s, const xs_block *b, xs_pool_kind k, bool pending) {
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
   xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  if (__builtin_expect(held, 0)) xs_stats_held_peak(s, k);
+  if (__builtin_expect(pending, 0)) xs_stats_held_peak(s, k);
 }
 
 /* A free whose count was deferred (types.h, park_stats) and the
@@ -95,19 +95,19 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
 /* A block just taken from pool p (of `kind`, given apart so that a
    caller that knows it at compile time folds it) becomes the caller's,
    its entry in the pair's pointer table already there (a parked block
-   keeps its own). `held`: a free is pending (xs_alloc_has_pending, read
+   keeps its own). `pending`: a free is pending (xs_alloc_has_pending, read
    once by the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
-    bool held) {
+    bool pending) {
   (void)p;
   assert(xs_pools_of(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
   b->stream = stream;
-  alloc_account_malloc(&sp->stats, b, kind, held);
+  alloc_account_malloc(&sp->stats, b, kind, pending);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow)
@@ -119,9 +119,9 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
 static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow,
-                                  bool held) {
+                                  bool pending) {
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, held);
+  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, pending);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
@@ -232,7 +232,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_refill(
    settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
-    size_t rounded, struct CUstream_st *stream, bool held) {
+    size_t rounded, struct CUstream_st *stream, bool pending) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return NULL;
@@ -241,7 +241,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
      in the stats before this one's moves. */
   xs_park_owed_pay(sp);
   xs_pool_retake_counted(p, &sp->stats, kind);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, pending);
   return b;
 }
 
@@ -250,7 +250,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
    miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
-    size_t rounded, struct CUstream_st *stream, bool held) {
+    size_t rounded, struct CUstream_st *stream, bool pending) {
   if (!xs_ptrtable_reserve(&sp->live)) return NULL;
   xs_pool *p = &sp->pool[kind];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
@@ -260,7 +260,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   else
     xs_pool_take_whole(p, &sp->stats, kind, b);
   xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, held);
+  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, pending);
   return b;
 }
 
@@ -282,16 +282,16 @@ static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
    back, count first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
     xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
-    size_t rounded, struct CUstream_st *stream, bool held) {
+    size_t rounded, struct CUstream_st *stream, bool pending) {
   xs_pool *p = &sp->pool[kind];
   if (p->parked != NULL) {
-    xs_block *b = alloc_retake(a, sp, kind, size, rounded, stream, held);
+    xs_block *b = alloc_retake(a, sp, kind, size, rounded, stream, pending);
     if (b != NULL) return b;
     xs_park_settle_pool(p);               /* counts what is held back */
   } else {
     xs_park_owed_pay(sp);
   }
-  return alloc_cached_fit(a, sp, kind, size, rounded, stream, held);
+  return alloc_cached_fit(a, sp, kind, size, rounded, stream, pending);
 }
 
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
@@ -300,17 +300,17 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
     xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
-  bool held = xs_alloc_has_pending(a);
-  if (__builtin_expect(held, 0)) {
+  bool pending = xs_alloc_has_pending(a);
+  if (__builtin_expect(pending, 0)) {
     if (!alloc_cached_poll(a, sp)) return NULL;
-    held = xs_alloc_has_pending(a);
+    pending = xs_alloc_has_pending(a);
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   return xs_alloc_kind(rounded) == XS_POOL_SMALL
              ? alloc_cached_in(a, sp, XS_POOL_SMALL, size, rounded, stream,
-                               held)
+                               pending)
              : alloc_cached_in(a, sp, XS_POOL_LARGE, size, rounded, stream,
-                               held);
+                               pending);
 }
 
 /* xs_config_round_size, with its common case inline: a size whose
@@ -346,10 +346,10 @@ static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
                   "to blocks and granules", size);
 }
 
-/* xseg_malloc with every lock: after a miss of the cached path, or when
-   it may not run. `own`: the stream's own pair when the caller found it
+/* xseg_malloc's slow path, no lock held: takes every lock (after a miss
+   of the cached path, or when it may not run). `own`: the stream's own pair when the caller found it
    (it never goes away), else NULL. */
-static __attribute__((noinline)) xseg_status alloc_malloc_locked(
+static __attribute__((noinline)) xseg_status alloc_malloc_slow(
     xseg_allocator *a, size_t size, size_t rounded,
     struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
   xs_block *b = NULL;
@@ -375,7 +375,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_locked(
    refill's or the cached path's (alloc_malloc_refill).
    In two steps: the checks (false, nothing changed, when it does not
    apply), then the moves. Neither calls anything. */
-static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
+static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
     const xseg_allocator *a, xs_stream_pools *sp, size_t size) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
@@ -401,7 +401,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_again_fits(
   assert(p->parked->size == alloc_round_plain(size));
   return true;
 }
-static inline __attribute__((always_inline)) void alloc_retake_again(
+static inline __attribute__((always_inline)) void alloc_retake_repeated(
     xs_stream_pools *sp, size_t size, struct CUstream_st *stream) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
@@ -432,7 +432,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
     *ptr = (void *)(uintptr_t)b->addr;
     return XSEG_OK;
   }
-  return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
+  return alloc_malloc_slow(a, size, rounded, stream, sp, ptr);
 }
 
 /* A malloc of a valid size (`rounded`) with pair sp's lock held and its
@@ -480,7 +480,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
      every lock at once, not the pair's first. */
   if (__builtin_expect(sp == NULL || xs_alloc_slow_hint(a), 0)) {
     xs_pairs_use();                       /* as with the pair lock */
-    return alloc_malloc_locked(a, size, rounded, stream, sp, ptr);
+    return alloc_malloc_slow(a, size, rounded, stream, sp, ptr);
   }
   xs_pair_take(sp);
   sp->used_at = xs_pairs_use();
@@ -490,7 +490,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
 }
 
 /* A size on the thread's last stream, its pair lock free: the repeated
-   size's retake (alloc_retake_again), else the refill or the cached path
+   size's retake (alloc_retake_repeated), else the refill or the cached path
    with that lock (alloc_malloc_refill); anything else is
    alloc_malloc_any's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
@@ -514,12 +514,12 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   if (__builtin_expect(!xs_pair_cached_on(a, sp), 0))
     return alloc_malloc_pair(a, size, stream, ptr, sp,
                              alloc_round_plain(size));
-  if (__builtin_expect(!alloc_retake_again_fits(a, sp, size), 0))
+  if (__builtin_expect(!alloc_retake_repeated_fits(a, sp, size), 0))
     return alloc_malloc_refill(a, size, stream, ptr, sp,
                                alloc_round_plain(size));
   /* The address first: its register is free for the moves. */
   *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
-  alloc_retake_again(sp, size, stream);
+  alloc_retake_repeated(sp, size, stream);
   if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
     return xs_alloc_wake_after_cached(a, sp);
   xs_alloc_debug_after_cached(a);

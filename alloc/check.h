@@ -8,7 +8,7 @@
 
 
 #ifndef NDEBUG
-/* Runs xseg_check's walk with the lock held; prints the broken rule and
+/* Runs xseg_check's walk, every lock held; prints the broken rule and
    aborts (check.c). */
 void xs_alloc_debug_check_locked(xseg_allocator *a);
 #endif

@@ -16,7 +16,7 @@
 
 void xs_alloc_enter(xseg_allocator *a) {
   xs_pairs_lock_all(a);
-  xs_park_settle_all_locked(a);
+  xs_pairs_settle_all_locked(a);
   xs_pairs_sort_by_use_locked(a);
 }
 
@@ -44,7 +44,7 @@ static bool enter_debug_due(xseg_allocator *a) {
 }
 
 static void enter_debug_check(xseg_allocator *a) {
-  xs_park_settle_all_locked(a);
+  xs_pairs_settle_all_locked(a);
   xs_alloc_debug_check_locked(a);
 }
 

@@ -137,10 +137,10 @@ static size_t flow_own(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                        size_t want, size_t max, uint64_t *handles) {
   xs_stream_pools *sp = xs_pools_of(p);
   if (want == 0 || xs_alloc_capturing(a)) return 0;
-  xs_alloc_guard_pair_locked(a, sp, false);  /* failing: fewer handles */
+  xs_alloc_guard_advance_locked(a, sp, false);  /* failing: fewer handles */
   uint64_t lend_upto = sp->private_id == 0 ? UINT64_MAX : 0;
-  return xs_phys_take(a, sp, p, pl->seg->granule, want, max, pl->keep,
-                      lend_upto, handles);
+  return xs_phys_take_locked(a, sp, p, pl->seg->granule, want, max, pl->keep,
+                             lend_upto, handles);
 }
 
 /* The pair used just less recently than `sp` (NULL: the least recently
@@ -192,10 +192,10 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
       continue;
     /* An idle donor proves itself with one query; a busy one gets a guard
        event for a later pass and gives what was already safe. */
-    xs_alloc_guard_pair_locked(a, sp, false);
-    xs_alloc_retire_pair_locked(a, sp);
-    got += xs_phys_take(a, sp, NULL, granule, want - got, max - got, NULL, 0,
-                        handles + got);
+    xs_alloc_guard_advance_locked(a, sp, false);
+    xs_alloc_retire_aliases_locked(a, sp);
+    got += xs_phys_take_locked(a, sp, NULL, granule, want - got,
+                               max - got, NULL, 0, handles + got);
   }
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
@@ -203,16 +203,17 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
       continue;
     unsigned pools = flow_may_steal(a, own, sp, granule);
     if (pools != 0)
-      got += xs_phys_steal(a, own, sp, pools, granule, want - got,
-                           max - got, handles + got);
+      got += xs_phys_steal_locked(a, own, sp, pools, granule, want - got,
+                                  max - got, handles + got);
   }
   if (got > 0) own->took_at = xs_alloc_frees_locked(a);
   return got;
 }
 
-xseg_status xs_flow_collect(xseg_allocator *a, xs_pool *p,
-                            const xs_place *pl, const xs_flow_plan *plan,
-                            size_t max, uint64_t *handles, size_t *have) {
+xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
+                                   const xs_place *pl,
+                                   const xs_flow_plan *plan, size_t max,
+                                   uint64_t *handles, size_t *have) {
   XS_ASSERT_LOCKED(a);
   size_t n = pl->n, g = plan->g;
   *have = flow_own(a, p, pl, n, max, handles);

@@ -14,7 +14,7 @@
  *     reclaim.c   release passes and garbage collection
  *     physical.c  the acts, on segments/, streams/ and vmm/
  *
- * All need the allocator's lock held and the device's context current.
+ * All need every lock held (`_locked`) and the device's context current.
  */
 #ifndef XS_ALLOC_FLOW_H
 #define XS_ALLOC_FLOW_H
@@ -41,9 +41,10 @@ xseg_status xs_flow_cap_error(const xseg_allocator *a, size_t bytes);
    stream's own free memory, then other streams', then new memory. Fails
    (with what it got in *have, for the caller to release) when none of
    that can serve. */
-xseg_status xs_flow_collect(xseg_allocator *a, xs_pool *p,
-                            const xs_place *pl, const xs_flow_plan *plan,
-                            size_t max, uint64_t *handles, size_t *have);
+xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
+                                   const xs_place *pl,
+                                   const xs_flow_plan *plan, size_t max,
+                                   uint64_t *handles, size_t *have);
 
 /* ---- the acts (physical.c) ---------------------------------------------- */
 
@@ -51,17 +52,18 @@ xseg_status xs_flow_collect(xseg_allocator *a, xs_pool *p,
    granules of `granule` bytes, at least `want` if there are, at most
    `max`: those the guard has passed are unmapped, those freed at or below
    `lend_upto` lent (segments/release.c). `keep` is never cut. */
-size_t xs_phys_take(xseg_allocator *a, xs_stream_pools *sp, xs_pool *first,
-                    size_t granule, size_t want, size_t max,
-                    const xs_block *keep, uint64_t lend_upto,
-                    uint64_t *handles);
+size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
+                           xs_pool *first, size_t granule, size_t want,
+                           size_t max, const xs_block *keep,
+                           uint64_t lend_upto, uint64_t *handles);
 /* Records an event on donor's stream and makes thief's stream wait on it
    (cuStreamWaitEvent), then lends donor's free memory (all of it is
    covered), from the pools in `pools` (bit k: pool k). 0 when the wait
    cannot be queued. */
-size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
-                     xs_stream_pools *donor, unsigned pools, size_t granule,
-                     size_t want, size_t max, uint64_t *handles);
+size_t xs_phys_steal_locked(xseg_allocator *a, xs_stream_pools *thief,
+                            xs_stream_pools *donor, unsigned pools,
+                            size_t granule, size_t want, size_t max,
+                            uint64_t *handles);
 /* One fresh handle of `bytes` (cuMemCreate). */
 xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out);
 /* Releases handles[0..n) (after a failed growth): one call per handle; a

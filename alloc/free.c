@@ -108,7 +108,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   xs_park_settle_pool(p);
   if (__builtin_expect(a->ipc != NULL || b->uses.n != 0, 0)) {
     /* Shared or deferred frees may look at other pools: none parked. */
-    xs_park_settle_all_locked(a);
+    xs_pairs_settle_all_locked(a);
     /* Exported and held by another process: pending until it lets go. */
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
@@ -118,7 +118,7 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
   return XSEG_OK;
 }
 
-static xseg_status alloc_free_locked(xseg_allocator *a, void *ptr);
+static xseg_status alloc_free_slow(xseg_allocator *a, void *ptr);
 
 /* The cached free of live block b, used on other streams, `slot` in the
    pointer table of pair sp, whose lock is held and dropped here: pending
@@ -141,7 +141,7 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
   /* One of its streams captures: the free waits unrecorded, with every
      lock. */
   if (__builtin_expect(st == XSEG_OK && later, 0))
-    return alloc_free_locked(a, ptr);
+    return alloc_free_slow(a, ptr);
   xs_alloc_debug_after_cached(a);
   return st;
 }
@@ -179,9 +179,9 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   return true;
 }
 
-/* xseg_free with every lock: after the cached path declined, or when it
-   may not run. */
-static __attribute__((noinline)) xseg_status alloc_free_locked(
+/* xseg_free's slow path, no lock held: takes every lock (after the
+   cached path declined, or when it may not run). */
+static __attribute__((noinline)) xseg_status alloc_free_slow(
     xseg_allocator *a, void *ptr) {
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xs_alloc_enter(a);
@@ -222,9 +222,9 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    parkable, used on no other stream, found without the pointer table),
    with no park uncounted, so that it is parked with its free and merge
    counted later (alloc_park), keeping its table entry, and no gauge
-   moves. Pair lock held. NULL when it does not apply: alloc_free_held
+   moves. Pair lock held. NULL when it does not apply: alloc_free_last_pair
    then does what it would. */
-static inline __attribute__((always_inline)) xs_block *alloc_park_again(
+static inline __attribute__((always_inline)) xs_block *alloc_park_repeated(
     xs_stream_pools *sp, uint64_t addr) {
   xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
   if (b == NULL || sp->park_stats != NULL) return NULL;
@@ -259,7 +259,7 @@ static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
     xs_alloc_debug_after_cached(a);
     return XSEG_OK;
   }
-  return alloc_free_locked(a, ptr);
+  return alloc_free_slow(a, ptr);
 }
 
 /* xseg_free's every case but the repeated size's. */
@@ -276,7 +276,7 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
      once, not the pair's first. */
   xs_stream_pools *sp =
       xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
-  if (__builtin_expect(sp == NULL, 0)) return alloc_free_locked(a, ptr);
+  if (__builtin_expect(sp == NULL, 0)) return alloc_free_slow(a, ptr);
   xs_pair_take(sp);
   return alloc_free_pair(a, xs_pairs_self(), sp, ptr,
                          alloc_free_slot(a, sp, addr));
@@ -302,7 +302,7 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
    range table decides (alloc_free_any). Out of line: xseg_free then makes
    no call but tail calls, and keeps its values in scratch registers (its
    arguments first, as alloc_malloc_pair's). */
-static __attribute__((noinline)) xseg_status alloc_free_held(
+static __attribute__((noinline)) xseg_status alloc_free_last_pair(
     xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
   /* A free in reverse order of allocation: the block just before the
      top of the run parked last (the pool whose parks are held back
@@ -331,18 +331,18 @@ static __attribute__((noinline)) xseg_status alloc_free_held(
 
 /* The pair of the thread's last malloc first (the block's, when a stream
    frees what it allocated), its lock free: the repeated size's park
-   (alloc_park_again), else alloc_free_held with that lock. Anything else
-   goes by the range table (alloc_free_any). */
+   (alloc_park_repeated), else alloc_free_last_pair with that lock.
+   Anything else goes by the range table (alloc_free_any). */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
     xs_pairs_thread *t = xs_pairs_self();
     xs_stream_pools *sp = t->pair;
     if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
       xs_block *b = xs_pair_cached_on(a, sp)
-                        ? alloc_park_again(sp, (uint64_t)(uintptr_t)ptr)
+                        ? alloc_park_repeated(sp, (uint64_t)(uintptr_t)ptr)
                         : NULL;
       if (__builtin_expect(b == NULL, 0))
-        return alloc_free_held(a, ptr, sp, t);
+        return alloc_free_last_pair(a, ptr, sp, t);
       bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
                              XS_POOL_SMALL, b, false);
       if (__builtin_expect(!held, 0)) return alloc_park_pay_now(a, sp);

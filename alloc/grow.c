@@ -59,7 +59,7 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for %zu handles", max);
   size_t have = 0;
-  xseg_status st = xs_flow_collect(a, p, pl, &plan, max, handles, &have);
+  xseg_status st = xs_flow_collect_locked(a, p, pl, &plan, max, handles, &have);
   assert(st != XSEG_OK || (have >= pl->n && have <= plan.room));
   xs_place at = *pl;
   at.n = have;
@@ -83,8 +83,8 @@ static xseg_status grow_expandable(xseg_allocator *a, xs_pool *p,
   xs_stream_pools *sp = xs_pools_of(p);
   if (!xs_alloc_capturing(a) &&
       (sp->pool[0].n_retiring != 0 || sp->pool[1].n_retiring != 0)) {
-    xs_alloc_guard_pair_locked(a, sp, false);
-    xs_alloc_retire_pair_locked(a, sp);
+    xs_alloc_guard_advance_locked(a, sp, false);
+    xs_alloc_retire_aliases_locked(a, sp);
   }
   if (!xs_pool_place(p, rounded, &pl)) {
     size_t g = a->granule[p->kind];

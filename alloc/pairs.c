@@ -297,7 +297,7 @@ static inline void pairs_settle(xseg_allocator *a) {
     xs_park_settle_pair(sp);
 }
 
-void xs_park_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
+void xs_pairs_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
 
 /* The held-back parks of pool p (of `kind`, a constant in each copy:
    the stats' offsets fold), oldest first: each one's free, then its

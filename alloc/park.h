@@ -9,8 +9,10 @@
  *     request takes the block back; with several pairs what is owed is
  *     *published* in the shard (xs_stats.owed), so that other pairs'
  *     crossings sum true values;
- *   - a parked block *settles*: it merges as its free would have. (Frees
- *     that wait on events or other processes *complete*, deferred.h.)
+ *   - a parked block *settles*: what the pair's parks owe is paid first
+ *     (the statistics move in the order of the frees), then it merges as
+ *     its free would have. (Frees that wait on events or other processes
+ *     *complete*, deferred.h.)
  */
 #ifndef XS_ALLOC_PARK_H
 #define XS_ALLOC_PARK_H
@@ -174,8 +176,10 @@ void xs_park_owed_pay_now(xs_stream_pools *sp);
 static inline void xs_park_owed_pay(xs_stream_pools *sp) {
   if (sp->park_stats != NULL) xs_park_owed_pay_now(sp);
 }
-/* Merges p's parked blocks, if any, as their frees would have; their
-   entries leave the pair's pointer table (entries after them may move). */
+/* Settles p's parked blocks, if any: everything the pair owes is paid
+   (the other pool's parks too), then they merge as their frees would
+   have; their entries leave the pair's pointer table (entries after them
+   may move). */
 static inline void xs_park_settle_pool(xs_pool *p) {
   if (p->parked == NULL) return;
   xs_stream_pools *sp = xs_pools_of(p);
@@ -187,13 +191,13 @@ static inline void xs_park_settle_pool(xs_pool *p) {
   xs_park_owed_pay(sp);
   xs_pool_settle(p);
 }
-/* Merges every parked block of sp. */
+/* Settles every parked block of sp (what it owes paid first). */
 static inline void xs_park_settle_pair(xs_stream_pools *sp) {
   if (!xs_pair_parked(sp)) return;
   xs_park_owed_pay(sp);
   for (int k = 0; k < 2; k++) xs_park_settle_pool(&sp->pool[k]);
 }
-/* Merges every parked block (pairs.c). */
-void xs_park_settle_all_locked(xseg_allocator *a);
+/* Settles every parked block of every pair (pairs.c). */
+void xs_pairs_settle_all_locked(xseg_allocator *a);
 
 #endif /* XS_ALLOC_PARK_H */

@@ -14,8 +14,8 @@
 #include "alloc/types.h"
 #include "vmm/error.h"
 
-xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
-                                       xs_stream_pools *sp, bool wait) {
+xseg_status xs_alloc_guard_advance_locked(xseg_allocator *a,
+                                          xs_stream_pools *sp, bool wait) {
   uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
   uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
   if (t1 > target) target = t1;
@@ -30,8 +30,8 @@ xseg_status xs_alloc_guard_pair_locked(xseg_allocator *a,
   return st;
 }
 
-xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
-                                        xs_stream_pools *sp) {
+xseg_status xs_alloc_retire_aliases_locked(xseg_allocator *a,
+                                           xs_stream_pools *sp) {
   assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
   (void)a;
   xseg_status first = XSEG_OK;
@@ -43,10 +43,10 @@ xseg_status xs_alloc_retire_pair_locked(xseg_allocator *a,
   return first;
 }
 
-size_t xs_phys_take(xseg_allocator *a, xs_stream_pools *sp, xs_pool *first,
-                    size_t granule, size_t want, size_t max,
-                    const xs_block *keep, uint64_t lend_upto,
-                    uint64_t *handles) {
+size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
+                           xs_pool *first, size_t granule, size_t want,
+                           size_t max, const xs_block *keep,
+                           uint64_t lend_upto, uint64_t *handles) {
   XS_ASSERT_LOCKED(a);
   assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
   (void)a;
@@ -61,9 +61,10 @@ size_t xs_phys_take(xseg_allocator *a, xs_stream_pools *sp, xs_pool *first,
   return got;
 }
 
-size_t xs_phys_steal(xseg_allocator *a, xs_stream_pools *thief,
-                     xs_stream_pools *donor, unsigned pools, size_t granule,
-                     size_t want, size_t max, uint64_t *handles) {
+size_t xs_phys_steal_locked(xseg_allocator *a, xs_stream_pools *thief,
+                            xs_stream_pools *donor, unsigned pools,
+                            size_t granule, size_t want, size_t max,
+                            uint64_t *handles) {
   XS_ASSERT_LOCKED(a);
   assert(!xs_alloc_capturing(a));
   /* An event recorded now covers every free so far; the wait captures it

@@ -34,8 +34,8 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   if (xs_alloc_capturing(a)) return first;
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
     if (!xs_pools_reclaimable(sp)) continue;
-    xseg_status st = xs_alloc_guard_pair_locked(a, sp, wait);
-    xseg_status rs = xs_alloc_retire_pair_locked(a, sp);
+    xseg_status st = xs_alloc_guard_advance_locked(a, sp, wait);
+    xseg_status rs = xs_alloc_retire_aliases_locked(a, sp);
     if (first == XSEG_OK) first = st != XSEG_OK ? st : rs;
   }
   return first;

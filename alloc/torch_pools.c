@@ -105,10 +105,10 @@ static bool pool_announce(torch_pool *p, xseg_allocator *a,
   return true;
 }
 
-/* Which open pool of `device` claims `stream`: 1 found (*out), 0 none, -1
-   a filter failed (the failure kept). */
-static int pools_claim_locked(int device, struct CUstream_st *stream,
-                              torch_pool **out) {
+/* pools_lock held: which open pool of `device` claims `stream`: 1 found
+   (*out), 0 none, -1 a filter failed (the failure kept). */
+static int pools_claim(int device, struct CUstream_st *stream,
+                       torch_pool **out) {
   for (size_t i = 0; i < n_pools; i++) {
     torch_pool *p = &pools[i];
     if (!p->open || p->device != device) continue;
@@ -134,17 +134,18 @@ bool xs_torch_pools_route(xseg_allocator *a, int device,
     return true;
   pthread_mutex_lock(&pools_lock);
   torch_pool *p = NULL;
-  int claim = pools_claim_locked(device, stream, &p);
+  int claim = pools_claim(device, stream, &p);
   bool ok = claim >= 0 &&
             (claim == 0 || pool_announce(p, a, stream, "xseg_torch_malloc"));
   pthread_mutex_unlock(&pools_lock);
   return ok;
 }
 
-/* A pool opened for `device`, its use taken; NULL with the failure kept. */
-static torch_pool *pool_open_locked(const char *fn, int device,
-                                    unsigned long long first,
-                                    unsigned long long second) {
+/* pools_lock held: a pool opened for `device`, its use taken; NULL with
+   the failure kept. */
+static torch_pool *pool_open(const char *fn, int device,
+                             unsigned long long first,
+                             unsigned long long second) {
   torch_pool *p = pool_find(device, first, second);
   if (p != NULL && p->open) {
     xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "pool (%llu, %llu) of "
@@ -176,7 +177,7 @@ void xseg_torch_begin_allocate_to_pool_if(int device, unsigned long long first,
   torch_pool *p = NULL;
   if (xs_torch_allocator(fn, device) != NULL) {
     pthread_mutex_lock(&pools_lock);
-    p = pool_open_locked(fn, device, first, second);
+    p = pool_open(fn, device, first, second);
     if (p != NULL) p->filter = filter, p->ctx = ctx, p->ctx_free = ctx_free;
     pthread_mutex_unlock(&pools_lock);
   }
@@ -191,7 +192,7 @@ void xseg_torch_begin_allocate_to_pool(int device, unsigned long long first,
   xseg_allocator *a = xs_torch_allocator(fn, device);
   if (a == NULL) return;
   pthread_mutex_lock(&pools_lock);
-  torch_pool *p = pool_open_locked(fn, device, first, second);
+  torch_pool *p = pool_open(fn, device, first, second);
   if (p != NULL && !pool_announce(p, a, stream, fn)) {
     /* Undone, so that the failed begin leaves no open pool behind. */
     p->open = false;
@@ -209,8 +210,8 @@ typedef struct pool_ref {
   const char *fn;
 } pool_ref;
 
-/* Ends the pool, as PyTorch's endAllocateToPool. */
-static void pool_end_locked(pool_ref r) {
+/* pools_lock held: ends the pool, as PyTorch's endAllocateToPool. */
+static void pool_end(pool_ref r) {
   torch_pool *p = r.p;
   int device = r.device;
   const char *fn = r.fn;
@@ -230,9 +231,9 @@ static void pool_end_locked(pool_ref r) {
   atomic_fetch_sub_explicit(&pools_open[device], 1, memory_order_release);
 }
 
-/* Drops a use of p, as PyTorch's releasePool; a pool never begun here (or
-   released already) has nothing to release. */
-static void pool_release_locked(pool_ref r) {
+/* pools_lock held: drops a use of p, as PyTorch's releasePool; a pool
+   never begun here (or released already) has nothing to release. */
+static void pool_release(pool_ref r) {
   torch_pool *p = r.p;
   int device = r.device;
   const char *fn = r.fn;
@@ -261,13 +262,13 @@ static void pools_apply(const char *fn, int device, unsigned long long first,
 void xseg_torch_end_allocate_to_pool(int device, unsigned long long first,
                                      unsigned long long second) {
   pools_apply("xseg_torch_end_allocate_to_pool", device, first, second,
-              pool_end_locked);
+              pool_end);
 }
 
 void xseg_torch_release_pool(int device, unsigned long long first,
                              unsigned long long second) {
   pools_apply("xseg_torch_release_pool", device, first, second,
-              pool_release_locked);
+              pool_release);
 }
 
 void xs_torch_pools_forget_all(void) {

@@ -40,7 +40,7 @@ static bool shards_held_back(const xs_stats *s, int *kind, int *gauge) {
 }
 
 void xs_stats_group_remove(xs_stats_group *g, xs_stats *s, xs_stats *into) {
-  assert(!shards_held_back(s, NULL, NULL) && "its parks settled");
+  assert(!shards_held_back(s, NULL, NULL) && "what its parks owe paid");
   for (int gg = 0; gg < XS_GAUGE_COUNT; gg++) {
     shards_fold_val(&into->all[gg], &s->all[gg]);
     for (int k = 0; k < 2; k++)
@@ -215,12 +215,12 @@ bool xs_stats_group_valid(const xs_stats_group *g, char *msg,
     snprintf(msg, msg_size, "stats: %zu shards listed, %zu counted", n, g->n);
     return false;
   }
-  /* Every park is settled when every lock is held: nothing held back. */
+  /* Every park is paid when every lock is held: nothing held back. */
   for (const xs_stats *s = g->first; s != NULL; s = s->next_shard) {
     int k, gg;
     if (shards_held_back(s, &k, &gg)) {
       snprintf(msg, msg_size, "stats: a shard holds back %lld of gauge %d "
-               "of pool %d with every park settled",
+               "of pool %d with every park paid",
                (long long)xs_gv_get(&s->owed[k][gg]), gg, k);
       return false;
     }
