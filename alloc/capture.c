@@ -54,8 +54,8 @@ xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
 }
 
 /* A new entry; its private pair is found or created. */
-static xseg_status capture_add(xseg_allocator *a, xs_capture c,
-                               xs_stream_pools **out) {
+static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
+                                      xs_stream_pools **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
     goto oom;
   xs_stream_pools *sp = capture_pair_find(a, c.pool, c.stream);
@@ -116,7 +116,7 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
   if (st != XSEG_OK || !active) return st;
   xs_capture c = {.stream = stream, .pool = XSEG_CAPTURE_POOL(id),
                   .capture_id = id, .implicit = true};
-  return capture_add(a, c, out);
+  return capture_add_locked(a, c, out);
 }
 
 xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
@@ -177,7 +177,7 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
       continue;
     xs_capture c = {.stream = sp->stream, .pool = XSEG_CAPTURE_POOL(id),
                     .capture_id = id, .implicit = true};
-    st = capture_add(a, c, NULL);
+    st = capture_add_locked(a, c, NULL);
   }
   return st;
 }
@@ -201,7 +201,8 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                   (void *)stream, (unsigned long long)c->pool);
   else {
     if (c != NULL) capture_remove(a, (size_t)(c - a->captures));
-    st = capture_add(a, (xs_capture){.stream = stream, .pool = pool}, NULL);
+    st = capture_add_locked(a, (xs_capture){.stream = stream, .pool = pool},
+                            NULL);
   }
   xs_alloc_leave(a);
   return st;

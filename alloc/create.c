@@ -85,7 +85,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
 }
 
 /* Reports live blocks on stderr (a leak in the caller) before they go. */
-static void destroy_report_live(xseg_allocator *a) {
+static void destroy_report_live_locked(xseg_allocator *a) {
   size_t n = xs_alloc_live_count_locked(a);
   if (n == 0) return;
   const xs_stream_pools *sp = a->streams;
@@ -108,7 +108,7 @@ static void destroy_report_live(xseg_allocator *a) {
    wait for it (on the events alone) before everything is unmapped. Block
    structs go with the pools; the recorded-stream arrays of pending and
    live blocks go here. */
-static void destroy_pending(xseg_allocator *a, bool entered) {
+static void destroy_pending_locked(xseg_allocator *a, bool entered) {
   if (entered && xs_alloc_has_pending(a)) {
     a->n_captures = 0;          /* nothing captures into a dying allocator */
     a->n_implicit = 0;
@@ -157,10 +157,10 @@ static void destroy_guards(xseg_allocator *a) {
 void xseg_destroy(xseg_allocator *a) {
   if (a == NULL) return;
   xs_alloc_enter(a);
-  destroy_report_live(a);
+  destroy_report_live_locked(a);
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
-  destroy_pending(a, entered);
+  destroy_pending_locked(a, entered);
   if (entered) destroy_guards(a);
   xs_ipc_destroy_locked(a, entered);
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {

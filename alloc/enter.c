@@ -27,7 +27,8 @@ static bool enter_slow(const xseg_allocator *a) {
          a->trace.cap != 0;
 }
 
-/* The way out without the debug builds' check. */
+/* Every lock held, dropped here: the way out without the debug builds'
+   check. */
 static void enter_leave(xseg_allocator *a) {
   atomic_store_explicit(&a->slow, enter_slow(a), memory_order_relaxed);
   xs_ranges_refresh_locked(a);
@@ -43,7 +44,7 @@ static bool enter_debug_due(xseg_allocator *a) {
   return ops % a->debug_check_every == 0;
 }
 
-static void enter_debug_check(xseg_allocator *a) {
+static void enter_debug_check_locked(xseg_allocator *a) {
   xs_pairs_settle_all_locked(a);
   xs_alloc_debug_check_locked(a);
 }
@@ -51,14 +52,14 @@ static void enter_debug_check(xseg_allocator *a) {
 void xs_alloc_debug_after_cached(xseg_allocator *a) {
   if (!enter_debug_due(a)) return;
   xs_alloc_enter(a);
-  enter_debug_check(a);
+  enter_debug_check_locked(a);
   enter_leave(a);
 }
 #endif
 
 void xs_alloc_leave(xseg_allocator *a) {
 #ifndef NDEBUG
-  if (enter_debug_due(a)) enter_debug_check(a);
+  if (enter_debug_due(a)) enter_debug_check_locked(a);
 #endif
   enter_leave(a);
 }

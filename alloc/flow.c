@@ -133,8 +133,8 @@ static xseg_status flow_create(xseg_allocator *a, size_t g, size_t want,
 
 /* 1: the stream's own free memory. keep is the block the new granules
    merge with; the hole itself is unmapped and so never a donor. */
-static size_t flow_own(xseg_allocator *a, xs_pool *p, const xs_place *pl,
-                       size_t want, size_t max, uint64_t *handles) {
+static size_t flow_own_locked(xseg_allocator *a, xs_pool *p, const xs_place *pl,
+                              size_t want, size_t max, uint64_t *handles) {
   xs_stream_pools *sp = xs_pools_of(p);
   if (want == 0 || xs_alloc_capturing(a)) return 0;
   xs_alloc_guard_advance_locked(a, sp, false);  /* failing: fewer handles */
@@ -156,8 +156,8 @@ static xs_stream_pools *flow_before(const xseg_allocator *a,
 
 /* Whether donor took other streams' memory within the last
    XS_FLOW_QUIET frees (then it gives none: see the top). */
-static bool flow_donor_quiet(const xseg_allocator *a,
-                             const xs_stream_pools *donor) {
+static bool flow_donor_quiet_locked(const xseg_allocator *a,
+                                    const xs_stream_pools *donor) {
   return a->flow_at_limit || donor->took_at == 0 ||
          xs_alloc_frees_locked(a) - donor->took_at >= XS_FLOW_QUIET;
 }
@@ -178,8 +178,8 @@ static unsigned flow_may_steal(const xseg_allocator *a,
 }
 
 /* 2 and 3: other streams' free memory. */
-static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
-                           size_t want, size_t max, uint64_t *handles) {
+static size_t flow_foreign_locked(xseg_allocator *a, xs_pool *p, size_t granule,
+                                  size_t want, size_t max, uint64_t *handles) {
   size_t got = 0;
   xs_stream_pools *own = xs_pools_of(p);
   if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
@@ -188,7 +188,8 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
   xs_alloc_complete_frees_locked(a, false);
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
-    if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))
+    if (sp == own || !xs_pools_reclaimable(sp) ||
+        !flow_donor_quiet_locked(a, sp))
       continue;
     /* An idle donor proves itself with one query; a busy one gets a guard
        event for a later pass and gives what was already safe. */
@@ -199,7 +200,8 @@ static size_t flow_foreign(xseg_allocator *a, xs_pool *p, size_t granule,
   }
   for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
-    if (sp == own || !xs_pools_reclaimable(sp) || !flow_donor_quiet(a, sp))
+    if (sp == own || !xs_pools_reclaimable(sp) ||
+        !flow_donor_quiet_locked(a, sp))
       continue;
     unsigned pools = flow_may_steal(a, own, sp, granule);
     if (pools != 0)
@@ -216,9 +218,10 @@ xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
                                    uint64_t *handles, size_t *have) {
   XS_ASSERT_LOCKED(a);
   size_t n = pl->n, g = plan->g;
-  *have = flow_own(a, p, pl, n, max, handles);
+  *have = flow_own_locked(a, p, pl, n, max, handles);
   if (*have < n)
-    *have += flow_foreign(a, p, g, n - *have, max - *have, handles + *have);
+    *have +=
+        flow_foreign_locked(a, p, g, n - *have, max - *have, handles + *have);
   if (*have >= n) return XSEG_OK;
   /* The handles in hand left reserved_bytes when they were taken (unmapped
      or lent) and come back with the map: the cap holds them with the new

@@ -46,8 +46,8 @@
 
 /* Maps at least pl->n granules at pl, with handles the policy finds
    (flow.c). */
-static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
-                           xs_block **out) {
+static xseg_status grow_at_locked(xseg_allocator *a, xs_pool *p,
+                                  const xs_place *pl, xs_block **out) {
   xs_flow_plan plan = xs_flow_plan_for(a, pl);
   /* A reused handle may be larger than the need: moving it whole is one
      map, and the rest is free mapped space here, not new memory. */
@@ -75,8 +75,8 @@ static xseg_status grow_at(xseg_allocator *a, xs_pool *p, const xs_place *pl,
   return st;
 }
 
-static xseg_status grow_expandable(xseg_allocator *a, xs_pool *p,
-                                   size_t rounded, xs_block **out) {
+static xseg_status grow_expandable_locked(xseg_allocator *a, xs_pool *p,
+                                          size_t rounded, xs_block **out) {
   xs_place pl;
   /* Retired aliases become holes before a placement is chosen (never
      after: one merging into the chosen hole would free it). */
@@ -97,7 +97,7 @@ static xseg_status grow_expandable(xseg_allocator *a, xs_pool *p,
     assert(placed && "a fresh reservation holds the request");
     (void)placed;
   }
-  return grow_at(a, p, &pl, out);
+  return grow_at_locked(a, p, &pl, out);
 }
 
 static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
@@ -123,13 +123,13 @@ static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
 /* A growth maps new memory only within the cap; one that only moves
    memory (the cap lowered under what is mapped) leaves reserved_bytes no
    higher than it found them. */
-static xseg_status grow_once(xseg_allocator *a, xs_pool *p, size_t rounded,
-                             xs_block **out) {
+static xseg_status grow_once_locked(xseg_allocator *a, xs_pool *p,
+                                    size_t rounded, xs_block **out) {
 #ifndef NDEBUG
   size_t before = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
 #endif
   xseg_status st = a->cfg.expandable_segments
-                       ? grow_expandable(a, p, rounded, out)
+                       ? grow_expandable_locked(a, p, rounded, out)
                        : grow_classic(a, p, rounded, out);
   size_t after = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   assert((after <= a->cap || after <= before) && "growth passed the cap");
@@ -171,9 +171,9 @@ static xseg_status grow_oom(xseg_allocator *a, size_t requested,
 /* The slow path's first step, only here so the cached path makes no
    extra driver call: an unannounced capture on `stream` sends the request
    to its private pool, where a cached block may already fit. */
-static xseg_status grow_route(xseg_allocator *a, xs_pool **p,
-                              struct CUstream_st *stream, size_t rounded,
-                              xs_block **out) {
+static xseg_status grow_route_locked(xseg_allocator *a, xs_pool **p,
+                                     struct CUstream_st *stream, size_t rounded,
+                                     xs_block **out) {
   *out = NULL;
   if (xs_pools_of(*p)->private_id != 0) return XSEG_OK;
   xs_stream_pools *priv;
@@ -185,21 +185,22 @@ static xseg_status grow_route(xseg_allocator *a, xs_pool **p,
 }
 
 /* After a failed growth: each step frees more, at a higher price. */
-static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
-                              xs_block **out) {
+static xseg_status grow_retry_locked(xseg_allocator *a, xs_pool *p,
+                                     size_t rounded, xs_block **out) {
   a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
   if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
   xs_alloc_complete_frees_locked(a, false);
-  if (xs_alloc_collect_garbage_locked(a)) st = grow_once(a, p, rounded, out);
+  if (xs_alloc_collect_garbage_locked(a))
+    st = grow_once_locked(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
   xs_alloc_release_locked(a, SIZE_MAX, false);
-  st = grow_once(a, p, rounded, out);
+  st = grow_once_locked(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
   /* Any stream's free memory behind an event (flow.c's steal rule without
      its surplus and quiet conditions): the device waits, not the host. */
   a->flow_at_limit = true;
-  st = grow_once(a, p, rounded, out);
+  st = grow_once_locked(a, p, rounded, out);
   a->flow_at_limit = false;
   if (st != XSEG_ERR_OUT_OF_MEMORY || xs_alloc_capturing(a)) return st;
   /* Wait for the recorded work that still guards free memory (its events
@@ -207,10 +208,10 @@ static xseg_status grow_retry(xseg_allocator *a, xs_pool *p, size_t rounded,
   xs_alloc_complete_frees_locked(a, true);
   a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
   xs_alloc_guards_locked(a, true);
-  st = grow_once(a, p, rounded, out);
+  st = grow_once_locked(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
   xs_alloc_release_locked(a, SIZE_MAX, false);
-  return grow_once(a, p, rounded, out);
+  return grow_once_locked(a, p, rounded, out);
 }
 
 xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
@@ -220,7 +221,7 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st != XSEG_OK) return st;
-  st = grow_route(a, p, stream, rounded, out);
+  st = grow_route_locked(a, p, stream, rounded, out);
   if (st == XSEG_OK && *out == NULL) {
     if (rounded > a->cap) {
       /* More than the device (or the fraction) holds: refused before a
@@ -229,8 +230,9 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
                     "%zu bytes xseg may map", a->cap);
     } else {
       xs_alloc_collect_garbage_locked(a);
-      st = grow_once(a, *p, rounded, out);
-      if (st == XSEG_ERR_OUT_OF_MEMORY) st = grow_retry(a, *p, rounded, out);
+      st = grow_once_locked(a, *p, rounded, out);
+      if (st == XSEG_ERR_OUT_OF_MEMORY)
+        st = grow_retry_locked(a, *p, rounded, out);
     }
     if (st == XSEG_ERR_OUT_OF_MEMORY) {
       size_t dev_free;

@@ -48,8 +48,9 @@ void xs_ipc_events_destroy_locked(xseg_allocator *a, bool entered) {
 }
 
 /* The event recorded on `stream`, created on first use. */
-static xseg_status event_of_stream(xseg_allocator *a,
-                                   struct CUstream_st *stream, CUevent *out) {
+static xseg_status event_of_stream_locked(xseg_allocator *a,
+                                          struct CUstream_st *stream,
+                                          CUevent *out) {
   xs_ipc *ipc = xs_ipc_get_locked(a);
   if (ipc == NULL) return XSEG_ERR_OUT_OF_MEMORY;
   if (ipc->events == NULL && (ipc->events = calloc(1, sizeof *ipc->events))
@@ -78,7 +79,7 @@ xseg_status xseg_ipc_record(xseg_allocator *a, struct CUstream_st *stream,
   if (st == XSEG_OK) {
     CUevent ev;
     CUipcEventHandle h;
-    st = event_of_stream(a, stream, &ev);
+    st = event_of_stream_locked(a, stream, &ev);
     if (st == XSEG_OK) st = xs_vmm_ipc_event_record(&a->vmm, ev, stream, &h);
     if (st == XSEG_OK) memcpy(event_handle, &h, sizeof h);
     xs_vmm_ctx_leave(&a->vmm, saved);

@@ -217,7 +217,7 @@ bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
 /* The last holder of held free b is gone: it is freed as xseg_free
    would have, had nobody held it. False when it must stay (host OOM
    listing it for its streams): the next pass tries again. */
-static bool export_release(xseg_allocator *a, xs_block *b) {
+static bool export_release_locked(xseg_allocator *a, xs_block *b) {
   if (b->uses.n != 0)
     return xs_alloc_defer_unrecorded_locked(a, b) == XSEG_OK;
   b->pending = false;
@@ -238,11 +238,12 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
     }
     ipc->reclaimed +=
         (int64_t)xs_ipc_table_reap(ipc->table, e->id, &ipc->alive);
-    /* A slot already closed (export_release failed before) stays EMPTY. */
+    /* A slot already closed (export_release_locked failed before)
+       stays EMPTY. */
     bool closed = atomic_load(&ipc->table->exports[e->id % XS_IPC_EXPORTS]
                                    .id) != e->id ||
                   xs_ipc_table_try_close(ipc->table, e->id);
-    if (!closed || !export_release(a, e->block)) {
+    if (!closed || !export_release_locked(a, e->block)) {
       i++;
       continue;
     }

@@ -43,7 +43,8 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
 
 /* What every pass does first (see the top). False when a capture is under
    way, or the capture state could not be read (*st then says why). */
-static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
+static bool reclaim_prepare_locked(xseg_allocator *a, bool wait,
+                                   xseg_status *st) {
   *st = xs_capture_sweep_locked(a);
   if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
   if (wait) a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
@@ -54,7 +55,7 @@ static bool reclaim_prepare(xseg_allocator *a, bool wait, xseg_status *st) {
 }
 
 /* Released private pools that hold nothing any more go away. */
-static void reclaim_drop_released(xseg_allocator *a) {
+static void reclaim_drop_released_locked(xseg_allocator *a) {
   xs_stream_pools *sp = a->streams;
   while (sp != NULL) {
     xs_stream_pools *next = sp->next;
@@ -69,7 +70,7 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
                                     bool wait) {
   XS_ASSERT_LOCKED(a);
   xseg_status first;
-  if (!reclaim_prepare(a, wait, &first)) return first;
+  if (!reclaim_prepare_locked(a, wait, &first)) return first;
   /* Handles whose release failed before go first. */
   xseg_status rs = xs_vmm_unreleased_retry(&a->vmm);
   if (first == XSEG_OK) first = rs;
@@ -83,7 +84,7 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
       if (first == XSEG_OK) first = st;
       done += bytes;
     }
-  reclaim_drop_released(a);
+  reclaim_drop_released_locked(a);
   return first;
 }
 
@@ -122,7 +123,7 @@ static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
 /* Releases the oldest free blocks' granules until `goal` bytes went.
    Cutting a block only touches it and unmapped neighbours, so the other
    candidates (free mapped blocks) stay valid. */
-static size_t gc_release_oldest(xseg_allocator *a, size_t goal) {
+static size_t gc_release_oldest_locked(xseg_allocator *a, size_t goal) {
   size_t n, done = 0;
   gc_candidate *c = gc_candidates(a, &n);
   if (n > 0) qsort(c, n, sizeof *c, gc_older);   /* never qsort(NULL) */
@@ -135,7 +136,7 @@ static size_t gc_release_oldest(xseg_allocator *a, size_t goal) {
   free(c);
   for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++) xs_pool_drop_empty(&sp->pool[k]);
-  reclaim_drop_released(a);
+  reclaim_drop_released_locked(a);
   return done;
 }
 
@@ -147,6 +148,6 @@ bool xs_alloc_collect_garbage_locked(xseg_allocator *a) {
       (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   if (reserved <= target) return false;
   xseg_status st;
-  if (!reclaim_prepare(a, false, &st)) return false;
-  return gc_release_oldest(a, reserved - target) > 0;
+  if (!reclaim_prepare_locked(a, false, &st)) return false;
+  return gc_release_oldest_locked(a, reserved - target) > 0;
 }

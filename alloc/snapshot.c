@@ -48,7 +48,8 @@ static snapshot_sums snapshot_run_sums(const xs_block *b) {
 
 /* Blocks shared with other processes carry xseg's own key "ipc":
    "exported" or "open_by_others" (held by another process now). */
-static void snapshot_blocks(FILE *out, xseg_allocator *a, const xs_block *b) {
+static void snapshot_blocks_locked(FILE *out, xseg_allocator *a,
+                                   const xs_block *b) {
   for (bool first = true; b != NULL && b->mapped; b = b->next, first = false) {
     const char *ipc = b->allocated ? xs_ipc_block_mark_locked(a, b) : NULL;
     fprintf(out,
@@ -80,13 +81,13 @@ static void snapshot_segment_head(FILE *out, xseg_allocator *a,
 }
 
 /* One segment entry for the mapped run that starts at b. */
-static void snapshot_run(FILE *out, xseg_allocator *a,
-                         const xs_stream_pools *sp, const xs_pool *p,
-                         const xs_block *b, bool *first) {
+static void snapshot_run_locked(FILE *out, xseg_allocator *a,
+                                const xs_stream_pools *sp, const xs_pool *p,
+                                const xs_block *b, bool *first) {
   snapshot_sums s = snapshot_run_sums(b);
   snapshot_segment_head(out, a, b->addr, &s, p->stream, p->kind,
                         sp->private_id, first);
-  snapshot_blocks(out, a, b);
+  snapshot_blocks_locked(out, a, b);
   fputs("]}", out);
 }
 
@@ -132,7 +133,7 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
   }
 }
 
-static void snapshot_segments(FILE *out, xseg_allocator *a) {
+static void snapshot_segments_locked(FILE *out, xseg_allocator *a) {
   bool first = true;
   fputs("{\"segments\": [", out);
   for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
@@ -141,7 +142,7 @@ static void snapshot_segments(FILE *out, xseg_allocator *a) {
            s = s->next)
         for (const xs_block *b = s->first; b != NULL; b = b->next)
           if (b->mapped && (b->prev == NULL || !b->prev->mapped))
-            snapshot_run(out, a, sp, &sp->pool[k], b, &first);
+            snapshot_run_locked(out, a, sp, &sp->pool[k], b, &first);
   snapshot_orphans(out, a, &first);
   fputs("\n],\n", out);
 }
@@ -168,7 +169,7 @@ xseg_status xseg_snapshot_json(xseg_allocator *a, FILE *out) {
                     "xseg_snapshot_json: %s is NULL",
                     a == NULL ? "allocator" : "out");
   xs_alloc_enter(a);
-  snapshot_segments(out, a);
+  snapshot_segments_locked(out, a);
   snapshot_traces(out, &a->trace);
   xs_alloc_leave(a);
   if (ferror(out))

@@ -11,7 +11,14 @@ call, a variable, a thread-local), and fails when
   - a file calls up the layers: vmm < segments < streams < alloc, and
     inside alloc/ up its rooms (ALLOC_ROOMS below, lowest first), or
   - a file of alloc/ includes a header of a higher room (what an inline
-    function or a struct brings leaves no symbol to see).
+    function or a struct brings leaves no symbol to see), or
+  - a function breaks the lock rule of docs/DESIGN.md 2.1 ("the lock a
+    function needs is in its name"): it calls a function named `_locked`
+    (every lock held) but is not `_locked` itself, does not take every
+    lock (xs_alloc_enter), and its first comment line does not say
+    "every lock". Read from the objects' code (`objdump -dr`), so only
+    calls that are out of line in that build count: a Debug build sees
+    every static helper, an optimised one fewer.
 
 An inline function of a header counts where it lands: a call it makes that
 the compiler leaves out of line is the including file's. That is the point:
@@ -21,7 +28,7 @@ inlined.
 Usage: tools/layers.py BUILD_DIR [--graph] [--repo DIR]
   --graph  also prints every edge (file -> file: symbols).
   --repo   the sources' tree (default: the one this script is in).
-Exit status 0 when there is no circle and no upward call, 1 otherwise.
+Exit status 0 when none of the above is found, 1 otherwise.
 """
 import fnmatch
 import os
@@ -212,6 +219,79 @@ def circles(nodes, edges):
     return out
 
 
+# The functions that take or drop every lock themselves: what they call
+# runs with every lock held although their names do not say so.
+LOCK_TAKERS = {"xs_alloc_enter", "xs_alloc_leave"}
+
+
+def base_name(symbol):
+    """A function's name without GCC's clone suffixes (.constprop.0 ...)."""
+    return symbol.split(".")[0]
+
+
+def calls(obj):
+    """{function: {callee}} of one object file, from its code: relocations
+    and direct calls or jumps to a named function."""
+    out = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", obj],
+                         check=True, capture_output=True, text=True).stdout
+    found, cur = {}, None
+    for line in out.splitlines():
+        m = re.match(r"^[0-9a-f]+ <([^>]+)>:$", line)
+        if m:
+            cur = base_name(m.group(1))
+            found.setdefault(cur, set())
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"\bR_[A-Z0-9_]+\s+([A-Za-z_][\w.]*)", line) or \
+            re.search(r"\b(?:call|jmp|bl?)\w*\s+[0-9a-f]+ <([A-Za-z_][\w.]*)",
+                      line)
+        if m:
+            found[cur].add(base_name(m.group(1)))
+    return found
+
+
+def first_comment_line(path, name):
+    """The first line of the comment just above the definition of `name`
+    in source file `path` ("" when there is none)."""
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line[:1].isspace() or not re.search(r"\b" + name + r"\(", line):
+            continue
+        rest = " ".join(lines[i:i + 12])
+        body, decl = rest.find("{"), rest.find(";")
+        if body < 0 or (0 <= decl < body):
+            continue                            # a prototype or a call
+        j = i - 1
+        if j < 0 or not lines[j].rstrip().endswith("*/"):
+            return ""
+        while j >= 0 and not lines[j].lstrip().startswith("/*"):
+            j -= 1
+        return lines[j] if j >= 0 else ""
+    return ""
+
+
+def lock_problems(objs):
+    """Lines about functions that call a `_locked` function without
+    holding every lock by their name, their act or their first comment."""
+    out = []
+    for src, obj in sorted(objs.items()):
+        for fn, callees in sorted(calls(obj).items()):
+            needed = sorted(c for c in callees
+                            if c.endswith("_locked") and c != fn)
+            if not needed or fn.endswith("_locked") or fn in LOCK_TAKERS or \
+                    callees & LOCK_TAKERS:
+                continue
+            comment = first_comment_line(os.path.join(REPO, src), fn)
+            if "every lock" in comment.lower():
+                continue
+            out.append(f"lock rule: {src} {fn} calls {' '.join(needed)}: "
+                       f"name it _locked, take every lock, or say \"every "
+                       f"lock\" on its first comment line")
+    return out
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -242,6 +322,9 @@ def main(argv):
                       f"{' '.join(edges[src][dst])}")
                 bad += 1
     for line in include_problems():
+        print(line)
+        bad += 1
+    for line in lock_problems(objs):
         print(line)
         bad += 1
     for comp in circles(objs.keys(), edges):

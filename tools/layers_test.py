@@ -4,9 +4,10 @@
 Builds a small tree of objects laid out as CMake lays out the library's
 (BUILD/CMakeFiles/xseg_<layer>.dir/<layer>/<file>.c.o) with one call up
 the layers (vmm -> segments), one circle between two files of alloc/, one
-call up alloc/'s rooms (base -> entry), one file of alloc/ in no room and
-one include of a higher room's header (pairs -> growth),
-and checks that layers.py reports each one and fails; then that a clean
+call up alloc/'s rooms (base -> entry), one file of alloc/ in no room,
+one include of a higher room's header (pairs -> growth) and one function
+that calls a `_locked` function without every lock by its name, its act
+or its first comment line, and checks that layers.py reports each one and fails; then that a clean
 tree passes. Usage: tools/layers_test.py [CC]
 """
 import os
@@ -27,12 +28,22 @@ BAD = {
     "alloc/nowhere.c": "int nowhere(void) { return 3; }",
     "alloc/ranges.c": '#include "alloc/grow.h"\nint ranges(void) { return 4; }',
     "alloc/grow.h": "",
+    "alloc/grow.c": "int xs_g_locked(void);\n"
+                    "/* A helper. */\n"
+                    "int grow_helper(void) { return xs_g_locked(); }",
 }
 GOOD = {
     "vmm/low.c": "int vmm_low(void) { return 1; }",
     "segments/high.c": "int vmm_low(void); int seg_high(void) { return vmm_low(); }",
     "alloc/thread.c": "int seg_high(void); int base_low(void) { return seg_high(); }",
     "alloc/alloc.c": "int base_low(void); int entry_top(void) { return base_low(); }",
+    "alloc/grow.c": "int xs_g_locked(void) { return 0; }\n"
+                    "int xs_alloc_enter(void);\n"
+                    "/* Every lock held: a helper. */\n"
+                    "int grow_helper(void) { return xs_g_locked(); }\n"
+                    "int grow_named_locked(void) { return xs_g_locked(); }\n"
+                    "int grow_entry(void) { xs_alloc_enter(); "
+                    "return xs_g_locked(); }",
 }
 
 
@@ -68,7 +79,8 @@ def main():
                  "upward call: alloc/thread.c -> alloc/alloc.c: entry_top",
                  "alloc/nowhere.c: in no room of alloc/",
                  "upward include: alloc/ranges.c (pairs) -> alloc/grow.h "
-                 "(growth)"]:
+                 "(growth)",
+                 "lock rule: alloc/grow.c grow_helper calls xs_g_locked"]:
         if want not in out:
             print(f"layers_test: missing: {want}")
             failed += 1
