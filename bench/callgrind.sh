@@ -4,7 +4,8 @@
 # not).
 #
 #   bench/callgrind.sh [XSEG_BENCH] [repeat | repeat-beside K | layers |
-#                      random LIVE | mixed LIVE | deferred] [N1 N2]
+#                      random LIVE | mixed LIVE | mixed-small LIVE |
+#                      mixed-large LIVE | deferred] [N1 N2]
 #
 # XSEG_BENCH defaults to build/bench/xseg-bench. "repeat" (the default)
 # counts `xseg-bench micro --only cached-repeat` (one size, malloc then
@@ -14,8 +15,10 @@
 # pools, allocated then freed in reverse order, a pair per tensor);
 # "random LIVE" counts `--only cached-random` with LIVE blocks live
 # and random sizes (1..4096 B); "mixed LIVE" `--only cached-mixed` the same
-# with sizes over both pools (1 KiB .. 2 MiB); "deferred" counts `--only deferred`, whose every pair is
-# a plain malloc+free of 4 KiB and a malloc, xseg_record_stream on a second
+# with sizes over both pools (1 KiB .. 2 MiB), "mixed-small" and
+# "mixed-large" with those of one pool alone (`--mixed-pools`);
+# "deferred" counts `--only deferred`, whose every pair is a plain
+# malloc+free of 4 KiB and a malloc, xseg_record_stream on a second
 # stream and free (the free deferred behind an event), and also prints the
 # count without the driver's own instructions (the inclusive cost of every
 # cu* call, the emulator's here), which is the allocator's share. The
@@ -45,10 +48,13 @@ if [ "$case" = random ]; then
   live=${1:?"random needs LIVE, e.g. random 10000"}
   shift
   args=(--only cached-random --live-min "$live" --live-max "$live")
-elif [ "$case" = mixed ]; then
-  live=${1:?"mixed needs LIVE, e.g. mixed 10000"}
+elif [ "$case" = mixed ] || [ "$case" = mixed-small ] ||
+     [ "$case" = mixed-large ]; then
+  live=${1:?"$case needs LIVE, e.g. $case 10000"}
   shift
-  args=(--only cached-mixed --mixed-live "$live")
+  pools=${case#mixed-}
+  [ "$pools" = mixed ] && pools=both
+  args=(--only cached-mixed --mixed-live "$live" --mixed-pools "$pools")
 elif [ "$case" = layers ]; then
   args=(--only cached-layers)
 elif [ "$case" = repeat-beside ]; then
@@ -80,7 +86,7 @@ count() {
     --device-memory 4G >/dev/null 2>"$tmp/log.$1" ||
     { cat "$tmp/log.$1" >&2; exit 1; }
   local out="$tmp/out.$1"
-  if [ "$case" = random ] || [ "$case" = mixed ]; then
+  if [ "$case" = random ] || [ "${case%%-*}" = mixed ]; then
     out="$tmp/out.$1.1"
     [ -f "$out" ] || { echo "callgrind.sh: no dump before churn_drain" \
                             "(is $bench built with symbols?)" >&2; exit 1; }

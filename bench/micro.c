@@ -213,7 +213,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o, FILE *f) {
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
   XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD,
-  XB_MI_MIXED_LIVE, XB_MI_HELP
+  XB_MI_MIXED_LIVE, XB_MI_MIXED_POOLS, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
@@ -228,6 +228,10 @@ static void micro_usage(FILE *out) {
           "  --live-max N       largest live set for cached-random, from "
           "--live-min by tens (default 1000000)\n"
           "  --mixed-live N     live set of cached-mixed (default 10000)\n"
+          "  --mixed-pools P    cached-mixed's sizes: both (default), small "
+          "(1 KiB..1 MiB,\n"
+          "                     the small pool alone) or large (1..2 MiB, "
+          "the large pool)\n"
           "  --rounds N         rounds per measurement, median taken (default "
           "5, at most 64)\n"
           "  --seed N           size sequence seed (default 1)\n"
@@ -255,6 +259,7 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
     case XB_MI_LIVE_MAX: return xb_cli_u64("--live-max", arg, &m->live_max);
     case XB_MI_MIXED_LIVE:
       return xb_cli_u64("--mixed-live", arg, &m->mixed_live);
+    case XB_MI_MIXED_POOLS: return (m->mixed_pools = arg), true;
     case XB_MI_ROUNDS: return xb_cli_u64("--rounds", arg, &m->rounds);
     case XB_MI_SEED: return xb_cli_u64("--seed", arg, &m->seed);
     case XB_MI_OTHER_STREAMS:
@@ -280,7 +285,10 @@ static bool micro_valid(xb_micro *m) {
       : m->rounds == 0 || m->rounds > 64 ? "--rounds (1..64)"
       : m->live_min == 0 ? "--live-min" : m->live_max > UINT32_MAX
       ? "--live-max" : m->mixed_live == 0 || m->mixed_live > UINT32_MAX
-      ? "--mixed-live" : m->other_streams > XB_OTHER_STREAMS_MAX
+      ? "--mixed-live" : strcmp(m->mixed_pools, "both") &&
+        strcmp(m->mixed_pools, "small") && strcmp(m->mixed_pools, "large")
+      ? "--mixed-pools (both, small or large)"
+      : m->other_streams > XB_OTHER_STREAMS_MAX
       ? "--other-streams" : NULL;
   if (bad == NULL) return true;
   fprintf(stderr, "xseg-bench micro: bad %s", bad);
@@ -302,6 +310,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"live-min", required_argument, 0, XB_MI_LIVE_MIN},
       {"live-max", required_argument, 0, XB_MI_LIVE_MAX},
       {"mixed-live", required_argument, 0, XB_MI_MIXED_LIVE},
+      {"mixed-pools", required_argument, 0, XB_MI_MIXED_POOLS},
       {"rounds", required_argument, 0, XB_MI_ROUNDS},
       {"seed", required_argument, 0, XB_MI_SEED},
       {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
@@ -325,7 +334,8 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
 
 int xb_cmd_micro(int argc, char **argv) {
   xb_micro m = {.pairs = 200000, .live_min = 1000, .live_max = 1000000,
-                .mixed_live = 10000, .rounds = 5, .seed = 1};
+                .mixed_live = 10000, .mixed_pools = "both", .rounds = 5,
+                .seed = 1};
   xb_cli_defaults(&m.cli);
   m.cli.mode = "expandable";
   int parsed = micro_parse(argc, argv, &m);

@@ -17,6 +17,9 @@ typedef struct xb_micro {
   const char *only;                 /* one benchmark, or NULL for all */
   uint64_t pairs, live_min, live_max, rounds, seed;
   uint64_t mixed_live;              /* cached-mixed's live set */
+  const char *mixed_pools;          /* cached-mixed's sizes: "both" pools,
+                                       "small" (under 1 MiB) or "large"
+                                       (1..2 MiB) alone */
   uint64_t other_streams;           /* cached-*: pairs of other streams the
                                        allocator holds meanwhile */
   /* deferred: wait for the side stream after each deferred free (outside

@@ -13,7 +13,9 @@ enum { XB_RANDOM_MAX_SIZE = 4096, XB_REPEAT_SIZE = 4096 };
 /* cached-mixed's sizes: a power of two 2^e, e in [10, 21), then uniform
    in [2^e, 2^(e+1)): 1 KiB .. 2 MiB - 1, as tensor sizes spread over
    orders of magnitude; one request in 11 goes to the large pool (above
-   1 MiB), about half of the bytes; a mean near 290 KiB. */
+   1 MiB), about half of the bytes; a mean near 290 KiB. --mixed-pools
+   small keeps e in [10, 20) (the small pool alone), large e = 20 above
+   1 MiB (the large pool alone), to tell the pools' shares apart. */
 enum { XB_MIXED_MIN_LOG = 10, XB_MIXED_LOGS = 11 };
 
 /* cached-layers' batch, one layer's tensors in allocation order (a
@@ -65,6 +67,7 @@ static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
 typedef struct xb_churn {
   uint64_t live, pairs;
   bool mixed;                       /* cached-mixed's sizes, else 1..4096 */
+  unsigned min_log, logs;           /* cached-mixed's exponents */
   uint32_t *init_size, *victim, *size;
   void **xseg_live, **glibc_live;
 } xb_churn;
@@ -73,8 +76,11 @@ static uint32_t churn_size(const xb_churn *c, uint64_t *s) {
   if (!c->mixed)
     return (uint32_t)(xb_splitmix64(s) % XB_RANDOM_MAX_SIZE + 1);
   uint64_t r = xb_splitmix64(s);
-  unsigned e = XB_MIXED_MIN_LOG + (unsigned)(r % XB_MIXED_LOGS);
-  return (uint32_t)((1ull << e) + (r >> 8) % (1ull << e));
+  unsigned e = c->min_log + (unsigned)(r % c->logs);
+  uint64_t size = (1ull << e) + (r >> 8) % (1ull << e);
+  /* 2^20 itself is the small pool's. */
+  return (uint32_t)(c->min_log == 20 && size == (1ull << 20) ? size + 1
+                                                             : size);
 }
 
 static void churn_release(xb_churn *c) {
@@ -86,8 +92,12 @@ static void churn_release(xb_churn *c) {
 }
 
 static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
-                       bool mixed, uint64_t seed) {
-  *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed};
+                       const char *mixed, uint64_t seed) {
+  bool small = mixed != NULL && !strcmp(mixed, "small");
+  bool large = mixed != NULL && !strcmp(mixed, "large");
+  *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed != NULL,
+                  .min_log = large ? 20 : XB_MIXED_MIN_LOG,
+                  .logs = large ? 1 : XB_MIXED_LOGS - small};
   c->init_size = malloc(live * sizeof *c->init_size);
   c->victim = malloc(pairs * sizeof *c->victim);
   c->size = malloc(pairs * sizeof *c->size);
@@ -153,7 +163,8 @@ static void churn_glibc(xb_churn *c, double *ns) {
 static bool cached_random(xb_micro *m, xseg_allocator *a, const char *name,
                           uint64_t live, xb_cached_row *row) {
   xb_churn c;
-  bool mixed = strcmp(name, "cached-mixed") == 0;
+  const char *mixed = strcmp(name, "cached-mixed") == 0 ? m->mixed_pools
+                                                       : NULL;
   if (!churn_init(&c, live, m->pairs, mixed, m->seed + live)) return false;
   double xs[64], gl[64];
   bool ok = churn_fill(&c, a);

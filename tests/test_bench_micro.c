@@ -77,6 +77,21 @@ XSEG_TEST(bench_micro, mixed_live_of_zero_is_refused) {
   XSEG_EXPECT_TRUE(micro_json(args, 4) == NULL);
 }
 
+/* --mixed-pools runs one pool's sizes alone; any other name is refused. */
+XSEG_TEST(bench_micro, mixed_pools_run_one_pool_alone) {
+  const char *pools[] = {"small", "large", "both"};
+  for (size_t i = 0; i < 3; i++) {
+    const char *args[] = {"--only", "cached-mixed", "--mixed-live", "50",
+                          "--mixed-pools", pools[i], "--pairs", "200",
+                          "--rounds", "1"};
+    expect_row(args, 10,
+               "{\"name\": \"cached-mixed\", \"live\": 50, \"pairs\": 200, ",
+               "cached-random");
+  }
+  const char *bad[] = {"--only", "cached-mixed", "--mixed-pools", "tiny"};
+  XSEG_EXPECT_TRUE(micro_json(bad, 4) == NULL);
+}
+
 XSEG_TEST(bench_micro, threads_report_glibc_beside) {
   const char *args[] = {"--only", "threads", "--pairs", "2000"};
   char *text = micro_json(args, 4);
