@@ -29,15 +29,16 @@ static inline void xs_alloc_account_live(const xs_block *b, int sign) {
   xs_stats_move(s, XS_GAUGE_allocated_bytes, k, sign * (int64_t)b->size);
   xs_stats_move(s, XS_GAUGE_requested_bytes, k, sign * (int64_t)b->requested);
   /* active stays: it is derived from allocation (segments/stats.h). */
-  xs_stats_held_move(s, XS_GAUGE_active, k, sign, 0);
-  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
-                     0);
+  xs_stats_pending_move(s, XS_GAUGE_active, k, sign, 0);
+  xs_stats_pending_move(s, XS_GAUGE_active_bytes, k, sign * (int64_t)b->size,
+                        0);
 }
 static inline void xs_alloc_account_active(const xs_block *b, int sign) {
   xs_pool_kind k = b->seg->pool->kind;
   xs_stats *s = b->seg->pool->stats;
-  xs_stats_held_move(s, XS_GAUGE_active, k, 0, sign);
-  xs_stats_held_move(s, XS_GAUGE_active_bytes, k, 0, sign * (int64_t)b->size);
+  xs_stats_pending_move(s, XS_GAUGE_active, k, 0, sign);
+  xs_stats_pending_move(s, XS_GAUGE_active_bytes, k, 0,
+                        sign * (int64_t)b->size);
 }
 
 #endif /* XS_ALLOC_ACCOUNT_H */

@@ -57,7 +57,7 @@ static inline __attribute__((always_inline)) void alloc_account_malloc(
   xs_stats_inc(s, XS_GAUGE_allocation, k, 1);
   xs_stats_inc(s, XS_GAUGE_allocated_bytes, k, (int64_t)b->size);
   xs_stats_inc(s, XS_GAUGE_requested_bytes, k, (int64_t)b->requested);
-  if (__builtin_expect(pending, 0)) xs_stats_held_peak(s, k);
+  if (__builtin_expect(pending, 0)) xs_stats_pending_peak(s, k);
 }
 
 /* A free whose count was deferred (types.h, park_stats) and the

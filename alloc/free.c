@@ -56,7 +56,7 @@ static inline __attribute__((always_inline)) bool alloc_park(
 /* alloc_park, its stats held back on top of those held back already
    when their order allows (park.h, xs_park_may_hold), else counted first;
    a merge that would pass a threshold unseen counts at once, crossing. */
-static inline __attribute__((always_inline)) void alloc_park_held(
+static inline __attribute__((always_inline)) void alloc_park_held_back(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
@@ -88,7 +88,7 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
       xs_pool_give(p, b);
     return false;
   }
-  alloc_park_held(a, t, sp, p, kind, b, slow);
+  alloc_park_held_back(a, t, sp, p, kind, b, slow);
   return true;
 }
 
@@ -313,9 +313,9 @@ static __attribute__((noinline)) xseg_status alloc_free_last_pair(
     if (b != NULL) {
       /* The kind a constant in each copy: the stats' offsets fold. */
       if (p->kind == XS_POOL_SMALL)
-        alloc_park_held(a, t, sp, p, XS_POOL_SMALL, b, false);
+        alloc_park_held_back(a, t, sp, p, XS_POOL_SMALL, b, false);
       else
-        alloc_park_held(a, t, sp, p, XS_POOL_LARGE, b, false);
+        alloc_park_held_back(a, t, sp, p, XS_POOL_LARGE, b, false);
       xs_pair_drop(sp);
       xs_alloc_debug_after_cached(a);
       return XSEG_OK;

@@ -142,7 +142,7 @@ static inline void shards_raise(int64_t *peak, int64_t value) {
   if (value > *peak) *peak = value;
 }
 
-void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind) {
+void xs_stats_pending_peak(xs_stats *s, xs_pool_kind kind) {
   static const xs_gauge derived[2] = {XS_GAUGE_active, XS_GAUGE_active_bytes};
   const int scopes[2] = {kind + 1, XS_STAT_ALL};
   xs_stats_group *g = s->group;

@@ -212,42 +212,42 @@ static inline void xs_stats_move(xs_stats *s, xs_gauge g, xs_pool_kind kind,
     xs_stats_dec(s, g, kind, -delta);
 }
 
-/* Derived gauges. active and active_bytes are allocation and
-   allocated_bytes plus what is held: blocks freed by the caller but still
-   in use on other streams (pending). Their slots keep only that difference
-   (current: what is held; allocated: active's increases other than a
-   malloc's, less live increases that were not active's; peak: active's
-   peak whenever it moved while something was held), so that the cached
-   path, which moves allocation and active together, moves only the first.
-   The peak stays exact: active >= allocation always, and equals it while
-   nothing is held, so a peak reached then is allocation's peak, and one
-   reached while something is held is recorded by xs_stats_held_peak at
-   the malloc that reached it (a malloc is the only way active rises).
-   With several threads at once, a malloc on one pair reads whether
-   anything is held before its moves, and a free deferred on another pair
-   meanwhile is not seen: allocation's peak then misses active's new value
-   by what that malloc added (the bound of segments/shards.h, for active).
-   A read never reports a peak below the current value it reports
-   (xs_stats_get): the current is one the allocator really had. */
+/* Derived gauges. active and active_bytes are allocation and allocated_bytes
+   plus what is pending: blocks freed by the caller but still in use on other
+   streams (alloc/'s pending frees). Their slots keep only that difference
+   (current: what is pending; allocated: active's increases other than a
+   malloc's, less live increases that were not active's; peak: active's peak
+   whenever it moved while something was pending), so that the cached path,
+   which moves allocation and active together, moves only the first. The peak
+   stays exact: active >= allocation always, and equals it while nothing is
+   pending, so a peak reached then is allocation's peak, and one reached
+   while something is pending is recorded by xs_stats_pending_peak at the
+   malloc that reached it (a malloc is the only way active rises). With
+   several threads at once, a malloc on one pair reads whether anything is
+   pending before its moves, and a free deferred on another pair meanwhile is
+   not seen: allocation's peak then misses active's new value by what that
+   malloc added (the bound of segments/shards.h, for active). A read never
+   reports a peak below the current value it reports (xs_stats_get): the
+   current is one the allocator really had. */
 static inline int xs_stats_base(xs_gauge g) {
   return g == XS_GAUGE_active         ? XS_GAUGE_allocation
          : g == XS_GAUGE_active_bytes ? XS_GAUGE_allocated_bytes
                                       : -1;
 }
 
-/* After a malloc of pool `kind` while something is held (the caller knows:
-   alloc/ counts pending blocks): active's peaks see the new value. In a
-   group, the sums of every shard's (segments/shards.c; every shard's lock
+/* After a malloc of pool `kind` while something is pending (the caller
+   knows: alloc/ counts pending blocks): active's peaks see the new value. In
+   a group, the sums of every shard's (segments/shards.c; every shard's lock
    held). */
-void xs_stats_held_peak(xs_stats *s, xs_pool_kind kind);
+void xs_stats_pending_peak(xs_stats *s, xs_pool_kind kind);
 
 /* Derived gauge g of pool `kind` when its base moves by `live` and active
    by `active` <= 0 (a malloc is active's only rise, and moves both):
-   what is held moves by the difference, and active's total of increases
+   what is pending moves by the difference, and active's total of increases
    does not follow the base's. */
-static inline void xs_stats_held_move(xs_stats *s, xs_gauge g,
-                                      xs_pool_kind kind, int64_t live,
-                                      int64_t active) {
+static inline void xs_stats_pending_move(xs_stats *s, xs_gauge g,
+                                         xs_pool_kind kind, int64_t live,
+                                         int64_t active) {
   assert(xs_stats_base(g) >= 0 && active <= 0);
   xs_gauge_val *p = &s->pool[kind][g];
   xs_gv_add(&p->current, active - live);

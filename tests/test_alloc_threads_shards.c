@@ -277,7 +277,7 @@ XSEG_TEST(alloc_threads, peaks_of_threads_at_once_stay_within_the_bound) {
    malloc moves its stats without active's look. active_bytes is then 14
    where its recorded peaks say 10 (the bound of segments/shards.h); the read
    reports 14, never a peak below the current. With the look
-   (xs_stats_held_peak, what A does when it sees the hold) the peak is
+   (xs_stats_pending_peak, what A does when it sees the hold) the peak is
    recorded and stays when active falls. */
 XSEG_TEST(alloc_threads, active_peak_read_is_never_below_its_current) {
   xs_stats_group g;
@@ -288,7 +288,7 @@ XSEG_TEST(alloc_threads, active_peak_read_is_never_below_its_current) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_stats_inc(b, XS_GAUGE_allocated_bytes, k, 10);   /* B's malloc */
   xs_stats_dec(b, XS_GAUGE_allocated_bytes, k, 10);   /* B's deferral */
-  xs_stats_held_move(b, XS_GAUGE_active_bytes, k, -10, 0);
+  xs_stats_pending_move(b, XS_GAUGE_active_bytes, k, -10, 0);
   xs_stats_inc(a, XS_GAUGE_allocated_bytes, k, 4);    /* A's malloc */
   xs_stats sum;
   xs_stats_sum(&g, &sum);
@@ -300,7 +300,7 @@ XSEG_TEST(alloc_threads, active_peak_read_is_never_below_its_current) {
     XSEG_EXPECT_EQ(act.peak, 14);
   }
   /* The look records it; A's free lowers active, not its peak. */
-  xs_stats_held_peak(a, k);
+  xs_stats_pending_peak(a, k);
   xs_stats_dec(a, XS_GAUGE_allocated_bytes, k, 4);
   xs_stats_sum(&g, &sum);
   xseg_stat act = xs_stats_get(&sum, XS_GAUGE_active_bytes, XS_STAT_ALL);
