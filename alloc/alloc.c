@@ -347,8 +347,8 @@ static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
 }
 
 /* xseg_malloc's slow path, no lock held: takes every lock (after a miss
-   of the cached path, or when it may not run). `own`: the stream's own pair when the caller found it
-   (it never goes away), else NULL. */
+   of the cached path, or when it may not run). `own`: the stream's own
+   pair when the caller found it (it never goes away), else NULL. */
 static __attribute__((noinline)) xseg_status alloc_malloc_slow(
     xseg_allocator *a, size_t size, size_t rounded,
     struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {

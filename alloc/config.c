@@ -322,7 +322,7 @@ static xseg_status list_syntax(const char *key, const char *want,
 }
 
 /* Reads "<bound>:<divisions>" after `bound` has been lexed. */
-static xseg_status divisions_pair(const char *key, const xs_token *bound,
+static xseg_status divisions_item(const char *key, const xs_token *bound,
                                   const char **p, xs_div_list *l,
                                   xs_config *c) {
   xs_token t;
@@ -345,7 +345,7 @@ static xseg_status divisions_list(const char *key, const char **p,
     lex_next(p, &t);
     if (t.kind == ']') return XSEG_OK;
     if (t.kind != 'w') return list_syntax(key, "an interval or ']'", &t);
-    xseg_status s = divisions_pair(key, &t, p, &l, c);
+    xseg_status s = divisions_item(key, &t, p, &l, c);
     if (s != XSEG_OK) return s;
     lex_next(p, &t);
     if (t.kind == ']') return XSEG_OK;
@@ -428,8 +428,8 @@ static xseg_status parse_value(const xs_option *o, const char **p,
 
 /* One "key:value" whose key has been lexed, and the ',' after it; *more
    says whether one was there. */
-static xseg_status parse_pair(const xs_token *key, const char **p,
-                              xs_config *c, bool *more) {
+static xseg_status parse_key_value(const xs_token *key, const char **p,
+                                   xs_config *c, bool *more) {
   if (key->kind != 'w')
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "allocator config: expected a key, got \"%s\"", key->text);
@@ -449,14 +449,14 @@ static xseg_status parse_pair(const xs_token *key, const char **p,
   return XSEG_OK;
 }
 
-/* Pairs separated by ','. A trailing ',' is accepted, as PyTorch's loop
-   does (it consumes a ',' only when more tokens follow). */
-static xseg_status parse_pairs(const char *conf, xs_config *c) {
+/* Key-value pairs separated by ','. A trailing ',' is accepted, as
+   PyTorch's loop does (it consumes a ',' only when more tokens follow). */
+static xseg_status parse_key_values(const char *conf, xs_config *c) {
   const char *p = conf;
   bool more = true;
   xs_token t;
   for (lex_next(&p, &t); more && t.kind != 0; lex_next(&p, &t)) {
-    xseg_status s = parse_pair(&t, &p, c, &more);
+    xseg_status s = parse_key_value(&t, &p, c, &more);
     if (s != XSEG_OK) return s;
   }
   return XSEG_OK;
@@ -481,7 +481,7 @@ xseg_status xs_config_parse(const char *conf, xs_config *c) {
   xs_config_defaults(c);
   if (conf == NULL || conf[0] == '\0') conf = getenv("XSEG_ALLOC_CONF");
   if (conf == NULL) return XSEG_OK;
-  return parse_pairs(conf, c);
+  return parse_key_values(conf, c);
 }
 
 /* ---- round_size ---------------------------------------------------------- */

@@ -178,8 +178,8 @@ static unsigned flow_may_steal(const xseg_allocator *a,
 }
 
 /* 2 and 3: other streams' free memory. */
-static size_t flow_foreign_locked(xseg_allocator *a, xs_pool *p, size_t granule,
-                                  size_t want, size_t max, uint64_t *handles) {
+static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
+                                 size_t want, size_t max, uint64_t *handles) {
   size_t got = 0;
   xs_stream_pools *own = xs_pools_of(p);
   if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
@@ -221,7 +221,7 @@ xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
   *have = flow_own_locked(a, p, pl, n, max, handles);
   if (*have < n)
     *have +=
-        flow_foreign_locked(a, p, g, n - *have, max - *have, handles + *have);
+        flow_others_locked(a, p, g, n - *have, max - *have, handles + *have);
   if (*have >= n) return XSEG_OK;
   /* The handles in hand left reserved_bytes when they were taken (unmapped
      or lent) and come back with the map: the cap holds them with the new

@@ -35,7 +35,7 @@ static inline __attribute__((always_inline)) void alloc_stamp(
 }
 
 /* Parks b, freed, in its pool p (of `kind`, given apart as in
-   alloc_release_plain; lazy merging): stamped and traced as
+   alloc_give_plain; lazy merging): stamped and traced as
    xs_pair_give_block does, merged later; its pointer-table entry stays
    (types.h, `live`). Its free and merge count in the stats later
    (types.h, park_stats), what they hold back published while other
@@ -70,7 +70,7 @@ static inline __attribute__((always_inline)) void alloc_park_held_back(
    its entry in the pair's pointer table must stay, or be put back).
    `slow`: with every lock held, the only way traced. `t`: the calling
    thread's xs_pairs_tls (alloc_stamp). */
-static inline __attribute__((always_inline)) bool alloc_release_plain(
+static inline __attribute__((always_inline)) bool alloc_give_plain(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
@@ -97,8 +97,8 @@ static inline __attribute__((always_inline)) bool alloc_release_plain(
    this free is done (deferred.c); any other goes back to its pool at once,
    where its own stream may reuse it (stream order makes that safe), or is
    parked there (*parked: its pointer-table entry goes back). */
-static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
-                                              bool *parked) {
+static xseg_status alloc_give_block_locked(xseg_allocator *a, xs_block *b,
+                                           bool *parked) {
   XS_ASSERT_LOCKED(a);
   xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
                   b->stream);
@@ -113,8 +113,8 @@ static xseg_status alloc_release_block_locked(xseg_allocator *a, xs_block *b,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  *parked = alloc_release_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
-                                b, true);
+  *parked = alloc_give_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
+                             b, true);
   return XSEG_OK;
 }
 
@@ -150,7 +150,7 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    (SIZE_MAX: not a block of the pair), pair lock held, not used on other
    streams (alloc_free_pair sends those to alloc_free_deferred): false
    (nothing changed) when there is none or its free needs more than the
-   pair. `t` as alloc_release_plain's. */
+   pair. `t` as alloc_give_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
     xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
     size_t slot) {
@@ -173,8 +173,8 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =
       p->kind == XS_POOL_SMALL
-          ? alloc_release_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
-          : alloc_release_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
+          ? alloc_give_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
+          : alloc_give_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
   if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
   return true;
 }
@@ -197,7 +197,7 @@ static __attribute__((noinline)) xseg_status alloc_free_slow(
   xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
   xs_ptrtable_remove_at(live, slot);
   bool parked;
-  xseg_status st = alloc_release_block_locked(a, b, &parked);
+  xseg_status st = alloc_give_block_locked(a, b, &parked);
   if (st != XSEG_OK || parked) {
     /* Still live, as the caller sees it, or parked: back in the table,
        where the slot just freed leaves room. */
