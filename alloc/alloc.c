@@ -77,17 +77,17 @@ static inline void alloc_account_refill(xs_stats *s, const xs_block *b,
    the stream's own, `own` when the cached path found it already. */
 static xseg_status alloc_pools_locked(xseg_allocator *a,
                                       struct CUstream_st *stream,
-                                      xs_stream_pools *own,
-                                      xs_stream_pools **out) {
+                                      xs_pair *own,
+                                      xs_pair **out) {
   if (__builtin_expect(xs_alloc_capturing(a), 0)) {
     xseg_status st = alloc_capture_refresh_locked(a);
     if (st != XSEG_OK) return st;
-    xs_stream_pools *sp = xs_capture_pools_locked(a, stream);
+    xs_pair *sp = xs_capture_pools_locked(a, stream);
     if (sp != NULL) return *out = sp, XSEG_OK;
   }
-  if (own == NULL) return xs_stream_pools_lookup_locked(a, stream, out);
+  if (own == NULL) return xs_pairs_lookup_locked(a, stream, out);
   assert(own->stream == stream && own->private_id == 0 && !own->dead);
-  xs_stream_pools_touch_locked(a, own);
+  xs_pairs_touch_locked(a, own);
   *out = own;
   return XSEG_OK;
 }
@@ -98,11 +98,11 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
    keeps its own). `pending`: a free is pending (xs_alloc_has_pending, read
    once by the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind,
+    xseg_allocator *a, xs_pair *sp, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
     bool pending) {
   (void)p;
-  assert(xs_pools_of(p) == sp && p->kind == kind);
+  assert(xs_pool_pair(p) == sp && p->kind == kind);
   assert(xs_ptrtable_get(&sp->live, b->addr) == b);
   XS_ASSERT_PAIR_LOCKED(a, sp);
   b->requested = size;
@@ -116,7 +116,7 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
 
 /* The same for a block taken from the free tree: its entry goes in (room
    in the pair's pointer table was reserved). */
-static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
+static inline void alloc_hand_out(xseg_allocator *a, xs_pair *sp,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow,
                                   bool pending) {
@@ -127,8 +127,8 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_stream_pools *sp,
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
-                                      xs_stream_pools *own, xs_block **out) {
-  xs_stream_pools *sp;
+                                      xs_pair *own, xs_block **out) {
+  xs_pair *sp;
   xseg_status st = alloc_pools_locked(a, stream, own, &sp);
   if (st != XSEG_OK) return st;
   if (!xs_ptrtable_reserve(&sp->live))
@@ -140,11 +140,11 @@ static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
   if (st != XSEG_OK) return st;
   /* An unannounced capture found while growing moved the request to a
      private pair: room in its table too. */
-  if (!xs_ptrtable_reserve(&xs_pools_of(p)->live))
+  if (!xs_ptrtable_reserve(&xs_pool_pair(p)->live))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool_take(p, b, rounded, xs_alloc_should_split(a, p, b, rounded));
-  alloc_hand_out(a, xs_pools_of(p), p, b, size, stream, true,
+  alloc_hand_out(a, xs_pool_pair(p), p, b, size, stream, true,
                  xs_alloc_has_pending(a));
   *out = b;
   return XSEG_OK;
@@ -184,7 +184,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_fits(
    not apply; the cached path, alloc_retake, then pays what is held back
    and retakes, with the same result), then the moves. Pair lock held. */
 static inline __attribute__((always_inline)) bool alloc_refill_fits(
-    const xseg_allocator *a, const xs_stream_pools *sp, xs_pool_kind kind,
+    const xseg_allocator *a, const xs_pair *sp, xs_pool_kind kind,
     size_t size, size_t rounded) {
   const xs_pool *p = &sp->pool[kind];
   /* While a free is held (pending), active = allocation + held may pass
@@ -211,7 +211,7 @@ static inline __attribute__((always_inline)) bool alloc_refill_fits(
   return xs_park_cancel_under(sp, kind);
 }
 static inline __attribute__((always_inline)) xs_block *alloc_refill(
-    xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    xs_pair *sp, xs_pool_kind kind, size_t size,
     struct CUstream_st *stream) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
@@ -231,7 +231,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_refill(
    alloc_malloc_refill). NULL (nothing changed) otherwise: the caller
    settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
   xs_pool *p = &sp->pool[kind];
   xs_block *b = p->parked;
@@ -249,7 +249,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
    the pool, no stats held back): NULL (the slow path's turn) on a
    miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
   if (!xs_ptrtable_reserve(&sp->live)) return NULL;
   xs_pool *p = &sp->pool[kind];
@@ -271,7 +271,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
    may be left waiting: every lock completes them all. Out of line: only
    cross-stream frees make it. */
 static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
-                                                          xs_stream_pools *sp) {
+                                                          xs_pair *sp) {
   xs_alloc_poll_pair(a, sp);
   return xs_alloc_pending_all_pair(a, sp) || xs_alloc_poll_others(a, sp);
 }
@@ -281,7 +281,7 @@ static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
    taken. The other pool's parked blocks stay: only their stats, if held
    back, count first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
-    xseg_allocator *a, xs_stream_pools *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
   xs_pool *p = &sp->pool[kind];
   if (p->parked != NULL) {
@@ -298,7 +298,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
    slow path's turn) on a miss. Pending frees of the pair are polled
    first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
-    xseg_allocator *a, xs_stream_pools *sp, size_t size, size_t rounded,
+    xseg_allocator *a, xs_pair *sp, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   bool pending = xs_alloc_has_pending(a);
   if (__builtin_expect(pending, 0)) {
@@ -351,7 +351,7 @@ static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
    pair when the caller found it (it never goes away), else NULL. */
 static __attribute__((noinline)) xseg_status alloc_malloc_slow(
     xseg_allocator *a, size_t size, size_t rounded,
-    struct CUstream_st *stream, xs_stream_pools *own, void **ptr) {
+    struct CUstream_st *stream, xs_pair *own, void **ptr) {
   xs_block *b = NULL;
   xs_alloc_enter(a);
   /* Frees waiting on other streams are completed first, as PyTorch's
@@ -376,7 +376,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_slow(
    In two steps: the checks (false, nothing changed, when it does not
    apply), then the moves. Neither calls anything. */
 static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
-    const xseg_allocator *a, xs_stream_pools *sp, size_t size) {
+    const xseg_allocator *a, xs_pair *sp, size_t size) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   /* Held frees (any pair's) give active's peak a look: the cached path's,
@@ -402,7 +402,7 @@ static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
   return true;
 }
 static inline __attribute__((always_inline)) void alloc_retake_repeated(
-    xs_stream_pools *sp, size_t size, struct CUstream_st *stream) {
+    xs_pair *sp, size_t size, struct CUstream_st *stream) {
   const xs_pool_kind k = XS_POOL_SMALL;
   xs_pool *p = &sp->pool[k];
   xs_block *b = p->parked;
@@ -422,7 +422,7 @@ static inline __attribute__((always_inline)) void alloc_retake_repeated(
    its order, so that its tail call leaves them where they are. */
 static __attribute__((noinline)) xseg_status alloc_malloc_pair(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
-    xs_stream_pools *sp, size_t rounded) {
+    xs_pair *sp, size_t rounded) {
   xs_block *b = NULL;
   if (xs_pair_cached_on(a, sp))
     b = alloc_cached(a, sp, size, rounded, stream);
@@ -443,7 +443,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
    with nothing held back passes through in a few instructions. */
 static __attribute__((noinline)) xseg_status alloc_malloc_refill(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
-    xs_stream_pools *sp, size_t rounded) {
+    xs_pair *sp, size_t rounded) {
   assert(xs_pair_cached_on(a, sp));
   if (sp->park_stats == NULL)                 /* nothing held back */
     return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
@@ -475,7 +475,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   /* 0 (overflow) wraps above the limit too. */
   if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
     return alloc_malloc_refused(a, size, ptr);
-  xs_stream_pools *sp = xs_pairs_of_stream(a, stream);
+  xs_pair *sp = xs_pairs_of_stream(a, stream);
   /* No pair yet, or the slow flag up (a hint, read without the lock):
      every lock at once, not the pair's first. */
   if (__builtin_expect(sp == NULL || xs_alloc_slow_hint(a), 0)) {
@@ -506,7 +506,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
      fallback counts again only needs to grow). */
   xs_pairs_thread *t = xs_pairs_self();
   uint64_t use = ++t->uses;
-  xs_stream_pools *sp = t->pair;
+  xs_pair *sp = t->pair;
   if (__builtin_expect(t->id != a->id || t->stream != stream, 0) ||
       !xs_pair_try(sp))
     return alloc_malloc_any(a, size, stream, ptr);

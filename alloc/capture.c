@@ -3,7 +3,7 @@
  *
  * A graph replays the addresses it captured, so the memory a capture
  * allocates must stay the graph's: a private pool (a pair of pools keyed by
- * the pool id, xs_stream_pools.private_id) that no other allocation draws
+ * the pool id, xs_pair.private_id) that no other allocation draws
  * from and no release pass takes from, until xseg_release_pool. Then its
  * free memory is released (or moved to other streams) like any other, and
  * the pair goes away once it holds nothing.
@@ -32,9 +32,9 @@
 /* A private pool keeps a pair per stream (see xseg.h): a block that one
    stream freed may still be used by work that stream queued, which another
    stream's allocation would not wait for. */
-static xs_stream_pools *capture_pair_find(xseg_allocator *a, xseg_pool_id id,
-                                          struct CUstream_st *stream) {
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+static xs_pair *capture_pair_find(xseg_allocator *a, xseg_pool_id id,
+                                  struct CUstream_st *stream) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     if (sp->private_id == id && sp->stream == stream && !sp->released)
       return sp;
   return NULL;
@@ -47,20 +47,19 @@ static xs_capture *capture_of_stream(xseg_allocator *a,
   return NULL;
 }
 
-xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
-                                         struct CUstream_st *stream) {
+xs_pair *xs_capture_pools_locked(xseg_allocator *a,
+                                 struct CUstream_st *stream) {
   xs_capture *c = capture_of_stream(a, stream);
   return c != NULL ? capture_pair_find(a, c->pool, stream) : NULL;
 }
 
 /* A new entry; its private pair is found or created. */
 static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
-                                      xs_stream_pools **out) {
+                                      xs_pair **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
     goto oom;
-  xs_stream_pools *sp = capture_pair_find(a, c.pool, c.stream);
-  if (sp == NULL && (sp = xs_stream_pools_new_locked(a, c.stream, c.pool)) ==
-                        NULL)
+  xs_pair *sp = capture_pair_find(a, c.pool, c.stream);
+  if (sp == NULL && (sp = xs_pairs_new_locked(a, c.stream, c.pool)) == NULL)
     goto oom;
   a->captures[a->n_captures++] = c;
   a->n_implicit += c.implicit;
@@ -107,7 +106,7 @@ static xseg_status capture_query(xseg_allocator *a, struct CUstream_st *s,
 
 xseg_status xs_capture_detect_locked(xseg_allocator *a,
                                      struct CUstream_st *stream,
-                                     xs_stream_pools **out) {
+                                     xs_pair **out) {
   *out = NULL;
   bool active = false;       /* set on success; -O3 cannot tell */
   uint64_t id = 0;
@@ -163,7 +162,7 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
 
 xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
   xseg_status st = xs_capture_refresh_locked(a);
-  for (xs_stream_pools *sp = a->streams; st == XSEG_OK && sp != NULL;
+  for (xs_pair *sp = a->streams; st == XSEG_OK && sp != NULL;
        sp = sp->next) {
     if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
       continue;
@@ -229,7 +228,7 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
 }
 
 static bool capture_pool_exists(const xseg_allocator *a, xseg_pool_id pool) {
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     if (sp->private_id == pool && !sp->released) return true;
   return false;
 }
@@ -259,7 +258,7 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
   else   /* as PyTorch's releasePool: the next release pass (empty_cache,
             garbage collection, growth at the device limit) takes the free
             memory of each of its streams' pairs */
-    for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+    for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
       if (sp->private_id == pool) sp->released = true;
   xs_alloc_leave(a);
   return st;

@@ -9,14 +9,14 @@
 #include "streams/stream_set.h"
 
 /* The private pools that allocations on `stream` go to, or NULL. */
-xs_stream_pools *xs_capture_pools_locked(xseg_allocator *a,
-                                         struct CUstream_st *stream);
+xs_pair *xs_capture_pools_locked(xseg_allocator *a,
+                                 struct CUstream_st *stream);
 /* Slow path: an unannounced capture on `stream` (cuStreamGetCaptureInfo)
    becomes an implicit entry, whose private pools are returned in *out
    (NULL when the stream does not capture). Context current. */
 xseg_status xs_capture_detect_locked(xseg_allocator *a,
                                      struct CUstream_st *stream,
-                                     xs_stream_pools **out);
+                                     xs_pair **out);
 /* Whether any of `streams` is in a capture now (cuStreamIsCapturing; an
    invalidated capture still counts, a destroyed stream does not), whether
    xseg knows of that capture or not. Reads no allocator state: any lock

@@ -122,7 +122,7 @@ static bool check_disjoint(check_ctx *c) {
 /* Each pair's pointer table holds exactly its allocated blocks. */
 static bool check_table(check_ctx *c, xseg_allocator *a) {
   size_t count = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     if (!xs_ptrtable_is_valid(&sp->live, c->msg, sizeof c->msg)) return false;
     for (size_t i = 0; i <= sp->live.mask; i++) {
       const xs_block *b = sp->live.slot[i].block;
@@ -130,7 +130,7 @@ static bool check_table(check_ctx *c, xseg_allocator *a) {
         CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
                    b->pending ? "pending" : "free",
                    (unsigned long long)b->addr);
-      if (b != NULL && xs_pools_of(b->seg->pool) != sp)
+      if (b != NULL && xs_pool_pair(b->seg->pool) != sp)
         CHECK_FAIL(c, "block 0x%llx is in another pair's pointer table",
                    (unsigned long long)b->addr);
     }
@@ -149,7 +149,7 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
   size_t n = 0;
   const xs_stream_index *x = atomic_load(&a->stream_index);
   size_t nx = x != NULL ? atomic_load(&x->n) : 0;
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     if (sp->dead) CHECK_FAIL(c, "a dead pair is in the list");
     bool found = false;
     for (size_t i = 0; i < a->n_order; i++) found |= a->order[i] == sp;
@@ -174,11 +174,11 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
     CHECK_FAIL(c, "%zu pairs listed, %zu counted, %zu in lock order, %zu "
                "in the stream index", n, a->n_pairs, alive, nx);
   size_t spares = 0;
-  for (const xs_stream_pools *sp = a->spare; sp != NULL; sp = sp->next) {
+  for (const xs_pair *sp = a->spare; sp != NULL; sp = sp->next) {
     if (!sp->dead) CHECK_FAIL(c, "a spare pair is not dead");
     spares++;
   }
-  for (const xs_stream_pools *sp = a->dying; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->dying; sp != NULL; sp = sp->next)
     spares++;
   if (n + spares != a->pair_structs)
     CHECK_FAIL(c, "%zu pairs alive and %zu gone, %zu made", n, spares,
@@ -193,7 +193,7 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
 
 /* What one pair's walk found, against its own shard: the gauges that only
    its blocks move. */
-static bool check_shard(check_ctx *c, const xs_stream_pools *sp,
+static bool check_shard(check_ctx *c, const xs_pair *sp,
                         const xs_segment_walk *before) {
   const xs_segment_walk *w = &c->walk;
   const xs_stats *s = &sp->stats;
@@ -287,7 +287,7 @@ static bool check_block_streams(check_ctx *c, const xs_block *b,
 static bool check_pending(check_ctx *c, xseg_allocator *a) {
   uint64_t events = 0, queued = 0;
   size_t eventless = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     queued += sp->pending.entries;
     size_t pending = 0;
     for (int k = 0; k < 2; k++)
@@ -314,7 +314,7 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
 
 static bool check_all(check_ctx *c, xseg_allocator *a) {
   size_t rcap = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     xs_segment_walk before = c->walk;
     for (int k = 0; k < 2; k++)
       if (!check_pool(c, &sp->pool[k], &rcap)) return false;

@@ -88,7 +88,7 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
 static void destroy_report_live_locked(xseg_allocator *a) {
   size_t n = xs_alloc_live_count_locked(a);
   if (n == 0) return;
-  const xs_stream_pools *sp = a->streams;
+  const xs_pair *sp = a->streams;
   while (sp->live.count == 0) sp = sp->next;
   const xs_ptrtable_slot *slot = sp->live.slot;
   while (slot->addr == 0) slot++;
@@ -114,7 +114,7 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
     a->n_implicit = 0;
     xs_alloc_complete_frees_locked(a, true);
   }
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
         for (xs_block *b = s->first; b != NULL; b = b->next)
@@ -132,7 +132,7 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
    serves none. */
 static void destroy_guards(xseg_allocator *a) {
   bool failed = false;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     if (sp->guard.safe >= sp->clock) continue;
     CUstreamCaptureMode mode;
     xseg_status st = xs_capture_mode_relax(a, &mode);
@@ -163,14 +163,14 @@ void xseg_destroy(xseg_allocator *a) {
   destroy_pending_locked(a, entered);
   if (entered) destroy_guards(a);
   xs_ipc_destroy_locked(a, entered);
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
     xs_guard_drop(&sp->guard, &a->events);
   }
   xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
   xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
-    for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+    for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
       xs_pending_destroy(&sp->pending);
       xs_event_pool_destroy(&sp->events);
     }

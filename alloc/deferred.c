@@ -62,7 +62,7 @@ static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
    caller looks for it under every lock, which settles parked blocks. */
 static bool record_in_pair(xseg_allocator *a, uint64_t addr,
                            struct CUstream_st *stream, xseg_status *st) {
-  xs_stream_pools *sp = xs_ranges_find(a, addr);
+  xs_pair *sp = xs_ranges_find(a, addr);
   if (sp == NULL) return false;
   xs_pair_take(sp);
   size_t slot = sp->dead ? SIZE_MAX : xs_ptrtable_find(&sp->live, addr);
@@ -147,7 +147,7 @@ static xseg_status deferred_record(xseg_allocator *a, xs_block *b,
                                    bool *later) {
   xseg_status st = xs_capture_any_on(a, &b->uses, later);
   if (st != XSEG_OK || *later) return st;
-  xs_pending *queues = &xs_pools_of(b->seg->pool)->pending;
+  xs_pending *queues = &xs_pool_pair(b->seg->pool)->pending;
   st = xs_pending_add_all(queues, &b->uses, b);
   if (st == XSEG_ERR_DRIVER && deferred_drop_dead(a, b))
     st = b->uses.n == 0 ? XSEG_OK : xs_pending_add_all(queues, &b->uses, b);
@@ -179,7 +179,7 @@ xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
                                      bool *later) {
   assert(b->allocated && !b->pending && b->uses.n > 0);
   assert(!xs_alloc_capturing(a) && "captures send frees the slow way");
-  XS_ASSERT_PAIR_LOCKED(a, xs_pools_of(b->seg->pool));
+  XS_ASSERT_PAIR_LOCKED(a, xs_pool_pair(b->seg->pool));
   *later = false;
   CUcontext saved;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
@@ -249,7 +249,7 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   }
   if (a->n_deferred != 0) st = deferred_record_unrecorded(a);
   xseg_status qs = XSEG_OK;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     if (sp->pending.entries == 0) continue;
     xseg_status e;
     if (wait)
@@ -263,7 +263,7 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   return st != XSEG_OK ? st : qs;
 }
 
-void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
+void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *sp) {
   assert(!xs_alloc_capturing(a) && "captures send mallocs the slow way");
   XS_ASSERT_PAIR_LOCKED(a, sp);
   if (sp->pending.entries == 0) return;
@@ -281,14 +281,14 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp) {
   xs_vmm_ctx_leave(&a->vmm, saved);
 }
 
-bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp) {
+bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *sp) {
   XS_ASSERT_PAIR_LOCKED(a, sp);
   size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_acquire);
   size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
   for (size_t i = 0; i < n; i++) {
-    xs_stream_pools *q = x->entry[i].pair;
+    xs_pair *q = x->entry[i].pair;
     if (q == sp ||
         atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
       continue;

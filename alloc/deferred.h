@@ -31,7 +31,7 @@ static inline bool xs_alloc_has_pending(const xseg_allocator *a) {
    held. */
 static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
                                           int sign) {
-  atomic_size_t *own = &xs_pools_of(b->seg->pool)->n_pending;
+  atomic_size_t *own = &xs_pool_pair(b->seg->pool)->n_pending;
   atomic_store_explicit(own, atomic_load_explicit(own, memory_order_relaxed) +
                                  (size_t)(ptrdiff_t)sign,
                         memory_order_relaxed);
@@ -42,7 +42,7 @@ static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
 }
 /* Whether every pending block is pair sp's (its lock held). */
 static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
-                                             const xs_stream_pools *sp) {
+                                             const xs_pair *sp) {
   return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
          atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
 }
@@ -53,7 +53,7 @@ static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
    accounted for, each still waiting on its events; false (the malloc
    takes every lock and completes them all) when a pair was busy, or
    pending blocks sit in pairs the stream index lacks (private pools). */
-bool xs_alloc_poll_others(xseg_allocator *a, xs_stream_pools *sp);
+bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *sp);
 /* The cross-stream free of live block b (recorded streams, not shared)
    with its pair's lock held and no capture under way that xseg knows of
    (the cached path: deferred.c): queued behind an event on each of its
@@ -68,6 +68,6 @@ xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
    its lock held and no capture under way (the cached malloc, as PyTorch's
    process_events), its parked blocks merged first; nothing when none is
    queued. A failed query leaves them waiting. Enters the context. */
-void xs_alloc_poll_pair(xseg_allocator *a, xs_stream_pools *sp);
+void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *sp);
 
 #endif /* XS_ALLOC_DEFERRED_H */

@@ -135,7 +135,7 @@ static xseg_status flow_create(xseg_allocator *a, size_t g, size_t want,
    merge with; the hole itself is unmapped and so never a donor. */
 static size_t flow_own_locked(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                               size_t want, size_t max, uint64_t *handles) {
-  xs_stream_pools *sp = xs_pools_of(p);
+  xs_pair *sp = xs_pool_pair(p);
   if (want == 0 || xs_alloc_capturing(a)) return 0;
   xs_alloc_guard_advance_locked(a, sp, false);  /* failing: fewer handles */
   uint64_t lend_upto = sp->private_id == 0 ? UINT64_MAX : 0;
@@ -146,10 +146,10 @@ static size_t flow_own_locked(xseg_allocator *a, xs_pool *p, const xs_place *pl,
 /* The pair used just less recently than `sp` (NULL: the least recently
    used one; the list is most recently used first). Quadratic in the
    streams, which are few. */
-static xs_stream_pools *flow_before(const xseg_allocator *a,
-                                    const xs_stream_pools *sp) {
+static xs_pair *flow_before(const xseg_allocator *a,
+                            const xs_pair *sp) {
   if (a->streams == sp) return NULL;
-  xs_stream_pools *q = a->streams;
+  xs_pair *q = a->streams;
   while (q->next != sp) q = q->next;
   return q;
 }
@@ -157,7 +157,7 @@ static xs_stream_pools *flow_before(const xseg_allocator *a,
 /* Whether donor took other streams' memory within the last
    XS_FLOW_QUIET frees (then it gives none: see the top). */
 static bool flow_donor_quiet_locked(const xseg_allocator *a,
-                                    const xs_stream_pools *donor) {
+                                    const xs_pair *donor) {
   return a->flow_at_limit || donor->took_at == 0 ||
          xs_alloc_frees_locked(a) - donor->took_at >= XS_FLOW_QUIET;
 }
@@ -165,8 +165,8 @@ static bool flow_donor_quiet_locked(const xseg_allocator *a,
 /* The steal rule (top): the pools of donor thief may steal from, as a
    bit mask (0: none). */
 static unsigned flow_may_steal(const xseg_allocator *a,
-                               const xs_stream_pools *thief,
-                               xs_stream_pools *donor, size_t granule) {
+                               const xs_pair *thief,
+                               xs_pair *donor, size_t granule) {
   if (thief->private_id != 0) return 0;
   unsigned pools = 0;
   for (int k = 0; k < 2; k++) {
@@ -181,12 +181,12 @@ static unsigned flow_may_steal(const xseg_allocator *a,
 static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
                                  size_t want, size_t max, uint64_t *handles) {
   size_t got = 0;
-  xs_stream_pools *own = xs_pools_of(p);
+  xs_pair *own = xs_pool_pair(p);
   if (want == 0 || (a->streams == own && own->next == NULL)) return 0;
   xseg_status st = xs_capture_sweep_locked(a);
   if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
   xs_alloc_complete_frees_locked(a, false);
-  for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
+  for (xs_pair *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
     if (sp == own || !xs_pools_reclaimable(sp) ||
         !flow_donor_quiet_locked(a, sp))
@@ -198,7 +198,7 @@ static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
     got += xs_phys_take_locked(a, sp, NULL, granule, want - got,
                                max - got, NULL, 0, handles + got);
   }
-  for (xs_stream_pools *sp = flow_before(a, NULL); sp != NULL && got < want;
+  for (xs_pair *sp = flow_before(a, NULL); sp != NULL && got < want;
        sp = flow_before(a, sp)) {
     if (sp == own || !xs_pools_reclaimable(sp) ||
         !flow_donor_quiet_locked(a, sp))

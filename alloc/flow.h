@@ -52,7 +52,7 @@ xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
    granules of `granule` bytes, at least `want` if there are, at most
    `max`: those the guard has passed are unmapped, those freed at or below
    `lend_upto` lent (segments/release.c). `keep` is never cut. */
-size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
+size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *sp,
                            xs_pool *first, size_t granule, size_t want,
                            size_t max, const xs_block *keep,
                            uint64_t lend_upto, uint64_t *handles);
@@ -60,8 +60,8 @@ size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
    (cuStreamWaitEvent), then lends donor's free memory (all of it is
    covered), from the pools in `pools` (bit k: pool k). 0 when the wait
    cannot be queued. */
-size_t xs_phys_steal_locked(xseg_allocator *a, xs_stream_pools *thief,
-                            xs_stream_pools *donor, unsigned pools,
+size_t xs_phys_steal_locked(xseg_allocator *a, xs_pair *thief,
+                            xs_pair *donor, unsigned pools,
                             size_t granule, size_t want, size_t max,
                             uint64_t *handles);
 /* One fresh handle of `bytes` (cuMemCreate). */

@@ -25,7 +25,7 @@
    `slow` (tracing sends the cached path the slow way, pairs.c). `t`: the
    calling thread's xs_pairs_tls (one access for a caller that has it). */
 static inline __attribute__((always_inline)) void alloc_stamp(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_block *b,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_block *b,
     bool slow) {
   assert(slow || a->trace.cap == 0);
   if (slow)
@@ -43,7 +43,7 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    holding them back would hide a rise above a threshold: the caller
    counts them at once (xs_park_owed_pay), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   /* Read before the stores, which the compiler cannot tell from them. */
   bool first = p->parked == NULL, older = sp->park_stats != NULL;
@@ -57,7 +57,7 @@ static inline __attribute__((always_inline)) bool alloc_park(
    when their order allows (park.h, xs_park_may_hold), else counted first;
    a merge that would pass a threshold unseen counts at once, crossing. */
 static inline __attribute__((always_inline)) void alloc_park_held_back(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
   if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void alloc_park_held_back(
    `slow`: with every lock held, the only way traced. `t`: the calling
    thread's xs_pairs_tls (alloc_stamp). */
 static inline __attribute__((always_inline)) bool alloc_give_plain(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
   /* Looked at once, before the stores that the compiler cannot tell from
@@ -113,7 +113,7 @@ static xseg_status alloc_give_block_locked(xseg_allocator *a, xs_block *b,
     if (a->ipc != NULL && xs_ipc_hold_free_locked(a, b)) return XSEG_OK;
     if (b->uses.n != 0) return xs_alloc_defer_free_locked(a, b);
   }
-  *parked = alloc_give_plain(a, &xs_pairs_tls, xs_pools_of(p), p, p->kind,
+  *parked = alloc_give_plain(a, &xs_pairs_tls, xs_pool_pair(p), p, p->kind,
                              b, true);
   return XSEG_OK;
 }
@@ -128,7 +128,7 @@ static xseg_status alloc_free_slow(xseg_allocator *a, void *ptr);
    first, as completions may give blocks back to their pools. Out of line:
    the plain free's registers stay few. */
 static __attribute__((noinline)) xseg_status alloc_free_deferred(
-    xseg_allocator *a, xs_stream_pools *sp, xs_block *b, size_t slot) {
+    xseg_allocator *a, xs_pair *sp, xs_block *b, size_t slot) {
   if (xs_pair_parked(sp)) {
     xs_park_settle_pair(sp);                 /* entries after b's may move */
     slot = xs_ptrtable_find(&sp->live, b->addr);
@@ -152,7 +152,7 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    (nothing changed) when there is none or its free needs more than the
    pair. `t` as alloc_give_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp,
     size_t slot) {
   if (slot == SIZE_MAX) return false;
   xs_block *b = sp->live.slot[slot].block;
@@ -194,7 +194,7 @@ static __attribute__((noinline)) xseg_status alloc_free_slow(
                     "device %d (never allocated here, already freed, or not "
                     "the start of a block)", ptr, a->vmm.device);
   }
-  xs_ptrtable *live = &xs_pools_of(b->seg->pool)->live;
+  xs_ptrtable *live = &xs_pool_pair(b->seg->pool)->live;
   xs_ptrtable_remove_at(live, slot);
   bool parked;
   xseg_status st = alloc_give_block_locked(a, b, &parked);
@@ -210,7 +210,7 @@ static __attribute__((noinline)) xseg_status alloc_free_slow(
 /* Where the cached free finds addr in pair sp's pointer table, pair lock
    held: SIZE_MAX when absent or when the cached path may not run. */
 static inline size_t alloc_free_slot(const xseg_allocator *a,
-                                     const xs_stream_pools *sp,
+                                     const xs_pair *sp,
                                      uint64_t addr) {
   return xs_pair_cached_on(a, sp)
              ? xs_ptrtable_find(&sp->live, addr)
@@ -225,7 +225,7 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    moves. Pair lock held. NULL when it does not apply: alloc_free_last_pair
    then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_park_repeated(
-    xs_stream_pools *sp, uint64_t addr) {
+    xs_pair *sp, uint64_t addr) {
   xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
   if (b == NULL || sp->park_stats != NULL) return NULL;
   /* Recording a use forgets the block (deferred.c, record_use). */
@@ -236,7 +236,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_park_repeated(
 /* The repeated size's park when holding its stats back would hide a rise
    above a threshold (alloc_park): they count now; the pair lock drops. */
 static __attribute__((noinline, cold)) xseg_status alloc_park_pay_now(
-    xseg_allocator *a, xs_stream_pools *sp) {
+    xseg_allocator *a, xs_pair *sp) {
   xs_park_owed_pay(sp);
   xs_pair_drop(sp);
   xs_alloc_debug_after_cached(a);
@@ -248,7 +248,7 @@ static __attribute__((noinline, cold)) xseg_status alloc_park_pay_now(
    (alloc_free_cached), else every lock. `t`: the calling thread's
    xs_pairs_tls. */
 static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
-    xseg_allocator *a, xs_pairs_thread *t, xs_stream_pools *sp, void *ptr,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, void *ptr,
     size_t slot) {
   xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
   if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
@@ -274,7 +274,7 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   /* The slow flag up (a hint, read without the lock): every lock at
      once, not the pair's first. */
-  xs_stream_pools *sp =
+  xs_pair *sp =
       xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
   if (__builtin_expect(sp == NULL, 0)) return alloc_free_slow(a, ptr);
   xs_pair_take(sp);
@@ -293,7 +293,7 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
   if (b == NULL || b->addr != (uint64_t)(uintptr_t)ptr || !b->allocated ||
       b->pending || b->uses.n != 0 || !xs_pool_parkable(b))
     return NULL;
-  assert(xs_ptrtable_get(&xs_pools_of((xs_pool *)p)->live, b->addr) == b);
+  assert(xs_ptrtable_get(&xs_pool_pair((xs_pool *)p)->live, b->addr) == b);
   return b;
 }
 
@@ -303,7 +303,7 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
    no call but tail calls, and keeps its values in scratch registers (its
    arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_last_pair(
-    xseg_allocator *a, void *ptr, xs_stream_pools *sp, xs_pairs_thread *t) {
+    xseg_allocator *a, void *ptr, xs_pair *sp, xs_pairs_thread *t) {
   /* A free in reverse order of allocation: the block just before the
      top of the run parked last (the pool whose parks are held back
      newest) parks on it, found without the pointer table. */
@@ -336,7 +336,7 @@ static __attribute__((noinline)) xseg_status alloc_free_last_pair(
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
     xs_pairs_thread *t = xs_pairs_self();
-    xs_stream_pools *sp = t->pair;
+    xs_pair *sp = t->pair;
     if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
       xs_block *b = xs_pair_cached_on(a, sp)
                         ? alloc_park_repeated(sp, (uint64_t)(uintptr_t)ptr)

@@ -66,7 +66,7 @@ static xseg_status grow_at_locked(xseg_allocator *a, xs_pool *p,
   uint64_t addr = pl->hole->addr;  /* the hole may merge away in the map */
   if (st == XSEG_OK) st = xs_pool_map(p, &at, handles, out);
   if (st == XSEG_OK) {
-    xs_pools_of(p)->grew_at = xs_pools_of(p)->clock;
+    xs_pool_pair(p)->grew_at = xs_pool_pair(p)->clock;
     xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, addr, have * plan.g,
                     p->stream);
   }
@@ -80,7 +80,7 @@ static xseg_status grow_expandable_locked(xseg_allocator *a, xs_pool *p,
   xs_place pl;
   /* Retired aliases become holes before a placement is chosen (never
      after: one merging into the chosen hole would free it). */
-  xs_stream_pools *sp = xs_pools_of(p);
+  xs_pair *sp = xs_pool_pair(p);
   if (!xs_alloc_capturing(a) &&
       (sp->pool[0].n_retiring != 0 || sp->pool[1].n_retiring != 0)) {
     xs_alloc_guard_advance_locked(a, sp, false);
@@ -175,8 +175,8 @@ static xseg_status grow_route_locked(xseg_allocator *a, xs_pool **p,
                                      struct CUstream_st *stream, size_t rounded,
                                      xs_block **out) {
   *out = NULL;
-  if (xs_pools_of(*p)->private_id != 0) return XSEG_OK;
-  xs_stream_pools *priv;
+  if (xs_pool_pair(*p)->private_id != 0) return XSEG_OK;
+  xs_pair *priv;
   xseg_status st = xs_capture_detect_locked(a, stream, &priv);
   if (st != XSEG_OK || priv == NULL) return st;
   *p = &priv->pool[(*p)->kind];

@@ -53,7 +53,7 @@ uint64_t xs_pairs_new_id(void) {
 }
 
 #ifndef NDEBUG
-void xs_pair_held(xs_stream_pools *sp, bool taken, int nth) {
+void xs_pair_held(xs_pair *sp, bool taken, int nth) {
   assert((nth == 1 || nth == 2) && !pairs_held.all);
   if (taken) {
     assert(pairs_held.pairs == nth - 1 &&
@@ -79,15 +79,15 @@ static void pairs_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
   xs_trace_record(ctx, XS_TRACE_SEGMENT_UNMAP, addr, size, p->stream);
 }
 
-xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
-                                      struct CUstream_st *stream) {
+xs_pair *xs_pairs_find_stream(xseg_allocator *a,
+                              struct CUstream_st *stream) {
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_acquire);
   if (x == NULL) return NULL;
   size_t n = atomic_load_explicit(&x->n, memory_order_acquire);
   for (size_t i = 0; i < n; i++) {
     if (x->entry[i].stream == stream) {
-      xs_stream_pools *sp = x->entry[i].pair;
+      xs_pair *sp = x->entry[i].pair;
       xs_pairs_tls.id = a->id;
       xs_pairs_tls.stream = stream;
       xs_pairs_tls.pair = sp;
@@ -99,7 +99,7 @@ xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing
    changed). */
-static bool pairs_index_stream(xseg_allocator *a, xs_stream_pools *sp) {
+static bool pairs_index_stream(xseg_allocator *a, xs_pair *sp) {
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_relaxed);
   size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_relaxed)
@@ -123,18 +123,18 @@ static bool pairs_index_stream(xseg_allocator *a, xs_stream_pools *sp) {
 /* A pair's memory: a spare one, its lock taken (a thread that found it
    gone may still hold it), everything but the lock reset; or a new one,
    its lock held. NULL on host OOM. */
-_Static_assert(offsetof(xs_stream_pools, lock) == 0 &&
-                   offsetof(xs_stream_pools, dead) >= sizeof(xs_lock),
+_Static_assert(offsetof(xs_pair, lock) == 0 &&
+                   offsetof(xs_pair, dead) >= sizeof(xs_lock),
                "a spare pair's reset keeps its lock: the lock comes first");
 
-static xs_stream_pools *pairs_memory(xseg_allocator *a) {
-  xs_stream_pools *sp = a->spare;
+static xs_pair *pairs_memory(xseg_allocator *a) {
+  xs_pair *sp = a->spare;
   if (sp != NULL) {
     assert(sp->dead);
     a->spare = sp->next;
     xs_lock_take(&sp->lock);
-    memset((char *)sp + offsetof(xs_stream_pools, dead), 0,
-           sizeof *sp - offsetof(xs_stream_pools, dead));
+    memset((char *)sp + offsetof(xs_pair, dead), 0,
+           sizeof *sp - offsetof(xs_pair, dead));
     return sp;
   }
   sp = xs_lines_alloc(sizeof *sp);
@@ -146,20 +146,20 @@ static xs_stream_pools *pairs_memory(xseg_allocator *a) {
 }
 
 /* Gives back what pairs_memory gave when the pair could not be made. */
-static void pairs_memory_back(xseg_allocator *a, xs_stream_pools *sp) {
+static void pairs_memory_back(xseg_allocator *a, xs_pair *sp) {
   sp->dead = true;
   sp->next = a->spare;
   a->spare = sp;
   xs_lock_drop(&sp->lock);
 }
 
-xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
-                                            struct CUstream_st *stream,
-                                            xseg_pool_id private_id) {
+xs_pair *xs_pairs_new_locked(xseg_allocator *a,
+                             struct CUstream_st *stream,
+                             xseg_pool_id private_id) {
   XS_ASSERT_LOCKED(a);
   if (!XS_ARRAY_RESERVE(a->order, a->order_cap, a->n_order + 1, 8))
     return NULL;
-  xs_stream_pools *sp = pairs_memory(a);
+  xs_pair *sp = pairs_memory(a);
   if (sp == NULL) return NULL;
   /* Born locked: dropped with the others at xs_alloc_leave. */
   sp->stream = stream;
@@ -197,7 +197,7 @@ xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
   return sp;
 }
 
-void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
+void xs_pairs_free_locked(xseg_allocator *a, xs_pair *sp) {
   XS_ASSERT_LOCKED(a);
   assert(sp->private_id != 0 && "a stream's own pair stays (stream index)");
   assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
@@ -207,7 +207,7 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
      idle events serve the allocator's guards. */
   xs_pending_destroy(&sp->pending);
   xs_event_pool_absorb(&a->events, &sp->events);
-  xs_stream_pools **link = &a->streams;
+  xs_pair **link = &a->streams;
   while (*link != sp) link = &(*link)->next;
   *link = sp->next;
   xs_stats_group_remove(&a->stats, &sp->stats, &a->shared_stats);
@@ -223,31 +223,31 @@ void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp) {
   a->dying = sp;
 }
 
-void xs_stream_pools_touch_locked(xseg_allocator *a, xs_stream_pools *sp) {
+void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *sp) {
   XS_ASSERT_LOCKED(a);
   sp->used_at = xs_pairs_use();
   if (sp == a->streams) return;          /* most recently used goes first */
-  xs_stream_pools **link = &a->streams;
+  xs_pair **link = &a->streams;
   while (*link != sp) link = &(*link)->next;
   *link = sp->next;
   sp->next = a->streams;
   a->streams = sp;
 }
 
-xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
-                                          struct CUstream_st *stream,
-                                          xs_stream_pools **out) {
-  xs_stream_pools *sp = a->streams;
+xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
+                                   struct CUstream_st *stream,
+                                   xs_pair **out) {
+  xs_pair *sp = a->streams;
   while (sp != NULL && (sp->stream != stream || sp->private_id != 0))
     sp = sp->next;
   if (sp == NULL) {
-    sp = xs_stream_pools_new_locked(a, stream, 0);
+    sp = xs_pairs_new_locked(a, stream, 0);
     if (sp == NULL)
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                       "out of host memory for the pools of stream %p",
                       (void *)stream);
   } else {
-    xs_stream_pools_touch_locked(a, sp);
+    xs_pairs_touch_locked(a, sp);
   }
   *out = sp;
   return XSEG_OK;
@@ -258,7 +258,7 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
   /* The range table names the pair (it is current: every unlock refreshes
      it); a range it lacks, a table kept through a host OOM, or a pointer
      outside every range is looked for in every pair. */
-  xs_stream_pools *owner = xs_ranges_find(a, addr);
+  xs_pair *owner = xs_ranges_find(a, addr);
   if (owner != NULL && !owner->dead) {
     size_t i = xs_ptrtable_find(&owner->live, addr);
     if (i != SIZE_MAX) {
@@ -266,7 +266,7 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
       return owner->live.slot[i].block;
     }
   }
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     size_t i = xs_ptrtable_find(&sp->live, addr);
     if (i != SIZE_MAX) {
       assert(sp->live.slot[i].block->allocated &&
@@ -280,20 +280,20 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
 
 uint64_t xs_alloc_frees_locked(const xseg_allocator *a) {
   uint64_t n = a->frees_gone;
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     n += sp->frees;
   return n;
 }
 
 size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
   size_t n = 0;
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     n += sp->live.count;
   return n;
 }
 
 static inline void pairs_settle(xseg_allocator *a) {
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     xs_park_settle_pair(sp);
 }
 
@@ -303,7 +303,7 @@ void xs_pairs_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
    the stats' offsets fold), oldest first: each one's free, then its
    merge, as they would have counted at once. */
 static inline __attribute__((always_inline)) void pairs_pay_pool(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
   const xs_block *last = p->park_rest;
   for (xs_block *b = sp->park_oldest[kind];; b = b->prev) {
     xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
@@ -314,7 +314,7 @@ static inline __attribute__((always_inline)) void pairs_pay_pool(
   }
 }
 
-void xs_park_owed_pay_now(xs_stream_pools *sp) {
+void xs_park_owed_pay_now(xs_pair *sp) {
   if (sp->park_owed_published) {
     for (int k = 0; k < 2; k++)
       xs_park_owed_clear(&sp->stats, (xs_pool_kind)k);
@@ -336,9 +336,9 @@ void xs_park_owed_pay_now(xs_stream_pools *sp) {
    being short and mostly in order already. */
 void xs_pairs_sort_by_use_locked(xseg_allocator *a) {
   XS_ASSERT_LOCKED(a);
-  xs_stream_pools *sorted = NULL, *sp = a->streams;
+  xs_pair *sorted = NULL, *sp = a->streams;
   while (sp != NULL) {
-    xs_stream_pools *next = sp->next, **link = &sorted;
+    xs_pair *next = sp->next, **link = &sorted;
     while (*link != NULL && (*link)->used_at >= sp->used_at)
       link = &(*link)->next;
     sp->next = *link;
@@ -380,7 +380,7 @@ void xs_pairs_unlock_all(xseg_allocator *a) {
      and those born since. Pairs gone meanwhile leave it now. */
   size_t kept = 0;
   for (size_t i = 0; i < a->n_order; i++) {
-    xs_stream_pools *sp = a->order[i];
+    xs_pair *sp = a->order[i];
 #ifndef NDEBUG
     sp->owned = false;
 #endif
@@ -390,7 +390,7 @@ void xs_pairs_unlock_all(xseg_allocator *a) {
   }
   a->n_order = kept;
   while (a->dying != NULL) {
-    xs_stream_pools *sp = a->dying;
+    xs_pair *sp = a->dying;
     a->dying = sp->next;
     sp->next = a->spare;
     a->spare = sp;
@@ -399,17 +399,17 @@ void xs_pairs_unlock_all(xseg_allocator *a) {
 }
 
 /* Frees a list of pairs gone (their tables and caches went with them). */
-static void pairs_free_gone(xs_stream_pools **list) {
+static void pairs_free_gone(xs_pair **list) {
   while (*list != NULL) {
-    xs_stream_pools *sp = *list;
+    xs_pair *sp = *list;
     *list = sp->next;
     free(sp);
   }
 }
 
 void xs_pairs_unlock_destroyed(xseg_allocator *a) {
-  for (xs_stream_pools *sp = a->streams; sp != NULL;) {
-    xs_stream_pools *next = sp->next;
+  for (xs_pair *sp = a->streams; sp != NULL;) {
+    xs_pair *next = sp->next;
     xs_ptrtable_destroy(&sp->live);
     xs_blocks_destroy(&sp->blocks);
     free(sp);

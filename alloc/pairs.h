@@ -2,7 +2,7 @@
  * every slow operation (internal; the structs are types.h's).
  *
  * One per device. Pools come per (stream, size class), two to a pair
- * (xs_stream_pools); each pair keeps its own statistics shard, block struct
+ * (xs_pair); each pair keeps its own statistics shard, block struct
  * cache, pointer table (the address of each of its live blocks) and free
  * clock, under its own lock.
  *
@@ -44,18 +44,18 @@
 
 /* Whose memory a release pass may take: a stream's own pools, and private
    pools once released; never a private pool still in use. */
-static inline bool xs_pools_reclaimable(const xs_stream_pools *sp) {
+static inline bool xs_pools_reclaimable(const xs_pair *sp) {
   return sp->private_id == 0 || sp->released;
 }
 
 /* The pair a pool belongs to. */
-static inline xs_stream_pools *xs_pools_of(xs_pool *p) {
-  return (xs_stream_pools *)((char *)(p - p->kind) -
-                             offsetof(xs_stream_pools, pool));
+static inline xs_pair *xs_pool_pair(xs_pool *p) {
+  return (xs_pair *)((char *)(p - p->kind) -
+                     offsetof(xs_pair, pool));
 }
 
 /* Whether either pool of sp has parked blocks (lazy merging). */
-static inline bool xs_pair_parked(const xs_stream_pools *sp) {
+static inline bool xs_pair_parked(const xs_pair *sp) {
   return sp->pool[0].parked != NULL || sp->pool[1].parked != NULL;
 }
 
@@ -65,49 +65,49 @@ static inline bool xs_pair_parked(const xs_stream_pools *sp) {
    holds no other lock of this allocator's), and a second one only beside
    it, by a try (`nth` 2). */
 #ifndef NDEBUG
-void xs_pair_held(xs_stream_pools *sp, bool taken, int nth);
+void xs_pair_held(xs_pair *sp, bool taken, int nth);
 #define XS_PAIR_HELD(sp, taken, nth) xs_pair_held(sp, taken, nth)
 #else
 #define XS_PAIR_HELD(sp, taken, nth) ((void)(nth))
 #endif
-static inline void xs_pair_take(xs_stream_pools *sp) {
+static inline void xs_pair_take(xs_pair *sp) {
   xs_lock_take(&sp->lock);
   XS_PAIR_HELD(sp, true, 1);
 }
-static inline void xs_pair_drop(xs_stream_pools *sp) {
+static inline void xs_pair_drop(xs_pair *sp) {
   XS_PAIR_HELD(sp, false, 1);
   xs_lock_drop(&sp->lock);
 }
 /* The pair's lock if it is free (false: busy), as the nth held. */
-static inline bool xs_pair_try_nth(xs_stream_pools *sp, int nth) {
+static inline bool xs_pair_try_nth(xs_pair *sp, int nth) {
   if (!xs_lock_try(&sp->lock)) return false;
   XS_PAIR_HELD(sp, true, nth);
   return true;
 }
 /* For the repeated size's path (alloc.c, free.c): takes the pair lock
    only if it is free; xs_pair_drop_wake_later drops it. */
-static inline bool xs_pair_try(xs_stream_pools *sp) {
+static inline bool xs_pair_try(xs_pair *sp) {
   return xs_pair_try_nth(sp, 1);
 }
 /* A second pair's lock while holding one, by a try alone (a wait there
    could deadlock): false when it is busy. */
-static inline bool xs_pair_try_second(xs_stream_pools *sp) {
+static inline bool xs_pair_try_second(xs_pair *sp) {
   return xs_pair_try_nth(sp, 2);
 }
-static inline void xs_pair_drop_second(xs_stream_pools *sp) {
+static inline void xs_pair_drop_second(xs_pair *sp) {
   XS_PAIR_HELD(sp, false, 2);
   xs_lock_drop(&sp->lock);
 }
 /* Drops the pair lock without waking a waiter: false when there is one,
    which the caller then wakes (xs_lock_wake). */
-static inline bool xs_pair_drop_wake_later(xs_stream_pools *sp) {
+static inline bool xs_pair_drop_wake_later(xs_pair *sp) {
   XS_PAIR_HELD(sp, false, 1);
   return xs_lock_drop_wake_later(&sp->lock);
 }
 /* Whether the cached path may run on pair sp (its lock held): nothing
    calls for the slow path (`slow`) and the pair is alive. */
 static inline bool xs_pair_cached_on(const xseg_allocator *a,
-                                     const xs_stream_pools *sp) {
+                                     const xs_pair *sp) {
   assert(sp->cached_off == (a->slow || sp->dead));
   (void)a;
   return __builtin_expect(!sp->cached_off, 1);
@@ -144,20 +144,20 @@ uint64_t xs_pairs_new_id(void);
 
 /* The pools of `stream`, created on first use, looked up in the list and
    moved to its front (pairs.c). */
-xseg_status xs_stream_pools_lookup_locked(xseg_allocator *a,
-                                          struct CUstream_st *stream,
-                                          xs_stream_pools **out);
+xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
+                                   struct CUstream_st *stream,
+                                   xs_pair **out);
 /* The stream index's search for xs_pairs_of_stream (pairs.c). */
-xs_stream_pools *xs_pairs_find_stream(xseg_allocator *a,
-                                      struct CUstream_st *stream);
+xs_pair *xs_pairs_find_stream(xseg_allocator *a,
+                              struct CUstream_st *stream);
 /* Whether the cached path is off for now (a hint; `slow`). */
 static inline bool xs_alloc_slow_hint(const xseg_allocator *a) {
   return atomic_load_explicit(&a->slow, memory_order_relaxed);
 }
 /* The pair of `stream` for the cached malloc: the thread's last, or from
    the stream index; NULL when it has none yet. No lock needed. */
-static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
-                                                  struct CUstream_st *stream) {
+static inline xs_pair *xs_pairs_of_stream(xseg_allocator *a,
+                                          struct CUstream_st *stream) {
   xs_pairs_thread *t = &xs_pairs_tls;
   if (__builtin_expect(t->id == a->id && t->stream == stream, 1))
     return t->pair;
@@ -165,13 +165,13 @@ static inline xs_stream_pools *xs_pairs_of_stream(xseg_allocator *a,
 }
 /* A new pair (private_id 0: a stream's), linked first and published, its
    lock held until xs_alloc_leave; NULL on host OOM. */
-xs_stream_pools *xs_stream_pools_new_locked(xseg_allocator *a,
-                                            struct CUstream_st *stream,
-                                            xseg_pool_id private_id);
+xs_pair *xs_pairs_new_locked(xseg_allocator *a,
+                             struct CUstream_st *stream,
+                             xseg_pool_id private_id);
 /* Stamps sp as used now and puts it first in the list. */
-void xs_stream_pools_touch_locked(xseg_allocator *a, xs_stream_pools *sp);
+void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *sp);
 /* Takes a pair that holds no segment out of every list and table. */
-void xs_stream_pools_free_locked(xseg_allocator *a, xs_stream_pools *sp);
+void xs_pairs_free_locked(xseg_allocator *a, xs_pair *sp);
 /* The live block at addr and its pair's table slot, or NULL (pairs.c). */
 xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
                                     size_t *slot);
@@ -191,7 +191,7 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a);
    threads compare by their threads' counts, a guess. `t`: the calling
    thread's xs_pairs_tls, which a caller that has it passes. */
 static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
-                                    xs_stream_pools *sp) {
+                                    xs_pair *sp) {
   uint64_t stamp = ++t->frees;
   if (stamp <= sp->clock) stamp = t->frees = sp->clock + 1;
   sp->frees++;
@@ -199,15 +199,15 @@ static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
 }
 /* A block of pair sp whose last use is over: stamped with sp's free
    clock, traced. */
-static inline void xs_pair_stamp(xseg_allocator *a, xs_stream_pools *sp,
-                                       xs_block *b) {
+static inline void xs_pair_stamp(xseg_allocator *a, xs_pair *sp,
+                                 xs_block *b) {
   b->free_epoch = xs_pair_tick(&xs_pairs_tls, sp);
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
 }
 /* The same, the pair found from the block. */
 static inline void xs_pair_stamp_block(xseg_allocator *a, xs_block *b) {
-  xs_pair_stamp(a, xs_pools_of(b->seg->pool), b);
+  xs_pair_stamp(a, xs_pool_pair(b->seg->pool), b);
 }
 /* Gives a block whose last use is over back to its pool, stamped. */
 static inline void xs_pair_give_block(xseg_allocator *a, xs_block *b) {

@@ -61,7 +61,7 @@ static inline void xs_park_owed_clear(xs_stats *s, xs_pool_kind k) {
    park_oldest[kind] up to the top); 0 when none is held back. Only the
    top's merge can make a whole segment (nothing is before it), so every
    other merge adds its block's bytes. */
-static inline int64_t xs_park_held_split_bytes(const xs_stream_pools *sp,
+static inline int64_t xs_park_held_split_bytes(const xs_pair *sp,
                                                const xs_pool *p) {
   if (sp->park_stats != p && sp->park_first != p) return 0;
   const xs_block *top = p->parked, *last = p->park_rest;
@@ -86,7 +86,7 @@ static inline bool xs_park_split_under(const xs_stats *s, xs_pool_kind k,
    values, pass no threshold. With one pair nothing else moves the
    thresholds, so always; with more, another pair's crossing may have
    lowered them to the true values meanwhile. */
-static inline bool xs_park_cancel_under(const xs_stream_pools *sp,
+static inline bool xs_park_cancel_under(const xs_pair *sp,
                                         xs_pool_kind k) {
   return !sp->park_owed_published ||
          (xs_stats_rise_under(&sp->stats, XS_GAUGE_allocation, k, 0) &&
@@ -97,7 +97,7 @@ static inline bool xs_park_cancel_under(const xs_stream_pools *sp,
    are undone newest first, so they keep the order of their frees in two
    runs at most, p's the newer: nothing is held back, or p's park is the
    newest, or only the other pool's are held. */
-static inline bool xs_park_may_hold(const xs_stream_pools *sp,
+static inline bool xs_park_may_hold(const xs_pair *sp,
                                     const xs_pool *p) {
   return sp->park_stats == p || sp->park_first == NULL;
 }
@@ -114,7 +114,7 @@ static inline bool xs_park_may_hold(const xs_stream_pools *sp,
    `first`: nothing is parked in p yet (xs_pool_park); `older`: other
    parks are held back (park_stats), as the caller read it. */
 static inline __attribute__((always_inline)) bool xs_park_owe(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind, xs_block *b,
+    xs_pair *sp, xs_pool *p, xs_pool_kind kind, xs_block *b,
     bool several, bool first, bool older) {
   assert(xs_park_may_hold(sp, p) && p->kind == kind &&
          older == (sp->park_stats != NULL) &&
@@ -146,7 +146,7 @@ static inline __attribute__((always_inline)) bool xs_park_owe(
    `kind`, as above), for its own requested size: its free and the malloc
    cancel, what it held back is taken off what is published. */
 static inline __attribute__((always_inline)) void xs_park_owed_cancel(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
   const xs_block *top = p->parked;
   assert(sp->park_stats == p && p->kind == kind);
   if (sp->park_owed_published) {
@@ -162,7 +162,7 @@ static inline __attribute__((always_inline)) void xs_park_owed_cancel(
 /* xs_park_owed_cancel when the top of p is the only park held back: it
    is the repeated size's, and its stats are all that is published. */
 static inline __attribute__((always_inline)) void xs_park_owed_cancel_alone(
-    xs_stream_pools *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
   (void)p;
   assert(sp->park_stats == p && sp->park_first == NULL &&
          sp->park_oldest[kind] == p->parked && p->kind == kind);
@@ -172,8 +172,8 @@ static inline __attribute__((always_inline)) void xs_park_owed_cancel_alone(
 /* Counts every held-back park (its free, then its merge), in the order
    of their frees: what they held back is cleared first, then the
    currents move (pairs.c). */
-void xs_park_owed_pay_now(xs_stream_pools *sp);
-static inline void xs_park_owed_pay(xs_stream_pools *sp) {
+void xs_park_owed_pay_now(xs_pair *sp);
+static inline void xs_park_owed_pay(xs_pair *sp) {
   if (sp->park_stats != NULL) xs_park_owed_pay_now(sp);
 }
 /* Settles p's parked blocks, if any: everything the pair owes is paid
@@ -182,7 +182,7 @@ static inline void xs_park_owed_pay(xs_stream_pools *sp) {
    may move). */
 static inline void xs_park_settle_pool(xs_pool *p) {
   if (p->parked == NULL) return;
-  xs_stream_pools *sp = xs_pools_of(p);
+  xs_pair *sp = xs_pool_pair(p);
   for (xs_block *b = p->parked; b != p->park_rest; b = b->next) {
     size_t slot = xs_ptrtable_find(&sp->live, b->addr);
     assert(slot != SIZE_MAX && "a parked block keeps its entry");
@@ -192,7 +192,7 @@ static inline void xs_park_settle_pool(xs_pool *p) {
   xs_pool_settle(p);
 }
 /* Settles every parked block of sp (what it owes paid first). */
-static inline void xs_park_settle_pair(xs_stream_pools *sp) {
+static inline void xs_park_settle_pair(xs_pair *sp) {
   if (!xs_pair_parked(sp)) return;
   xs_park_owed_pay(sp);
   for (int k = 0; k < 2; k++) xs_park_settle_pool(&sp->pool[k]);

@@ -15,7 +15,7 @@
 #include "vmm/error.h"
 
 xseg_status xs_alloc_guard_advance_locked(xseg_allocator *a,
-                                          xs_stream_pools *sp, bool wait) {
+                                          xs_pair *sp, bool wait) {
   uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
   uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
   if (t1 > target) target = t1;
@@ -31,7 +31,7 @@ xseg_status xs_alloc_guard_advance_locked(xseg_allocator *a,
 }
 
 xseg_status xs_alloc_retire_aliases_locked(xseg_allocator *a,
-                                           xs_stream_pools *sp) {
+                                           xs_pair *sp) {
   assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
   (void)a;
   xseg_status first = XSEG_OK;
@@ -43,7 +43,7 @@ xseg_status xs_alloc_retire_aliases_locked(xseg_allocator *a,
   return first;
 }
 
-size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
+size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *sp,
                            xs_pool *first, size_t granule, size_t want,
                            size_t max, const xs_block *keep,
                            uint64_t lend_upto, uint64_t *handles) {
@@ -61,8 +61,8 @@ size_t xs_phys_take_locked(xseg_allocator *a, xs_stream_pools *sp,
   return got;
 }
 
-size_t xs_phys_steal_locked(xseg_allocator *a, xs_stream_pools *thief,
-                            xs_stream_pools *donor, unsigned pools,
+size_t xs_phys_steal_locked(xseg_allocator *a, xs_pair *thief,
+                            xs_pair *donor, unsigned pools,
                             size_t granule, size_t want, size_t max,
                             uint64_t *handles) {
   XS_ASSERT_LOCKED(a);

@@ -24,7 +24,7 @@
 
 static size_t ranges_count(const xseg_allocator *a) {
   size_t n = 0;
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (const xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
         n++;
@@ -33,7 +33,7 @@ static size_t ranges_count(const xseg_allocator *a) {
 
 typedef struct ranges_entry {
   uint64_t base, end;
-  xs_stream_pools *pair;
+  xs_pair *pair;
 } ranges_entry;
 
 static int ranges_cmp(const void *x, const void *y) {
@@ -69,7 +69,7 @@ void xs_ranges_remake_locked(xseg_allocator *a) {
     return;
   }
   size_t i = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (const xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
         e[i++] = (ranges_entry){s->base, s->base + s->size, sp};
@@ -89,7 +89,7 @@ void xs_ranges_remake_locked(xseg_allocator *a) {
   free(e);
 }
 
-xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
+xs_pair *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
   unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
   xs_range_array *t = atomic_load_explicit(&a->ranges, memory_order_relaxed);
   size_t n = atomic_load_explicit(&a->n_ranges, memory_order_relaxed);
@@ -108,7 +108,7 @@ xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
   xs_range *r = &t->range[lo - 1];
   uint64_t base = atomic_load_explicit(&r->base, memory_order_relaxed);
   uint64_t end = atomic_load_explicit(&r->end, memory_order_relaxed);
-  xs_stream_pools *sp = atomic_load_explicit(&r->pair, memory_order_relaxed);
+  xs_pair *sp = atomic_load_explicit(&r->pair, memory_order_relaxed);
   atomic_thread_fence(memory_order_acquire);
   if (atomic_load_explicit(&a->ranges_seq, memory_order_relaxed) != seq ||
       addr >= end)

@@ -9,22 +9,22 @@
 #include "alloc/thread.h"
 
 /* The range table's search for xs_ranges_find (ranges.c). */
-xs_stream_pools *xs_ranges_search(xseg_allocator *a, uint64_t addr);
+xs_pair *xs_ranges_search(xseg_allocator *a, uint64_t addr);
 /* The pair whose reserved range holds addr, per the range table, or NULL
    (also while it is being rewritten; see alloc/ranges.c): the range of
    the thread's last free when the table has not changed since, else a
    search. No lock needed. */
-static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
-                                              uint64_t addr);
-static inline xs_stream_pools *xs_ranges_find(xseg_allocator *a,
-                                              uint64_t addr) {
-  xs_stream_pools *sp = xs_ranges_last(a, addr);
+static inline xs_pair *xs_ranges_last(xseg_allocator *a,
+                                      uint64_t addr);
+static inline xs_pair *xs_ranges_find(xseg_allocator *a,
+                                      uint64_t addr) {
+  xs_pair *sp = xs_ranges_last(a, addr);
   return __builtin_expect(sp != NULL, 1) ? sp : xs_ranges_search(a, addr);
 }
 /* The thread's last range's pair if it holds addr and the table has not
    changed since, else NULL (no search, no call). */
-static inline xs_stream_pools *xs_ranges_last(xseg_allocator *a,
-                                              uint64_t addr) {
+static inline xs_pair *xs_ranges_last(xseg_allocator *a,
+                                      uint64_t addr) {
   xs_pairs_thread *t = &xs_pairs_tls;
   unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_acquire);
   if (__builtin_expect(seq == t->range_seq && t->range_id == a->id &&

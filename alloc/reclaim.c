@@ -32,7 +32,7 @@
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   xseg_status first = XSEG_OK;
   if (xs_alloc_capturing(a)) return first;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
     if (!xs_pools_reclaimable(sp)) continue;
     xseg_status st = xs_alloc_guard_advance_locked(a, sp, wait);
     xseg_status rs = xs_alloc_retire_aliases_locked(a, sp);
@@ -56,12 +56,12 @@ static bool reclaim_prepare_locked(xseg_allocator *a, bool wait,
 
 /* Released private pools that hold nothing any more go away. */
 static void reclaim_drop_released_locked(xseg_allocator *a) {
-  xs_stream_pools *sp = a->streams;
+  xs_pair *sp = a->streams;
   while (sp != NULL) {
-    xs_stream_pools *next = sp->next;
+    xs_pair *next = sp->next;
     if (sp->released && sp->pool[0].segments == NULL &&
         sp->pool[1].segments == NULL)
-      xs_stream_pools_free_locked(a, sp);
+      xs_pairs_free_locked(a, sp);
     sp = next;
   }
 }
@@ -75,7 +75,7 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
   xseg_status rs = xs_vmm_unreleased_retry(&a->vmm);
   if (first == XSEG_OK) first = rs;
   size_t done = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2 && done < goal && xs_pools_reclaimable(sp); k++) {
       size_t bytes = 0;
       /* SIZE_MAX stays "all" from pool to pool, whatever went before. */
@@ -105,12 +105,12 @@ static int gc_older(const void *x, const void *y) {
    are none or host memory ran out. */
 static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
   size_t cap = 0;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     cap += sp->pool[0].free.count + sp->pool[1].free.count;
   gc_candidate *c = cap ? malloc(cap * sizeof *c) : NULL;
   *n = 0;
   if (c == NULL) return NULL;
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2 && xs_pools_reclaimable(sp); k++) {
       xs_pool *p = &sp->pool[k];
       for (xs_block *b = xs_freetree_largest(&p->free); b != NULL;
@@ -134,7 +134,7 @@ static size_t gc_release_oldest_locked(xseg_allocator *a, size_t goal) {
                                   (goal - done + g - 1) / g, &st) * g;
   }
   free(c);
-  for (xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++) xs_pool_drop_empty(&sp->pool[k]);
   reclaim_drop_released_locked(a);
   return done;

@@ -82,7 +82,7 @@ static void snapshot_segment_head(FILE *out, xseg_allocator *a,
 
 /* One segment entry for the mapped run that starts at b. */
 static void snapshot_run_locked(FILE *out, xseg_allocator *a,
-                                const xs_stream_pools *sp, const xs_pool *p,
+                                const xs_pair *sp, const xs_pool *p,
                                 const xs_block *b, bool *first) {
   snapshot_sums s = snapshot_run_sums(b);
   snapshot_segment_head(out, a, b->addr, &s, p->stream, p->kind,
@@ -94,9 +94,9 @@ static void snapshot_run_locked(FILE *out, xseg_allocator *a,
 /* The pool whose retiring block holds address addr (an alias lies in the
    block its handles were lent from), and its pair; false if none does. */
 static bool snapshot_retiring_pool(xseg_allocator *a, uint64_t addr,
-                                   const xs_stream_pools **sp_out,
+                                   const xs_pair **sp_out,
                                    const xs_pool **p_out) {
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (const xs_block *r = sp->pool[k].retiring; r != NULL;
            r = r->retire_next)
@@ -118,7 +118,7 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
     for (size_t j = 0; j < i && counted; j++)
       counted = v->aliases[j].handle != e->handle;
     if (!counted) continue;
-    const xs_stream_pools *sp = NULL;
+    const xs_pair *sp = NULL;
     const xs_pool *p = NULL;
     bool known = snapshot_retiring_pool(a, e->addr, &sp, &p);
     snapshot_sums s = {.total = e->size};
@@ -136,7 +136,7 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
 static void snapshot_segments_locked(FILE *out, xseg_allocator *a) {
   bool first = true;
   fputs("{\"segments\": [", out);
-  for (const xs_stream_pools *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (const xs_segment *s = sp->pool[k].segments; s != NULL;
            s = s->next)

@@ -39,7 +39,7 @@
    Allocated on lines of its own (xs_lines_alloc), so that two threads on
    two pairs share no line; never freed before the allocator (a thread may still
    find a pair that went away in an old table: `dead` says so). */
-typedef struct xs_stream_pools {
+typedef struct xs_pair {
   xs_lock lock;                       /* the pair's lock (alloc/pairs.c) */
   bool dead;                          /* went away: in no list or table */
   /* The cached path may not run on it: dead, or the allocator's `slow`
@@ -96,7 +96,7 @@ typedef struct xs_stream_pools {
   /* Its blocks in state pending: written under its lock, read by other
      pairs' cached mallocs (xs_alloc_poll_others). */
   atomic_size_t n_pending;
-  struct xs_stream_pools *next;       /* the allocator's list */
+  struct xs_pair *next;               /* the allocator's list */
   /* The size bins of the small pool's free index (segments/freetree.h):
      its requests are the ones up to 1 MiB; the large pool's index and
      both indexes of unmapped blocks have none. */
@@ -105,7 +105,7 @@ typedef struct xs_stream_pools {
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;
 #endif
-} xs_stream_pools;
+} xs_pair;
 
 /* The pairs of streams by stream, for the cached malloc's lookup without
    a lock (pairs.c): append-only, as a stream's own pair never goes away
@@ -115,7 +115,7 @@ typedef struct xs_stream_pools {
    arrays kept add up to at most twice the largest. */
 typedef struct xs_stream_entry {
   struct CUstream_st *stream;
-  struct xs_stream_pools *pair;
+  struct xs_pair *pair;
 } xs_stream_entry;
 typedef struct xs_stream_index {
   struct xs_stream_index *retired;    /* older arrays, kept */
@@ -131,7 +131,7 @@ typedef struct xs_stream_index {
    pointer table decides. */
 typedef struct xs_range {
   _Atomic uint64_t base, end;
-  _Atomic(struct xs_stream_pools *) pair;
+  _Atomic(struct xs_pair *) pair;
 } xs_range;
 typedef struct xs_range_array {
   struct xs_range_array *retired;     /* older arrays, kept */
@@ -183,7 +183,7 @@ struct xseg_allocator {
   /* Every pair in lock order (creation order), read and written with the
      allocator's lock held: xs_alloc_enter takes each one's lock. A pair
      that goes away stays in it, dead, until the unlock drops its lock. */
-  xs_stream_pools **order;
+  xs_pair **order;
   size_t n_order, order_cap;
   uint64_t ranges_made_at;            /* range table: vmm.reserves at its
                                          making */
@@ -193,7 +193,7 @@ struct xseg_allocator {
      recycled as a new pair (pairs.c), so there are never more than the
      most pairs alive at once. `dying`: gone during this operation, still
      in `order`; `spare`: out of it, ready for reuse. */
-  xs_stream_pools *dying, *spare;
+  xs_pair *dying, *spare;
   size_t pair_structs;                /* allocated, alive or not */
   uint64_t frees_gone;                /* frees of pairs gone */
   xs_vmm vmm;
@@ -201,7 +201,7 @@ struct xseg_allocator {
   xs_stats shared_stats;              /* the shard of no pair: counters of
                                          slow operations, totals of pairs
                                          gone */
-  xs_stream_pools *streams;           /* most recently used first (as of
+  xs_pair *streams;                   /* most recently used first (as of
                                          xs_alloc_enter, by used_at) */
   size_t granule[2];                  /* expandable mapping unit per pool */
   size_t reserve[2];                  /* bytes per reservation per pool */
@@ -247,12 +247,12 @@ typedef struct xs_pairs_thread {
   uint64_t frees;                     /* its free stamps (xs_pair_tick) */
   uint64_t id;
   struct CUstream_st *stream;
-  xs_stream_pools *pair;
+  xs_pair *pair;
   /* The range of its last cached free, valid while the range table's
      sequence count is still range_seq (xs_ranges_find). */
   uint64_t range_id, range_base, range_size;
   unsigned range_seq;
-  xs_stream_pools *range_pair;
+  xs_pair *range_pair;
 } xs_pairs_thread;
 
 #endif /* XS_ALLOC_TYPES_H */

@@ -55,7 +55,7 @@ static int mblock_cmp(const void *x, const void *y) {
 /* The allocator's blocks, sorted by address. */
 static void model_read(xseg_allocator *a, model *m) {
   m->n = 0;
-  for (xs_stream_pools *sp = a->streams; sp; sp = sp->next)
+  for (xs_pair *sp = a->streams; sp; sp = sp->next)
     for (int k = 0; k < 2; k++)
       for (xs_segment *s = sp->pool[k].segments; s; s = s->next)
         for (xs_block *b = s->first; b; b = b->next) {

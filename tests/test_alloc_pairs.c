@@ -57,7 +57,7 @@ XSEG_TEST(alloc_pairs, released_pools_are_recycled_not_piled_up) {
 }
 
 typedef struct pr_holder {
-  xs_stream_pools *pair;
+  xs_pair *pair;
   atomic_bool holding, let_go;
   bool saw_dead;
 } pr_holder;
@@ -99,7 +99,7 @@ XSEG_TEST(alloc_pairs, a_gone_pair_is_reused_only_after_its_holder_lets_go) {
   XSEG_ASSERT_TRUE(pr_use_pool(a, 1, s, &where));
   /* The pool's pair, found from its block's address as a free finds it. */
   xs_alloc_enter(a);
-  xs_stream_pools *gone = xs_ranges_find(a, (uint64_t)(uintptr_t)where);
+  xs_pair *gone = xs_ranges_find(a, (uint64_t)(uintptr_t)where);
   xs_alloc_leave(a);
   XSEG_ASSERT_TRUE(gone != NULL && gone->private_id == 1);
   XSEG_ASSERT_OK(xseg_empty_cache(a));

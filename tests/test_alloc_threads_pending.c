@@ -190,7 +190,7 @@ static void *pd_op(void *arg) {
 /* Runs o on a thread while `busy` (another stream's pair) is locked, as
    its cached path locks it, for up to `seconds`: true when o finished
    meanwhile, i.e. it needed no lock of that pair's. */
-static bool pd_op_beside_for(xs_stream_pools *busy, pd_op_arg *o,
+static bool pd_op_beside_for(xs_pair *busy, pd_op_arg *o,
                              int seconds) {
   xs_pair_take(busy);
   pthread_t th;
@@ -206,7 +206,7 @@ static bool pd_op_beside_for(xs_stream_pools *busy, pd_op_arg *o,
 
 /* The same, with time enough for any build (the operation should not
    wait at all). */
-static bool pd_op_beside(xs_stream_pools *busy, pd_op_arg *o) {
+static bool pd_op_beside(xs_pair *busy, pd_op_arg *o) {
   return pd_op_beside_for(busy, o, 30);
 }
 
@@ -224,7 +224,7 @@ XSEG_TEST(alloc_threads, record_stream_needs_only_its_blocks_pair) {
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, own, &p));
   XSEG_ASSERT_OK(xseg_malloc(a, 4096, other, &q));
-  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
+  xs_pair *busy = xs_pairs_find_stream(a, other);
   XSEG_ASSERT_TRUE(busy != NULL);
 
   pd_op_arg r = {.a = a, .p = p, .record = side, .st = XSEG_ERR_DRIVER};
@@ -289,7 +289,7 @@ XSEG_TEST(alloc_threads,
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, own, &p));
   XSEG_ASSERT_OK(xseg_malloc(a, SIZE, other, &q));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, side));
-  xs_stream_pools *busy = xs_pairs_find_stream(a, other);
+  xs_pair *busy = xs_pairs_find_stream(a, other);
   XSEG_ASSERT_TRUE(busy != NULL);
   xt_latch *l = xt_latch_new();
   XSEG_ASSERT_CU(xt_latch_hold(side, l));
@@ -375,7 +375,7 @@ XSEG_TEST(alloc_threads, a_malloc_polls_other_streams_pending_frees_by_try) {
     XSEG_ASSERT_OK(xseg_free(a, q));
     XSEG_ASSERT_CU(cuStreamSynchronize(side));
     XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 2 * SIZE);
-    xs_stream_pools *busy =
+    xs_pair *busy =
         xs_pairs_find_stream(a, round == 0 ? third : other);
     XSEG_ASSERT_TRUE(busy != NULL);
     pd_op_arg m = {.a = a, .out = round == 0 ? &r : &r2, .size = SIZE,

@@ -333,7 +333,7 @@ XSEG_TEST(alloc_threads, a_new_allocator_never_gets_the_old_ones_pair) {
 /* In a child: holds a pair's lock as the cached path does, then asks for
    every lock (the stats), which must abort on the order's assert. */
 static void sh_out_of_order(xseg_allocator *a, CUstream s) {
-  xs_stream_pools *sp = xs_pairs_of_stream(a, s);
+  xs_pair *sp = xs_pairs_of_stream(a, s);
   if (sp == NULL) _exit(2);
   xs_pair_take(sp);
   xseg_stats st;
