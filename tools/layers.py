@@ -253,11 +253,26 @@ def calls(obj):
 
 def first_comment_line(path, name):
     """The first line of the comment just above the definition of `name`
-    in source file `path` ("" when there is none)."""
+    in source file `path`, or in a header beside it (an inline function
+    left out of line); "" when there is none."""
+    folder = os.path.dirname(path)
+    headers = sorted(os.path.join(folder, h) for h in os.listdir(folder)
+                     if h.endswith(".h"))
+    for source in [path] + headers:
+        line = comment_above(source, name)
+        if line is not None:
+            return line
+    return ""
+
+
+def comment_above(path, name):
+    """first_comment_line in one file: None when `name` is not defined
+    there."""
     with open(path, errors="replace") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
-        if line[:1].isspace() or not re.search(r"\b" + name + r"\(", line):
+        if line[:1].isspace() or \
+                not re.search(r"\b" + re.escape(name) + r"\(", line):
             continue
         rest = " ".join(lines[i:i + 12])
         body, decl = rest.find("{"), rest.find(";")
@@ -269,7 +284,7 @@ def first_comment_line(path, name):
         while j >= 0 and not lines[j].lstrip().startswith("/*"):
             j -= 1
         return lines[j] if j >= 0 else ""
-    return ""
+    return None
 
 
 def lock_problems(objs):
