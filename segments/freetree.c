@@ -134,14 +134,10 @@ void xs_freetree_insert(xs_freetree *t, xs_block *b) {
       t->tree_min = b;
   }
   t->count++;
-  t->bytes += b->size;
 }
 
 void xs_freetree_remove(xs_freetree *t, xs_block *b) {
-  assert(t->count > 0 && t->bytes >= b->size);
-  /* Apart from the count's update: together at the end, GCC joins them
-     in vector registers (nine instructions for two). */
-  t->bytes -= b->size;
+  assert(t->count > 0);
   if (freetree_binned(t, b->size)) {
     freebin_remove(t, freetree_bin_index(t, b->size), b);
   } else {
@@ -192,7 +188,6 @@ bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
 void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
                          xs_block *repl) {
   assert(!repl->allocated && "only free blocks are indexed");
-  assert(t->bytes >= old_size);
   assert(freetree_same_structure(t, old_size, repl->size) &&
          "xs_freetree_fits_at said so: the same bin, or the tree");
   if (repl != old && freetree_binned(t, old_size)) {
@@ -215,7 +210,6 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
     if (RB_RIGHT(old, link) != NULL)
       RB_PARENT(RB_RIGHT(old, link), link) = repl;
   }
-  t->bytes = t->bytes - old_size + repl->size;
 }
 
 xs_block *xs_freetree_largest(xs_freetree *t) {
@@ -245,7 +239,7 @@ xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
 /* ---- the validator ---------------------------------------------------- */
 
 typedef struct freetree_walk {
-  size_t count, bytes;
+  size_t count;
   char *msg;
   size_t msg_size;
 } freetree_walk;
@@ -264,7 +258,6 @@ static bool freetree_check_block(freetree_walk *w, const xs_block *prev,
     return false;
   }
   w->count++;
-  w->bytes += b->size;
   return true;
 }
 
@@ -357,10 +350,10 @@ bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size) {
        i = freetree_bin_from(t, i + 1))
     if (!freetree_check_bin(t, i, &w)) return false;
   if (!freetree_check_tree(t, &w)) return false;
-  if (w.count != t->count || w.bytes != t->bytes) {
+  if (w.count != t->count) {
     snprintf(msg, msg_size,
-             "free tree holds %zu blocks / %zu bytes but counts %zu / %zu",
-             w.count, w.bytes, t->count, t->bytes);
+             "free tree holds %zu blocks but counts %zu", w.count,
+             t->count);
     return false;
   }
   return true;

@@ -76,7 +76,6 @@ typedef struct xs_freetree {
                                    small request no bin holds (the
                                    repeated-size path's usual case) */
   size_t count;                 /* blocks in the index (bins and tree) */
-  size_t bytes;                 /* sum of their sizes */
   uint64_t bin_words;           /* bit w: bin_bits[w] != 0 */
   uint64_t bin_bits[XS_FREETREE_BIN_WORDS];  /* bit i % 64 of word i / 64:
                                                 bins[i] is not empty */
@@ -164,7 +163,7 @@ static inline bool xs_freetree_before(const xs_freetree *t, size_t size,
   if (size != b->size) return size < b->size;
   return size <= t->bin_limit || addr < b->addr;
 }
-/* Bins, bitmap, tree, order, count and bytes agree with a walk; `msg` gets
+/* Bins, bitmap, tree, order and count agree with a walk; `msg` gets
    the first problem. */
 bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
 
