@@ -32,6 +32,12 @@ typedef struct xb_micro {
   bool expandable;
 } xb_micro;
 
+/* One size of cached-mixed's sequence (micro_cached.c), drawn with
+   splitmix64 state *s: `pools` "both" (1 KiB .. 2 MiB - 1, one request in
+   11 above 1 MiB), "small" (1 KiB .. 1 MiB - 1) or "large" (above 1 MiB,
+   under 2 MiB). */
+uint32_t xb_mixed_size(const char *pools, uint64_t *s);
+
 /* Cached path: ns per malloc+free pair, median over rounds. */
 typedef struct xb_cached_row {
   const char *name;                 /* "cached-repeat", "cached-layers",

@@ -66,21 +66,27 @@ static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
    set, then per pair the victim's index and the new size. */
 typedef struct xb_churn {
   uint64_t live, pairs;
-  bool mixed;                       /* cached-mixed's sizes, else 1..4096 */
-  unsigned min_log, logs;           /* cached-mixed's exponents */
+  const char *mixed;                /* cached-mixed's pools (xb_mixed_size),
+                                       or NULL: sizes 1..4096 */
   uint32_t *init_size, *victim, *size;
   void **xseg_live, **glibc_live;
 } xb_churn;
 
-static uint32_t churn_size(const xb_churn *c, uint64_t *s) {
-  if (!c->mixed)
-    return (uint32_t)(xb_splitmix64(s) % XB_RANDOM_MAX_SIZE + 1);
+uint32_t xb_mixed_size(const char *pools, uint64_t *s) {
+  bool small = !strcmp(pools, "small"), large = !strcmp(pools, "large");
+  unsigned min_log = large ? 20 : XB_MIXED_MIN_LOG;
+  unsigned logs = large ? 1 : XB_MIXED_LOGS - small;
   uint64_t r = xb_splitmix64(s);
-  unsigned e = c->min_log + (unsigned)(r % c->logs);
+  unsigned e = min_log + (unsigned)(r % logs);
   uint64_t size = (1ull << e) + (r >> 8) % (1ull << e);
   /* 2^20 itself is the small pool's. */
-  return (uint32_t)(c->min_log == 20 && size == (1ull << 20) ? size + 1
-                                                             : size);
+  return (uint32_t)(large && size == (1ull << 20) ? size + 1 : size);
+}
+
+static uint32_t churn_size(const xb_churn *c, uint64_t *s) {
+  if (c->mixed == NULL)
+    return (uint32_t)(xb_splitmix64(s) % XB_RANDOM_MAX_SIZE + 1);
+  return xb_mixed_size(c->mixed, s);
 }
 
 static void churn_release(xb_churn *c) {
@@ -93,11 +99,7 @@ static void churn_release(xb_churn *c) {
 
 static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
                        const char *mixed, uint64_t seed) {
-  bool small = mixed != NULL && !strcmp(mixed, "small");
-  bool large = mixed != NULL && !strcmp(mixed, "large");
-  *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed != NULL,
-                  .min_log = large ? 20 : XB_MIXED_MIN_LOG,
-                  .logs = large ? 1 : XB_MIXED_LOGS - small};
+  *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed};
   c->init_size = malloc(live * sizeof *c->init_size);
   c->victim = malloc(pairs * sizeof *c->victim);
   c->size = malloc(pairs * sizeof *c->size);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "micro.h"
 #include "xseg_test.h"
 
 /* The JSON of `xseg-bench micro ARGS --json FILE` (malloc'd), or NULL when
@@ -75,6 +76,23 @@ XSEG_TEST(bench_micro, mixed_keeps_its_own_live_set) {
 XSEG_TEST(bench_micro, mixed_live_of_zero_is_refused) {
   const char *args[] = {"--only", "cached-mixed", "--mixed-live", "0"};
   XSEG_EXPECT_TRUE(micro_json(args, 4) == NULL);
+}
+
+/* cached-mixed's sizes: each pool's range, and both pools' together. */
+XSEG_TEST(bench_micro, mixed_sizes_stay_in_their_pools) {
+  const uint32_t mib = 1u << 20;
+  uint64_t s = 1;
+  uint32_t lo[3] = {UINT32_MAX, UINT32_MAX, UINT32_MAX}, hi[3] = {0, 0, 0};
+  const char *pools[] = {"small", "large", "both"};
+  for (int p = 0; p < 3; p++)
+    for (int i = 0; i < 20000; i++) {
+      uint32_t size = xb_mixed_size(pools[p], &s);
+      if (size < lo[p]) lo[p] = size;
+      if (size > hi[p]) hi[p] = size;
+    }
+  XSEG_EXPECT_TRUE(lo[0] >= 1024 && hi[0] < mib);        /* small pool */
+  XSEG_EXPECT_TRUE(lo[1] > mib && hi[1] < 2 * mib);      /* large pool */
+  XSEG_EXPECT_TRUE(lo[2] < 2048 && hi[2] > mib && hi[2] < 2 * mib);
 }
 
 /* --mixed-pools runs one pool's sizes alone; any other name is refused. */
