@@ -187,12 +187,13 @@ static inline __attribute__((always_inline)) bool alloc_refill_fits(
     const xseg_allocator *a, const xs_pair *sp, xs_pool_kind kind,
     size_t size, size_t rounded) {
   const xs_pool *p = &sp->pool[kind];
-  /* While a free is held (pending), active = allocation + held may pass
-     its peak at a malloc that only restores allocation: no refill then,
+  /* The caller found p's park the newest held back (alloc_malloc_refill). */
+  assert(sp->park_stats == p);
+  /* While a free is pending, active = allocation + pending may pass its
+     peak at a malloc that only restores allocation: no refill then,
      active's peak gets its look. (Read first: an atomic load makes the
      compiler read the pool's fields again.) */
   if (xs_alloc_has_pending(a)) return false;
-  if (sp->park_stats != p) return false;      /* not p's newest park */
   const xs_block *b = p->parked;
   assert(b != NULL && "a pool holding parks back has a run");
   if (b->size != rounded || b->requested != size) return false;
