@@ -82,8 +82,8 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   if (__builtin_expect(xs_alloc_capturing(a), 0)) {
     xseg_status st = alloc_capture_refresh_locked(a);
     if (st != XSEG_OK) return st;
-    xs_pair *sp = xs_capture_pools_locked(a, stream);
-    if (sp != NULL) return *out = sp, XSEG_OK;
+    xs_pair *pair = xs_capture_pools_locked(a, stream);
+    if (pair != NULL) return *out = pair, XSEG_OK;
   }
   if (own == NULL) return xs_pairs_lookup_locked(a, stream, out);
   assert(own->stream == stream && own->private_id == 0 && !own->dead);
@@ -98,16 +98,16 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
    keeps its own). `pending`: a free is pending (xs_alloc_has_pending, read
    once by the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
-    xseg_allocator *a, xs_pair *sp, xs_pool *p, xs_pool_kind kind,
+    xseg_allocator *a, xs_pair *pair, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
     bool pending) {
   (void)p;
-  assert(xs_pool_pair(p) == sp && p->kind == kind);
-  assert(xs_ptrtable_get(&sp->live, b->addr) == b);
-  XS_ASSERT_PAIR_LOCKED(a, sp);
+  assert(xs_pool_pair(p) == pair && p->kind == kind);
+  assert(xs_ptrtable_get(&pair->live, b->addr) == b);
+  XS_ASSERT_PAIR_LOCKED(a, pair);
   b->requested = size;
   b->stream = stream;
-  alloc_account_malloc(&sp->stats, b, kind, pending);
+  alloc_account_malloc(&pair->stats, b, kind, pending);
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow)
@@ -116,25 +116,25 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
 
 /* The same for a block taken from the free tree: its entry goes in (room
    in the pair's pointer table was reserved). */
-static inline void alloc_hand_out(xseg_allocator *a, xs_pair *sp,
+static inline void alloc_hand_out(xseg_allocator *a, xs_pair *pair,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow,
                                   bool pending) {
-  xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, p->kind, b, size, stream, slow, pending);
+  xs_ptrtable_add(&pair->live, b);
+  alloc_hand_out_listed(a, pair, p, p->kind, b, size, stream, slow, pending);
 }
 
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
                                       xs_pair *own, xs_block **out) {
-  xs_pair *sp;
-  xseg_status st = alloc_pools_locked(a, stream, own, &sp);
+  xs_pair *pair;
+  xseg_status st = alloc_pools_locked(a, stream, own, &pair);
   if (st != XSEG_OK) return st;
-  if (!xs_ptrtable_reserve(&sp->live))
+  if (!xs_ptrtable_reserve(&pair->live))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
-  xs_pool *p = &sp->pool[xs_alloc_kind(rounded)];
+  xs_pool *p = &pair->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
   if (st != XSEG_OK) return st;
@@ -184,11 +184,11 @@ static inline __attribute__((always_inline)) bool alloc_retake_fits(
    not apply; the cached path, alloc_retake, then pays what is held back
    and retakes, with the same result), then the moves. Pair lock held. */
 static inline __attribute__((always_inline)) bool alloc_refill_fits(
-    const xseg_allocator *a, const xs_pair *sp, xs_pool_kind kind,
+    const xseg_allocator *a, const xs_pair *pair, xs_pool_kind kind,
     size_t size, size_t rounded) {
-  const xs_pool *p = &sp->pool[kind];
+  const xs_pool *p = &pair->pool[kind];
   /* The caller found p's park the newest held back (alloc_malloc_refill). */
-  assert(sp->park_stats == p);
+  assert(pair->park_stats == p);
   /* While a free is pending, active = allocation + pending may pass its
      peak at a malloc that only restores allocation: no refill then,
      active's peak gets its look. (Read first: an atomic load makes the
@@ -204,23 +204,23 @@ static inline __attribute__((always_inline)) bool alloc_refill_fits(
     return false;
   /* The top of the merges: where every held-back merge of the pool took
      inactive_split_bytes, the other pool's held too. */
-  int64_t up = xs_park_held_split_bytes(sp, p);
+  int64_t up = xs_park_held_split_bytes(pair, p);
   if (up > 0 &&
-      !xs_park_split_under(&sp->stats, kind, up,
-                           xs_park_held_split_bytes(sp, &sp->pool[!kind])))
+      !xs_park_split_under(&pair->stats, kind, up,
+                           xs_park_held_split_bytes(pair, &pair->pool[!kind])))
     return false;
-  return xs_park_cancel_under(sp, kind);
+  return xs_park_cancel_under(pair, kind);
 }
 static inline __attribute__((always_inline)) xs_block *alloc_refill(
-    xs_pair *sp, xs_pool_kind kind, size_t size,
+    xs_pair *pair, xs_pool_kind kind, size_t size,
     struct CUstream_st *stream) {
-  xs_pool *p = &sp->pool[kind];
+  xs_pool *p = &pair->pool[kind];
   xs_block *b = p->parked;
   if (!xs_pool_retake_known(p)) xs_pool_retake_fits_found(p);
-  xs_park_owed_cancel(sp, p, kind);
-  xs_pool_retake_cancelled(p, &sp->stats, kind);
+  xs_park_owed_cancel(pair, p, kind);
+  xs_pool_retake_cancelled(p, &pair->stats, kind);
   b->requested = size;
-  alloc_account_refill(&sp->stats, b, kind);
+  alloc_account_refill(&pair->stats, b, kind);
   b->stream = stream;
   return b;
 }
@@ -232,17 +232,17 @@ static inline __attribute__((always_inline)) xs_block *alloc_refill(
    alloc_malloc_refill). NULL (nothing changed) otherwise: the caller
    settles and goes the usual way. */
 static inline __attribute__((always_inline)) xs_block *alloc_retake(
-    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *pair, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
-  xs_pool *p = &sp->pool[kind];
+  xs_pool *p = &pair->pool[kind];
   xs_block *b = p->parked;
   if (b == NULL || b->size != rounded) return NULL;
   if (!alloc_retake_fits(a, p, kind, rounded)) return NULL;
   /* Every park not counted yet (the other pool's, or this one's) goes
      in the stats before this one's moves. */
-  xs_park_owed_pay(sp);
-  xs_pool_retake_counted(p, &sp->stats, kind);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, pending);
+  xs_park_owed_pay(pair);
+  xs_pool_retake_counted(p, &pair->stats, kind);
+  alloc_hand_out_listed(a, pair, p, kind, b, size, stream, false, pending);
   return b;
 }
 
@@ -250,18 +250,18 @@ static inline __attribute__((always_inline)) xs_block *alloc_retake(
    the pool, no stats held back): NULL (the slow path's turn) on a
    miss. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
-    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *pair, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
-  if (!xs_ptrtable_reserve(&sp->live)) return NULL;
-  xs_pool *p = &sp->pool[kind];
+  if (!xs_ptrtable_reserve(&pair->live)) return NULL;
+  xs_pool *p = &pair->pool[kind];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return NULL;
   if (b->size > rounded && xs_alloc_splits(a, kind, b->size, rounded))
     xs_pool_take(p, b, rounded, true);
   else
-    xs_pool_take_whole(p, &sp->stats, kind, b);
-  xs_ptrtable_add(&sp->live, b);
-  alloc_hand_out_listed(a, sp, p, kind, b, size, stream, false, pending);
+    xs_pool_take_whole(p, &pair->stats, kind, b);
+  xs_ptrtable_add(&pair->live, b);
+  alloc_hand_out_listed(a, pair, p, kind, b, size, stream, false, pending);
   return b;
 }
 
@@ -272,45 +272,45 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
    may be left waiting: every lock completes them all. Out of line: only
    cross-stream frees make it. */
 static __attribute__((noinline)) bool alloc_cached_poll(xseg_allocator *a,
-                                                          xs_pair *sp) {
-  xs_alloc_poll_pair(a, sp);
-  return xs_alloc_pending_all_pair(a, sp) || xs_alloc_poll_others(a, sp);
+                                                          xs_pair *pair) {
+  xs_alloc_poll_pair(a, pair);
+  return xs_alloc_pending_all_pair(a, pair) || xs_alloc_poll_others(a, pair);
 }
 
-/* The cached malloc from pool `kind` of pair sp: its top taken back
+/* The cached malloc from pool `kind` of `pair`: its top taken back
    (alloc_retake), else its parked blocks settle and the best fit is
    taken. The other pool's parked blocks stay: only their stats, if held
    back, count first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached_in(
-    xseg_allocator *a, xs_pair *sp, xs_pool_kind kind, size_t size,
+    xseg_allocator *a, xs_pair *pair, xs_pool_kind kind, size_t size,
     size_t rounded, struct CUstream_st *stream, bool pending) {
-  xs_pool *p = &sp->pool[kind];
+  xs_pool *p = &pair->pool[kind];
   if (p->parked != NULL) {
-    xs_block *b = alloc_retake(a, sp, kind, size, rounded, stream, pending);
+    xs_block *b = alloc_retake(a, pair, kind, size, rounded, stream, pending);
     if (b != NULL) return b;
     xs_park_settle_pool(p);               /* counts what is held back */
   } else {
-    xs_park_owed_pay(sp);
+    xs_park_owed_pay(pair);
   }
-  return alloc_cached_fit(a, sp, kind, size, rounded, stream, pending);
+  return alloc_cached_fit(a, pair, kind, size, rounded, stream, pending);
 }
 
 /* The cached malloc, pair lock held: the block handed out, or NULL (the
    slow path's turn) on a miss. Pending frees of the pair are polled
    first. */
 static inline __attribute__((always_inline)) xs_block *alloc_cached(
-    xseg_allocator *a, xs_pair *sp, size_t size, size_t rounded,
+    xseg_allocator *a, xs_pair *pair, size_t size, size_t rounded,
     struct CUstream_st *stream) {
   bool pending = xs_alloc_has_pending(a);
   if (__builtin_expect(pending, 0)) {
-    if (!alloc_cached_poll(a, sp)) return NULL;
+    if (!alloc_cached_poll(a, pair)) return NULL;
     pending = xs_alloc_has_pending(a);
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   return xs_alloc_kind(rounded) == XS_POOL_SMALL
-             ? alloc_cached_in(a, sp, XS_POOL_SMALL, size, rounded, stream,
+             ? alloc_cached_in(a, pair, XS_POOL_SMALL, size, rounded, stream,
                                pending)
-             : alloc_cached_in(a, sp, XS_POOL_LARGE, size, rounded, stream,
+             : alloc_cached_in(a, pair, XS_POOL_LARGE, size, rounded, stream,
                                pending);
 }
 
@@ -377,9 +377,9 @@ static __attribute__((noinline)) xseg_status alloc_malloc_slow(
    In two steps: the checks (false, nothing changed, when it does not
    apply), then the moves. Neither calls anything. */
 static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
-    const xseg_allocator *a, xs_pair *sp, size_t size) {
+    const xseg_allocator *a, xs_pair *pair, size_t size) {
   const xs_pool_kind k = XS_POOL_SMALL;
-  xs_pool *p = &sp->pool[k];
+  xs_pool *p = &pair->pool[k];
   /* Held frees (any pair's) give active's peak a look: the cached path's,
      as do the pair's own pending frees, which are polled first. (Read first:
      an atomic load makes the compiler read the pool's fields again.) */
@@ -387,12 +387,12 @@ static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
   /* The parks not counted yet are the parked block's alone, in p: it is
      all that is parked (retake_known) and nothing is held in the other
      pool. */
-  if (sp->park_stats != p || sp->park_first != NULL) return false;
+  if (pair->park_stats != p || pair->park_first != NULL) return false;
   assert(p->parked != NULL);
   if (p->parked->requested != size) return false;
   if (!xs_pool_retake_known(p) ||
-      !xs_pool_retake_under_peaks(p, &sp->stats, k) ||
-      !xs_park_cancel_under(sp, k))
+      !xs_pool_retake_under_peaks(p, &pair->stats, k) ||
+      !xs_park_cancel_under(pair, k))
     return false;
   /* So the block is the request's size rounded, without a look: it was
      handed out last for `size` (its requested size), and retake_known, never
@@ -403,19 +403,19 @@ static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
   return true;
 }
 static inline __attribute__((always_inline)) void alloc_retake_repeated(
-    xs_pair *sp, size_t size, struct CUstream_st *stream) {
+    xs_pair *pair, size_t size, struct CUstream_st *stream) {
   const xs_pool_kind k = XS_POOL_SMALL;
-  xs_pool *p = &sp->pool[k];
+  xs_pool *p = &pair->pool[k];
   xs_block *b = p->parked;
-  xs_park_owed_cancel_alone(sp, p, k);
-  xs_pool_retake_under(p, &sp->stats, k);
+  xs_park_owed_cancel_alone(pair, p, k);
+  xs_pool_retake_under(p, &pair->stats, k);
   b->requested = size;
-  alloc_account_refill(&sp->stats, b, k);
+  alloc_account_refill(&pair->stats, b, k);
   b->stream = stream;
 }
 
-/* A malloc of a valid size (`rounded`: its rounding) with pair sp's lock
-   held (nothing else), its use counted already (sp->used_at, the
+/* A malloc of a valid size (`rounded`: its rounding) with `pair`'s lock
+   held (nothing else), its use counted already (pair->used_at, the
    thread's count: pairs' recency, as xs_pairs_use): the cached path
    (alloc_cached), else every lock. Out of line, for xseg_malloc's
    repeated size: that then makes no call but tail calls, and keeps its
@@ -423,20 +423,20 @@ static inline __attribute__((always_inline)) void alloc_retake_repeated(
    its order, so that its tail call leaves them where they are. */
 static __attribute__((noinline)) xseg_status alloc_malloc_pair(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
-    xs_pair *sp, size_t rounded) {
+    xs_pair *pair, size_t rounded) {
   xs_block *b = NULL;
-  if (xs_pair_cached_on(a, sp))
-    b = alloc_cached(a, sp, size, rounded, stream);
-  xs_pair_drop(sp);
+  if (xs_pair_cached_on(a, pair))
+    b = alloc_cached(a, pair, size, rounded, stream);
+  xs_pair_drop(pair);
   if (__builtin_expect(b != NULL, 1)) {
     xs_alloc_debug_after_cached(a);
     *ptr = (void *)(uintptr_t)b->addr;
     return XSEG_OK;
   }
-  return alloc_malloc_slow(a, size, rounded, stream, sp, ptr);
+  return alloc_malloc_slow(a, size, rounded, stream, pair, ptr);
 }
 
-/* A malloc of a valid size (`rounded`) with pair sp's lock held and its
+/* A malloc of a valid size (`rounded`) with `pair`'s lock held and its
    use counted, as alloc_malloc_pair's, the cached path allowed
    (xs_pair_cached_on): the refill (alloc_refill_fits), else
    alloc_malloc_pair. Out of line and apart from alloc_malloc_pair: the
@@ -444,31 +444,33 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
    with nothing held back passes through in a few instructions. */
 static __attribute__((noinline)) xseg_status alloc_malloc_refill(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr,
-    xs_pair *sp, size_t rounded) {
-  assert(xs_pair_cached_on(a, sp));
-  if (sp->park_stats == NULL)                 /* nothing held back */
-    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+    xs_pair *pair, size_t rounded) {
+  assert(xs_pair_cached_on(a, pair));
+  if (pair->park_stats == NULL)                 /* nothing held back */
+    return alloc_malloc_pair(a, size, stream, ptr, pair, rounded);
   xs_block *b = NULL;
-  if (sp->park_stats == &sp->pool[xs_alloc_kind(rounded)]) {
+  if (pair->park_stats == &pair->pool[xs_alloc_kind(rounded)]) {
     /* The kind a constant in each copy: the stats' offsets fold. */
     if (xs_alloc_kind(rounded) == XS_POOL_SMALL) {
-      if (alloc_refill_fits(a, sp, XS_POOL_SMALL, size, rounded))
-        b = alloc_refill(sp, XS_POOL_SMALL, size, stream);
-    } else if (alloc_refill_fits(a, sp, XS_POOL_LARGE, size, rounded)) {
-      b = alloc_refill(sp, XS_POOL_LARGE, size, stream);
+      if (alloc_refill_fits(a, pair, XS_POOL_SMALL, size, rounded))
+        b = alloc_refill(pair, XS_POOL_SMALL, size, stream);
+    } else if (alloc_refill_fits(a, pair, XS_POOL_LARGE, size, rounded)) {
+      b = alloc_refill(pair, XS_POOL_LARGE, size, stream);
     }
   }
   if (b == NULL)
-    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
+    return alloc_malloc_pair(a, size, stream, ptr, pair, rounded);
   *ptr = (void *)(uintptr_t)b->addr;
-  if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
-    return xs_alloc_wake_after_cached(a, sp);
+  if (__builtin_expect(!xs_pair_drop_wake_later(pair), 0))
+    return xs_alloc_wake_after_cached(a, pair);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
 }
 
-/* xseg_malloc's every case but the repeated size's. */
-static __attribute__((noinline)) xseg_status alloc_malloc_any(
+/* xseg_malloc's every case but the repeated size's: the request checked
+   and rounded, the stream's pair found in the stream index, then its
+   refill or cached path, else every lock (alloc_malloc_slow). */
+static __attribute__((noinline)) xseg_status alloc_malloc_find_pair(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0))
     return alloc_malloc_refused(a, size, ptr);
@@ -476,53 +478,53 @@ static __attribute__((noinline)) xseg_status alloc_malloc_any(
   /* 0 (overflow) wraps above the limit too. */
   if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
     return alloc_malloc_refused(a, size, ptr);
-  xs_pair *sp = xs_pairs_of_stream(a, stream);
+  xs_pair *pair = xs_pairs_of_stream(a, stream);
   /* No pair yet, or the slow flag up (a hint, read without the lock):
      every lock at once, not the pair's first. */
-  if (__builtin_expect(sp == NULL || xs_alloc_slow_hint(a), 0)) {
+  if (__builtin_expect(pair == NULL || xs_alloc_slow_hint(a), 0)) {
     xs_pairs_use();                       /* as with the pair lock */
-    return alloc_malloc_slow(a, size, rounded, stream, sp, ptr);
+    return alloc_malloc_slow(a, size, rounded, stream, pair, ptr);
   }
-  xs_pair_take(sp);
-  sp->used_at = xs_pairs_use();
-  if (__builtin_expect(!xs_pair_cached_on(a, sp), 0))
-    return alloc_malloc_pair(a, size, stream, ptr, sp, rounded);
-  return alloc_malloc_refill(a, size, stream, ptr, sp, rounded);
+  xs_pair_take(pair);
+  pair->used_at = xs_pairs_use();
+  if (__builtin_expect(!xs_pair_cached_on(a, pair), 0))
+    return alloc_malloc_pair(a, size, stream, ptr, pair, rounded);
+  return alloc_malloc_refill(a, size, stream, ptr, pair, rounded);
 }
 
 /* A size on the thread's last stream, its pair lock free: the repeated
    size's retake (alloc_retake_repeated), else the refill or the cached path
    with that lock (alloc_malloc_refill); anything else is
-   alloc_malloc_any's. */
+   alloc_malloc_find_pair's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   /* One test each: joined by ||, the compiler computes them as flags. */
   if (__builtin_expect(a == NULL, 0))
-    return alloc_malloc_any(a, size, stream, ptr);
+    return alloc_malloc_find_pair(a, size, stream, ptr);
   if (__builtin_expect(ptr == NULL, 0))
-    return alloc_malloc_any(a, size, stream, ptr);
+    return alloc_malloc_find_pair(a, size, stream, ptr);
   if (__builtin_expect(!alloc_rounds_plain(&a->cfg, size), 0))
-    return alloc_malloc_any(a, size, stream, ptr);
+    return alloc_malloc_find_pair(a, size, stream, ptr);
   /* One thread-local access: the use is counted first (a count that a
      fallback counts again only needs to grow). */
   xs_pairs_thread *t = xs_pairs_self();
   uint64_t use = ++t->uses;
-  xs_pair *sp = t->pair;
+  xs_pair *pair = t->pair;
   if (__builtin_expect(t->id != a->id || t->stream != stream, 0) ||
-      !xs_pair_try(sp))
-    return alloc_malloc_any(a, size, stream, ptr);
-  sp->used_at = use;
-  if (__builtin_expect(!xs_pair_cached_on(a, sp), 0))
-    return alloc_malloc_pair(a, size, stream, ptr, sp,
+      !xs_pair_try(pair))
+    return alloc_malloc_find_pair(a, size, stream, ptr);
+  pair->used_at = use;
+  if (__builtin_expect(!xs_pair_cached_on(a, pair), 0))
+    return alloc_malloc_pair(a, size, stream, ptr, pair,
                              alloc_round_plain(size));
-  if (__builtin_expect(!alloc_retake_repeated_fits(a, sp, size), 0))
-    return alloc_malloc_refill(a, size, stream, ptr, sp,
+  if (__builtin_expect(!alloc_retake_repeated_fits(a, pair, size), 0))
+    return alloc_malloc_refill(a, size, stream, ptr, pair,
                                alloc_round_plain(size));
   /* The address first: its register is free for the moves. */
-  *ptr = (void *)(uintptr_t)sp->pool[XS_POOL_SMALL].parked->addr;
-  alloc_retake_repeated(sp, size, stream);
-  if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
-    return xs_alloc_wake_after_cached(a, sp);
+  *ptr = (void *)(uintptr_t)pair->pool[XS_POOL_SMALL].parked->addr;
+  alloc_retake_repeated(pair, size, stream);
+  if (__builtin_expect(!xs_pair_drop_wake_later(pair), 0))
+    return xs_alloc_wake_after_cached(a, pair);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
 }

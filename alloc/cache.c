@@ -81,9 +81,9 @@ static xseg_status peer_grant_segment(xs_vmm *v, const xs_segment *s) {
 }
 
 static xseg_status peer_grant_all_locked(xseg_allocator *a) {
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next) {
+      for (xs_segment *s = pair->pool[k].segments; s != NULL; s = s->next) {
         xseg_status st = peer_grant_segment(&a->vmm, s);
         if (st != XSEG_OK) return st;
       }

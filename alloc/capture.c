@@ -34,9 +34,9 @@
    stream's allocation would not wait for. */
 static xs_pair *capture_pair_find(xseg_allocator *a, xseg_pool_id id,
                                   struct CUstream_st *stream) {
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->private_id == id && sp->stream == stream && !sp->released)
-      return sp;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    if (pair->private_id == id && pair->stream == stream && !pair->released)
+      return pair;
   return NULL;
 }
 
@@ -58,12 +58,12 @@ static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
                                       xs_pair **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
     goto oom;
-  xs_pair *sp = capture_pair_find(a, c.pool, c.stream);
-  if (sp == NULL && (sp = xs_pairs_new_locked(a, c.stream, c.pool)) == NULL)
+  xs_pair *pair = capture_pair_find(a, c.pool, c.stream);
+  if (pair == NULL && (pair = xs_pairs_new_locked(a, c.stream, c.pool)) == NULL)
     goto oom;
   a->captures[a->n_captures++] = c;
   a->n_implicit += c.implicit;
-  if (out != NULL) *out = sp;
+  if (out != NULL) *out = pair;
   return XSEG_OK;
 oom:
   return xs_error(XSEG_ERR_OUT_OF_MEMORY,
@@ -162,19 +162,19 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
 
 xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
   xseg_status st = xs_capture_refresh_locked(a);
-  for (xs_pair *sp = a->streams; st == XSEG_OK && sp != NULL;
-       sp = sp->next) {
-    if (sp->private_id != 0 || capture_of_stream(a, sp->stream) != NULL)
+  for (xs_pair *pair = a->streams; st == XSEG_OK && pair != NULL;
+       pair = pair->next) {
+    if (pair->private_id != 0 || capture_of_stream(a, pair->stream) != NULL)
       continue;
     bool active = false, id_known = false;
     uint64_t id = 0;
     /* A failed query (other than a destroyed stream's, which reads as
        not capturing) only means this one is not, and must not stop the
        pass. */
-    if (capture_query(a, sp->stream, &active, &id_known, &id) != XSEG_OK ||
+    if (capture_query(a, pair->stream, &active, &id_known, &id) != XSEG_OK ||
         !active)
       continue;
-    xs_capture c = {.stream = sp->stream, .pool = XSEG_CAPTURE_POOL(id),
+    xs_capture c = {.stream = pair->stream, .pool = XSEG_CAPTURE_POOL(id),
                     .capture_id = id, .implicit = true};
     st = capture_add_locked(a, c, NULL);
   }
@@ -228,8 +228,8 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
 }
 
 static bool capture_pool_exists(const xseg_allocator *a, xseg_pool_id pool) {
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    if (sp->private_id == pool && !sp->released) return true;
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    if (pair->private_id == pool && !pair->released) return true;
   return false;
 }
 
@@ -258,8 +258,8 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
   else   /* as PyTorch's releasePool: the next release pass (empty_cache,
             garbage collection, growth at the device limit) takes the free
             memory of each of its streams' pairs */
-    for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-      if (sp->private_id == pool) sp->released = true;
+    for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+      if (pair->private_id == pool) pair->released = true;
   xs_alloc_leave(a);
   return st;
 }

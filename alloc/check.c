@@ -122,19 +122,19 @@ static bool check_disjoint(check_ctx *c) {
 /* Each pair's pointer table holds exactly its allocated blocks. */
 static bool check_table(check_ctx *c, xseg_allocator *a) {
   size_t count = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (!xs_ptrtable_is_valid(&sp->live, c->msg, sizeof c->msg)) return false;
-    for (size_t i = 0; i <= sp->live.mask; i++) {
-      const xs_block *b = sp->live.slot[i].block;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (!xs_ptrtable_is_valid(&pair->live, c->msg, sizeof c->msg)) return false;
+    for (size_t i = 0; i <= pair->live.mask; i++) {
+      const xs_block *b = pair->live.slot[i].block;
       if (b != NULL && (!b->allocated || b->pending))
         CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
                    b->pending ? "pending" : "free",
                    (unsigned long long)b->addr);
-      if (b != NULL && xs_pool_pair(b->seg->pool) != sp)
+      if (b != NULL && xs_pool_pair(b->seg->pool) != pair)
         CHECK_FAIL(c, "block 0x%llx is in another pair's pointer table",
                    (unsigned long long)b->addr);
     }
-    count += sp->live.count;
+    count += pair->live.count;
   }
   if (count != c->walk.allocated)
     CHECK_FAIL(c, "pointer tables hold %zu blocks, segments %zu allocated",
@@ -149,18 +149,18 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
   size_t n = 0;
   const xs_stream_index *x = atomic_load(&a->stream_index);
   size_t nx = x != NULL ? atomic_load(&x->n) : 0;
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (sp->dead) CHECK_FAIL(c, "a dead pair is in the list");
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (pair->dead) CHECK_FAIL(c, "a dead pair is in the list");
     bool found = false;
-    for (size_t i = 0; i < a->n_order; i++) found |= a->order[i] == sp;
+    for (size_t i = 0; i < a->n_order; i++) found |= a->order[i] == pair;
     if (!found) CHECK_FAIL(c, "pair of stream %p is not in the lock order",
-                           (void *)sp->stream);
+                           (void *)pair->stream);
     bool indexed = false;
     for (size_t i = 0; i < nx; i++)
-      indexed |= x->entry[i].pair == sp && x->entry[i].stream == sp->stream;
-    if (indexed != (sp->private_id == 0))
+      indexed |= x->entry[i].pair == pair && x->entry[i].stream == pair->stream;
+    if (indexed != (pair->private_id == 0))
       CHECK_FAIL(c, "pair of stream %p (pool %llu) is %s the stream index",
-                 (void *)sp->stream, (unsigned long long)sp->private_id,
+                 (void *)pair->stream, (unsigned long long)pair->private_id,
                  indexed ? "in" : "not in");
     n++;
   }
@@ -174,11 +174,11 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
     CHECK_FAIL(c, "%zu pairs listed, %zu counted, %zu in lock order, %zu "
                "in the stream index", n, a->n_pairs, alive, nx);
   size_t spares = 0;
-  for (const xs_pair *sp = a->spare; sp != NULL; sp = sp->next) {
-    if (!sp->dead) CHECK_FAIL(c, "a spare pair is not dead");
+  for (const xs_pair *pair = a->spare; pair != NULL; pair = pair->next) {
+    if (!pair->dead) CHECK_FAIL(c, "a spare pair is not dead");
     spares++;
   }
-  for (const xs_pair *sp = a->dying; sp != NULL; sp = sp->next)
+  for (const xs_pair *pair = a->dying; pair != NULL; pair = pair->next)
     spares++;
   if (n + spares != a->pair_structs)
     CHECK_FAIL(c, "%zu pairs alive and %zu gone, %zu made", n, spares,
@@ -193,10 +193,10 @@ static bool check_pairs(check_ctx *c, xseg_allocator *a) {
 
 /* What one pair's walk found, against its own shard: the gauges that only
    its blocks move. */
-static bool check_shard(check_ctx *c, const xs_pair *sp,
+static bool check_shard(check_ctx *c, const xs_pair *pair,
                         const xs_segment_walk *before) {
   const xs_segment_walk *w = &c->walk;
-  const xs_stats *s = &sp->stats;
+  const xs_stats *s = &pair->stats;
   struct {
     xs_gauge g;
     size_t want;
@@ -213,7 +213,7 @@ static bool check_shard(check_ctx *c, const xs_pair *sp,
   for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
     if (xs_stats_current(s, rules[i].g) != (int64_t)rules[i].want)
       CHECK_FAIL(c, "pair of stream %p: its shard's gauge %d is %lld, its "
-                 "walk finds %zu", (void *)sp->stream, (int)rules[i].g,
+                 "walk finds %zu", (void *)pair->stream, (int)rules[i].g,
                  (long long)xs_stats_current(s, rules[i].g), rules[i].want);
   return true;
 }
@@ -287,19 +287,19 @@ static bool check_block_streams(check_ctx *c, const xs_block *b,
 static bool check_pending(check_ctx *c, xseg_allocator *a) {
   uint64_t events = 0, queued = 0;
   size_t eventless = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    queued += sp->pending.entries;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    queued += pair->pending.entries;
     size_t pending = 0;
     for (int k = 0; k < 2; k++)
-      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
+      for (xs_segment *s = pair->pool[k].segments; s != NULL; s = s->next)
         for (xs_block *b = s->first; b != NULL; b = b->next) {
           if (!check_block_streams(c, b, &events, &eventless)) return false;
           pending += b->pending;
         }
-    size_t counted = atomic_load(&sp->n_pending);
+    size_t counted = atomic_load(&pair->n_pending);
     if (pending != counted)
       CHECK_FAIL(c, "the pair of stream %p counts %zu pending blocks, its "
-                 "segments hold %zu", (void *)sp->stream, counted, pending);
+                 "segments hold %zu", (void *)pair->stream, counted, pending);
   }
   /* Blocks that other processes hold wait on no event either. */
   if (events != queued ||
@@ -314,11 +314,11 @@ static bool check_pending(check_ctx *c, xseg_allocator *a) {
 
 static bool check_all(check_ctx *c, xseg_allocator *a) {
   size_t rcap = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     xs_segment_walk before = c->walk;
     for (int k = 0; k < 2; k++)
-      if (!check_pool(c, &sp->pool[k], &rcap)) return false;
-    if (!check_shard(c, sp, &before)) return false;
+      if (!check_pool(c, &pair->pool[k], &rcap)) return false;
+    if (!check_shard(c, pair, &before)) return false;
   }
   xs_stats *sum = malloc(sizeof *sum);
   if (sum == NULL) CHECK_FAIL(c, "out of host memory");

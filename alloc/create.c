@@ -88,9 +88,9 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out) {
 static void destroy_report_live_locked(xseg_allocator *a) {
   size_t n = xs_alloc_live_count_locked(a);
   if (n == 0) return;
-  const xs_pair *sp = a->streams;
-  while (sp->live.count == 0) sp = sp->next;
-  const xs_ptrtable_slot *slot = sp->live.slot;
+  const xs_pair *pair = a->streams;
+  while (pair->live.count == 0) pair = pair->next;
+  const xs_ptrtable_slot *slot = pair->live.slot;
   while (slot->addr == 0) slot++;
   const xs_block *some = slot->block;
   int64_t bytes = xs_alloc_current(a, XS_GAUGE_allocated_bytes);
@@ -114,9 +114,9 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
     a->n_implicit = 0;
     xs_alloc_complete_frees_locked(a, true);
   }
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
+      for (xs_segment *s = pair->pool[k].segments; s != NULL; s = s->next)
         for (xs_block *b = s->first; b != NULL; b = b->next)
           xs_stream_set_clear(&b->uses);
 }
@@ -132,16 +132,16 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
    serves none. */
 static void destroy_guards(xseg_allocator *a) {
   bool failed = false;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (sp->guard.safe >= sp->clock) continue;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (pair->guard.safe >= pair->clock) continue;
     CUstreamCaptureMode mode;
     xseg_status st = xs_capture_mode_relax(a, &mode);
     if (st != XSEG_OK) {
       failed = true;
       continue;
     }
-    st = xs_guard_advance(&sp->guard, &a->events, sp->stream, sp->clock,
-                          sp->clock, true);
+    st = xs_guard_advance(&pair->guard, &a->events, pair->stream, pair->clock,
+                          pair->clock, true);
     xs_capture_mode_restore(a, mode);
     failed |= st != XSEG_OK;
   }
@@ -163,16 +163,16 @@ void xseg_destroy(xseg_allocator *a) {
   destroy_pending_locked(a, entered);
   if (entered) destroy_guards(a);
   xs_ipc_destroy_locked(a, entered);
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    for (int k = 0; k < 2; k++) xs_pool_destroy(&sp->pool[k]);
-    xs_guard_drop(&sp->guard, &a->events);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    for (int k = 0; k < 2; k++) xs_pool_destroy(&pair->pool[k]);
+    xs_guard_drop(&pair->guard, &a->events);
   }
   xs_vmm_alias_destroy(&a->vmm);        /* after the pools' unmaps */
   xs_vmm_unreleased_destroy(&a->vmm);   /* after the pools' releases */
   if (entered) {
-    for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-      xs_pending_destroy(&sp->pending);
-      xs_event_pool_destroy(&sp->events);
+    for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+      xs_pending_destroy(&pair->pending);
+      xs_event_pool_destroy(&pair->events);
     }
     xs_event_pool_destroy(&a->events);
     xs_vmm_ctx_leave(&a->vmm, saved);

@@ -62,14 +62,14 @@ static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
    caller looks for it under every lock, which settles parked blocks. */
 static bool record_in_pair(xseg_allocator *a, uint64_t addr,
                            struct CUstream_st *stream, xseg_status *st) {
-  xs_pair *sp = xs_ranges_find(a, addr);
-  if (sp == NULL) return false;
-  xs_pair_take(sp);
-  size_t slot = sp->dead ? SIZE_MAX : xs_ptrtable_find(&sp->live, addr);
-  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
+  xs_pair *pair = xs_ranges_find(a, addr);
+  if (pair == NULL) return false;
+  xs_pair_take(pair);
+  size_t slot = pair->dead ? SIZE_MAX : xs_ptrtable_find(&pair->live, addr);
+  xs_block *b = slot != SIZE_MAX ? pair->live.slot[slot].block : NULL;
   bool live = b != NULL && b->allocated;
   if (live) *st = record_use(b, stream);
-  xs_pair_drop(sp);
+  xs_pair_drop(pair);
   if (live) xs_alloc_debug_after_cached(a);
   return live;
 }
@@ -249,13 +249,13 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   }
   if (a->n_deferred != 0) st = deferred_record_unrecorded(a);
   xseg_status qs = XSEG_OK;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (sp->pending.entries == 0) continue;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (pair->pending.entries == 0) continue;
     xseg_status e;
     if (wait)
-      xs_pending_drain(&sp->pending, deferred_fired, a, &e);
+      xs_pending_drain(&pair->pending, deferred_fired, a, &e);
     else
-      xs_pending_poll(&sp->pending, deferred_fired, a, &e);
+      xs_pending_poll(&pair->pending, deferred_fired, a, &e);
     if (qs == XSEG_OK) qs = e;
   }
   xs_capture_mode_restore(a, mode);
@@ -263,37 +263,37 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
   return st != XSEG_OK ? st : qs;
 }
 
-void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *sp) {
+void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair) {
   assert(!xs_alloc_capturing(a) && "captures send mallocs the slow way");
-  XS_ASSERT_PAIR_LOCKED(a, sp);
-  if (sp->pending.entries == 0) return;
+  XS_ASSERT_PAIR_LOCKED(a, pair);
+  if (pair->pending.entries == 0) return;
   /* Completions give blocks back to their pools: settled pools. */
-  xs_park_settle_pair(sp);
+  xs_park_settle_pair(pair);
   CUcontext saved;
   if (xs_vmm_ctx_enter(&a->vmm, &saved) != XSEG_OK) return;
   /* Captures xseg does not know of may be under way (capture_mode.c). */
   CUstreamCaptureMode mode;
   if (xs_capture_mode_relax(a, &mode) == XSEG_OK) {
     xseg_status e;
-    xs_pending_poll(&sp->pending, deferred_fired, a, &e);
+    xs_pending_poll(&pair->pending, deferred_fired, a, &e);
     xs_capture_mode_restore(a, mode);
   }
   xs_vmm_ctx_leave(&a->vmm, saved);
 }
 
-bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *sp) {
-  XS_ASSERT_PAIR_LOCKED(a, sp);
-  size_t seen = atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *pair) {
+  XS_ASSERT_PAIR_LOCKED(a, pair);
+  size_t seen = atomic_load_explicit(&pair->n_pending, memory_order_relaxed);
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_acquire);
   size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_acquire) : 0;
   for (size_t i = 0; i < n; i++) {
     xs_pair *q = x->entry[i].pair;
-    if (q == sp ||
+    if (q == pair ||
         atomic_load_explicit(&q->n_pending, memory_order_relaxed) == 0)
       continue;
     if (!xs_pair_try_second(q)) return false;
-    /* A stream's pair never dies; the slow flag was down for sp's. */
+    /* A stream's pair never dies; the slow flag was down for `pair`'s. */
     assert(!q->dead);
     xs_alloc_poll_pair(a, q);
     seen += atomic_load_explicit(&q->n_pending, memory_order_relaxed);

@@ -40,20 +40,20 @@ static inline void xs_alloc_pending_count(xseg_allocator *a, xs_block *b,
   atomic_fetch_add_explicit(&a->pending_bytes, sign * (int64_t)b->size,
                             memory_order_relaxed);
 }
-/* Whether every pending block is pair sp's (its lock held). */
+/* Whether every pending block is `pair`'s (its lock held). */
 static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
-                                             const xs_pair *sp) {
+                                             const xs_pair *pair) {
   return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
-         atomic_load_explicit(&sp->n_pending, memory_order_relaxed);
+         atomic_load_explicit(&pair->n_pending, memory_order_relaxed);
 }
 /* The cached malloc's share of PyTorch's process_events for the other
-   streams' pairs, pair sp's lock held (deferred.c): each one with pending
+   streams' pairs, `pair`'s lock held (deferred.c): each one with pending
    frees is taken by a try of its lock (never a wait, so the lock order
    holds) and polls its own. True when every pending block is then
    accounted for, each still waiting on its events; false (the malloc
    takes every lock and completes them all) when a pair was busy, or
    pending blocks sit in pairs the stream index lacks (private pools). */
-bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *sp);
+bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *pair);
 /* The cross-stream free of live block b (recorded streams, not shared)
    with its pair's lock held and no capture under way that xseg knows of
    (the cached path: deferred.c): queued behind an event on each of its
@@ -64,10 +64,10 @@ bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *sp);
    cannot be read, or host memory runs out. Enters the context. */
 xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
                                      bool *later);
-/* Frees the pending blocks of pair sp whose events fired (queries only),
+/* Frees the pending blocks of `pair` whose events fired (queries only),
    its lock held and no capture under way (the cached malloc, as PyTorch's
    process_events), its parked blocks merged first; nothing when none is
    queued. A failed query leaves them waiting. Enters the context. */
-void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *sp);
+void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair);
 
 #endif /* XS_ALLOC_DEFERRED_H */

@@ -39,8 +39,8 @@ static inline void xs_alloc_debug_after_cached(xseg_allocator *a) {
    -fipa-ra), where an external one clobbers every caller-saved register,
    which costs the cached paths 4 instructions a pair. */
 static __attribute__((noinline, cold, unused)) xseg_status
-xs_alloc_wake_after_cached(xseg_allocator *a, xs_pair *sp) {
-  xs_lock_wake(&sp->lock);
+xs_alloc_wake_after_cached(xseg_allocator *a, xs_pair *pair) {
+  xs_lock_wake(&pair->lock);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
 }

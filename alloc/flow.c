@@ -135,22 +135,22 @@ static xseg_status flow_create(xseg_allocator *a, size_t g, size_t want,
    merge with; the hole itself is unmapped and so never a donor. */
 static size_t flow_own_locked(xseg_allocator *a, xs_pool *p, const xs_place *pl,
                               size_t want, size_t max, uint64_t *handles) {
-  xs_pair *sp = xs_pool_pair(p);
+  xs_pair *pair = xs_pool_pair(p);
   if (want == 0 || xs_alloc_capturing(a)) return 0;
-  xs_alloc_guard_advance_locked(a, sp, false);  /* failing: fewer handles */
-  uint64_t lend_upto = sp->private_id == 0 ? UINT64_MAX : 0;
-  return xs_phys_take_locked(a, sp, p, pl->seg->granule, want, max, pl->keep,
+  xs_alloc_guard_advance_locked(a, pair, false);  /* failing: fewer handles */
+  uint64_t lend_upto = pair->private_id == 0 ? UINT64_MAX : 0;
+  return xs_phys_take_locked(a, pair, p, pl->seg->granule, want, max, pl->keep,
                              lend_upto, handles);
 }
 
-/* The pair used just less recently than `sp` (NULL: the least recently
+/* The pair used just less recently than `pair` (NULL: the least recently
    used one; the list is most recently used first). Quadratic in the
    streams, which are few. */
 static xs_pair *flow_before(const xseg_allocator *a,
-                            const xs_pair *sp) {
-  if (a->streams == sp) return NULL;
+                            const xs_pair *pair) {
+  if (a->streams == pair) return NULL;
   xs_pair *q = a->streams;
-  while (q->next != sp) q = q->next;
+  while (q->next != pair) q = q->next;
   return q;
 }
 
@@ -186,26 +186,26 @@ static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
   xseg_status st = xs_capture_sweep_locked(a);
   if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
   xs_alloc_complete_frees_locked(a, false);
-  for (xs_pair *sp = flow_before(a, NULL); sp != NULL && got < want;
-       sp = flow_before(a, sp)) {
-    if (sp == own || !xs_pools_reclaimable(sp) ||
-        !flow_donor_quiet_locked(a, sp))
+  for (xs_pair *pair = flow_before(a, NULL); pair != NULL && got < want;
+       pair = flow_before(a, pair)) {
+    if (pair == own || !xs_pools_reclaimable(pair) ||
+        !flow_donor_quiet_locked(a, pair))
       continue;
     /* An idle donor proves itself with one query; a busy one gets a guard
        event for a later pass and gives what was already safe. */
-    xs_alloc_guard_advance_locked(a, sp, false);
-    xs_alloc_retire_aliases_locked(a, sp);
-    got += xs_phys_take_locked(a, sp, NULL, granule, want - got,
+    xs_alloc_guard_advance_locked(a, pair, false);
+    xs_alloc_retire_aliases_locked(a, pair);
+    got += xs_phys_take_locked(a, pair, NULL, granule, want - got,
                                max - got, NULL, 0, handles + got);
   }
-  for (xs_pair *sp = flow_before(a, NULL); sp != NULL && got < want;
-       sp = flow_before(a, sp)) {
-    if (sp == own || !xs_pools_reclaimable(sp) ||
-        !flow_donor_quiet_locked(a, sp))
+  for (xs_pair *pair = flow_before(a, NULL); pair != NULL && got < want;
+       pair = flow_before(a, pair)) {
+    if (pair == own || !xs_pools_reclaimable(pair) ||
+        !flow_donor_quiet_locked(a, pair))
       continue;
-    unsigned pools = flow_may_steal(a, own, sp, granule);
+    unsigned pools = flow_may_steal(a, own, pair, granule);
     if (pools != 0)
-      got += xs_phys_steal_locked(a, own, sp, pools, granule, want - got,
+      got += xs_phys_steal_locked(a, own, pair, pools, granule, want - got,
                                   max - got, handles + got);
   }
   if (got > 0) own->took_at = xs_alloc_frees_locked(a);

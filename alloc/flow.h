@@ -48,11 +48,11 @@ xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
 
 /* ---- the acts (physical.c) ---------------------------------------------- */
 
-/* Whole free handles of sp's pools (`first` first, then its sibling),
+/* Whole free handles of `pair`'s pools (`first` first, then its sibling),
    granules of `granule` bytes, at least `want` if there are, at most
    `max`: those the guard has passed are unmapped, those freed at or below
    `lend_upto` lent (segments/release.c). `keep` is never cut. */
-size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *sp,
+size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *pair,
                            xs_pool *first, size_t granule, size_t want,
                            size_t max, const xs_block *keep,
                            uint64_t lend_upto, uint64_t *handles);

@@ -21,17 +21,17 @@
 #include "alloc/thread.h"
 #include "vmm/error.h"
 
-/* A block of pair sp whose last use is over: stamped, and traced when
+/* A block of `pair` whose last use is over: stamped, and traced when
    `slow` (tracing sends the cached path the slow way, pairs.c). `t`: the
    calling thread's xs_pairs_tls (one access for a caller that has it). */
 static inline __attribute__((always_inline)) void alloc_stamp(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_block *b,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair, xs_block *b,
     bool slow) {
   assert(slow || a->trace.cap == 0);
   if (slow)
-    xs_pair_stamp(a, sp, b);
+    xs_pair_stamp(a, pair, b);
   else
-    b->free_epoch = xs_pair_tick(t, sp);
+    b->free_epoch = xs_pair_tick(t, pair);
 }
 
 /* Parks b, freed, in its pool p (of `kind`, given apart as in
@@ -43,12 +43,12 @@ static inline __attribute__((always_inline)) void alloc_stamp(
    holding them back would hide a rise above a threshold: the caller
    counts them at once (xs_park_owed_pay), once it is parked. */
 static inline __attribute__((always_inline)) bool alloc_park(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   /* Read before the stores, which the compiler cannot tell from them. */
-  bool first = p->parked == NULL, older = sp->park_stats != NULL;
-  alloc_stamp(a, t, sp, b, slow);
-  bool held = xs_park_owe(sp, p, kind, b, a->n_pairs > 1, first, older);
+  bool first = p->parked == NULL, older = pair->park_stats != NULL;
+  alloc_stamp(a, t, pair, b, slow);
+  bool held = xs_park_owe(pair, p, kind, b, a->n_pairs > 1, first, older);
   xs_pool_park(p, b, first);
   return held;
 }
@@ -57,11 +57,11 @@ static inline __attribute__((always_inline)) bool alloc_park(
    when their order allows (park.h, xs_park_may_hold), else counted first;
    a merge that would pass a threshold unseen counts at once, crossing. */
 static inline __attribute__((always_inline)) void alloc_park_held_back(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
-  if (!xs_park_may_hold(sp, p)) xs_park_owed_pay(sp);
-  if (__builtin_expect(!alloc_park(a, t, sp, p, kind, b, slow), 0))
-    xs_park_owed_pay(sp);
+  if (!xs_park_may_hold(pair, p)) xs_park_owed_pay(pair);
+  if (__builtin_expect(!alloc_park(a, t, pair, p, kind, b, slow), 0))
+    xs_park_owed_pay(pair);
 }
 
 /* A live block's free that needs nothing outside its pair (no recorded
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void alloc_park_held_back(
    `slow`: with every lock held, the only way traced. `t`: the calling
    thread's xs_pairs_tls (alloc_stamp). */
 static inline __attribute__((always_inline)) bool alloc_give_plain(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, xs_pool *p,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair, xs_pool *p,
     xs_pool_kind kind, xs_block *b, bool slow) {
   assert(b->seg->pool == p && p->kind == kind);
   /* Looked at once, before the stores that the compiler cannot tell from
@@ -79,16 +79,16 @@ static inline __attribute__((always_inline)) bool alloc_give_plain(
   unsigned merges = xs_pool_merges(b);
   if (merges != XS_MERGE_NEXT) {          /* not parkable */
     /* The parks held back count before this free's moves. */
-    xs_park_owed_pay(sp);
-    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
-    alloc_stamp(a, t, sp, b, slow);
+    xs_park_owed_pay(pair);
+    xs_alloc_account_free(&pair->stats, kind, b->size, b->requested);
+    alloc_stamp(a, t, pair, b, slow);
     if (merges == 0)
-      xs_pool_give_alone(p, &sp->stats, kind, b);
+      xs_pool_give_alone(p, &pair->stats, kind, b);
     else
       xs_pool_give(p, b);
     return false;
   }
-  alloc_park_held_back(a, t, sp, p, kind, b, slow);
+  alloc_park_held_back(a, t, pair, p, kind, b, slow);
   return true;
 }
 
@@ -121,23 +121,23 @@ static xseg_status alloc_give_block_locked(xseg_allocator *a, xs_block *b,
 static xseg_status alloc_free_slow(xseg_allocator *a, void *ptr);
 
 /* The cached free of live block b, used on other streams, `slot` in the
-   pointer table of pair sp, whose lock is held and dropped here: pending
+   pointer table of `pair`, whose lock is held and dropped here: pending
    behind their events, its entry out of the table, unless recording them
    fails (its status, nothing changed) or one of its streams captures
    (then the free parks, with every lock). The pair's parked blocks merge
    first, as completions may give blocks back to their pools. Out of line:
    the plain free's registers stay few. */
 static __attribute__((noinline)) xseg_status alloc_free_deferred(
-    xseg_allocator *a, xs_pair *sp, xs_block *b, size_t slot) {
-  if (xs_pair_parked(sp)) {
-    xs_park_settle_pair(sp);                 /* entries after b's may move */
-    slot = xs_ptrtable_find(&sp->live, b->addr);
+    xseg_allocator *a, xs_pair *pair, xs_block *b, size_t slot) {
+  if (xs_pair_parked(pair)) {
+    xs_park_settle_pair(pair);                 /* entries after b's may move */
+    slot = xs_ptrtable_find(&pair->live, b->addr);
   }
   bool later;
   xseg_status st = xs_alloc_defer_free_pair(a, b, &later);
-  if (st == XSEG_OK && !later) xs_ptrtable_remove_at(&sp->live, slot);
+  if (st == XSEG_OK && !later) xs_ptrtable_remove_at(&pair->live, slot);
   void *ptr = (void *)(uintptr_t)b->addr;
-  xs_pair_drop(sp);
+  xs_pair_drop(pair);
   /* One of its streams captures: the free waits unrecorded, with every
      lock. */
   if (__builtin_expect(st == XSEG_OK && later, 0))
@@ -152,10 +152,10 @@ static __attribute__((noinline)) xseg_status alloc_free_deferred(
    (nothing changed) when there is none or its free needs more than the
    pair. `t` as alloc_give_plain's. */
 static inline __attribute__((always_inline)) bool alloc_free_cached(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair,
     size_t slot) {
   if (slot == SIZE_MAX) return false;
-  xs_block *b = sp->live.slot[slot].block;
+  xs_block *b = pair->live.slot[slot].block;
   /* A parked block (freed twice) is the slow path's to report. */
   if (!b->allocated) return false;
   assert(b->uses.n == 0);
@@ -168,14 +168,14 @@ static inline __attribute__((always_inline)) bool alloc_free_cached(
   if (__builtin_expect(p->parked != NULL, 0) &&
       (p->parked != b->next || !xs_pool_parkable(b))) {
     xs_park_settle_pool(p);
-    slot = xs_ptrtable_find(&sp->live, b->addr);
+    slot = xs_ptrtable_find(&pair->live, b->addr);
   }
   /* The kind a constant in each copy: the stats' offsets fold. */
   bool parked =
       p->kind == XS_POOL_SMALL
-          ? alloc_give_plain(a, t, sp, p, XS_POOL_SMALL, b, false)
-          : alloc_give_plain(a, t, sp, p, XS_POOL_LARGE, b, false);
-  if (!parked) xs_ptrtable_remove_at(&sp->live, slot);
+          ? alloc_give_plain(a, t, pair, p, XS_POOL_SMALL, b, false)
+          : alloc_give_plain(a, t, pair, p, XS_POOL_LARGE, b, false);
+  if (!parked) xs_ptrtable_remove_at(&pair->live, slot);
   return true;
 }
 
@@ -207,13 +207,13 @@ static __attribute__((noinline)) xseg_status alloc_free_slow(
   return st;
 }
 
-/* Where the cached free finds addr in pair sp's pointer table, pair lock
+/* Where the cached free finds addr in `pair`'s pointer table, pair lock
    held: SIZE_MAX when absent or when the cached path may not run. */
 static inline size_t alloc_free_slot(const xseg_allocator *a,
-                                     const xs_pair *sp,
+                                     const xs_pair *pair,
                                      uint64_t addr) {
-  return xs_pair_cached_on(a, sp)
-             ? xs_ptrtable_find(&sp->live, addr)
+  return xs_pair_cached_on(a, pair)
+             ? xs_ptrtable_find(&pair->live, addr)
              : SIZE_MAX;
 }
 
@@ -225,36 +225,36 @@ static inline size_t alloc_free_slot(const xseg_allocator *a,
    moves. Pair lock held. NULL when it does not apply: alloc_free_last_pair
    then does what it would. */
 static inline __attribute__((always_inline)) xs_block *alloc_park_repeated(
-    xs_pair *sp, uint64_t addr) {
-  xs_block *b = xs_pool_parkable_again(&sp->pool[XS_POOL_SMALL], addr);
-  if (b == NULL || sp->park_stats != NULL) return NULL;
+    xs_pair *pair, uint64_t addr) {
+  xs_block *b = xs_pool_parkable_again(&pair->pool[XS_POOL_SMALL], addr);
+  if (b == NULL || pair->park_stats != NULL) return NULL;
   /* Recording a use forgets the block (deferred.c, record_use). */
-  assert(b->uses.n == 0 && xs_ptrtable_get(&sp->live, addr) == b);
+  assert(b->uses.n == 0 && xs_ptrtable_get(&pair->live, addr) == b);
   return b;
 }
 
 /* The repeated size's park when holding its stats back would hide a rise
    above a threshold (alloc_park): they count now; the pair lock drops. */
 static __attribute__((noinline, cold)) xseg_status alloc_park_pay_now(
-    xseg_allocator *a, xs_pair *sp) {
-  xs_park_owed_pay(sp);
-  xs_pair_drop(sp);
+    xseg_allocator *a, xs_pair *pair) {
+  xs_park_owed_pay(pair);
+  xs_pair_drop(pair);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
 }
 
-/* A free with pair sp's lock held (nothing else), the block in `slot` of
+/* A free with `pair`'s lock held (nothing else), the block in `slot` of
    its pointer table (alloc_free_slot): the cached path
    (alloc_free_cached), else every lock. `t`: the calling thread's
    xs_pairs_tls. */
 static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
-    xseg_allocator *a, xs_pairs_thread *t, xs_pair *sp, void *ptr,
+    xseg_allocator *a, xs_pairs_thread *t, xs_pair *pair, void *ptr,
     size_t slot) {
-  xs_block *b = slot != SIZE_MAX ? sp->live.slot[slot].block : NULL;
+  xs_block *b = slot != SIZE_MAX ? pair->live.slot[slot].block : NULL;
   if (__builtin_expect(b != NULL && b->allocated && b->uses.n != 0, 0))
-    return alloc_free_deferred(a, sp, b, slot);
-  bool done = alloc_free_cached(a, t, sp, slot);
-  xs_pair_drop(sp);
+    return alloc_free_deferred(a, pair, b, slot);
+  bool done = alloc_free_cached(a, t, pair, slot);
+  xs_pair_drop(pair);
   if (__builtin_expect(done, 1)) {
     xs_alloc_debug_after_cached(a);
     return XSEG_OK;
@@ -262,8 +262,10 @@ static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
   return alloc_free_slow(a, ptr);
 }
 
-/* xseg_free's every case but the repeated size's. */
-static __attribute__((noinline)) xseg_status alloc_free_any(
+/* xseg_free's every case but the repeated size's: the block's pair found
+   by its address in the range table, then its cached path
+   (alloc_free_pair), else every lock (alloc_free_slow). */
+static __attribute__((noinline)) xseg_status alloc_free_find_pair(
     xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
     if (a == NULL)
@@ -274,12 +276,12 @@ static __attribute__((noinline)) xseg_status alloc_free_any(
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   /* The slow flag up (a hint, read without the lock): every lock at
      once, not the pair's first. */
-  xs_pair *sp =
+  xs_pair *pair =
       xs_alloc_slow_hint(a) ? NULL : xs_ranges_find(a, addr);
-  if (__builtin_expect(sp == NULL, 0)) return alloc_free_slow(a, ptr);
-  xs_pair_take(sp);
-  return alloc_free_pair(a, xs_pairs_self(), sp, ptr,
-                         alloc_free_slot(a, sp, addr));
+  if (__builtin_expect(pair == NULL, 0)) return alloc_free_slow(a, ptr);
+  xs_pair_take(pair);
+  return alloc_free_pair(a, xs_pairs_self(), pair, ptr,
+                         alloc_free_slot(a, pair, addr));
 }
 
 /* The live block at ptr if it is the one just before the top of p's run,
@@ -297,60 +299,60 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
   return b;
 }
 
-/* A free with pair sp's lock held, sp the thread's last (not the repeated
-   size's): alloc_free_pair when the block is one of the pair's, else the
-   range table decides (alloc_free_any). Out of line: xseg_free then makes
-   no call but tail calls, and keeps its values in scratch registers (its
-   arguments first, as alloc_malloc_pair's). */
+/* A free with `pair`'s lock held, `pair` the thread's last (not the
+   repeated size's): alloc_free_pair when the block is one of the pair's,
+   else the range table decides (alloc_free_find_pair). Out of line:
+   xseg_free then makes no call but tail calls, and keeps its values in
+   scratch registers (its arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_last_pair(
-    xseg_allocator *a, void *ptr, xs_pair *sp, xs_pairs_thread *t) {
+    xseg_allocator *a, void *ptr, xs_pair *pair, xs_pairs_thread *t) {
   /* A free in reverse order of allocation: the block just before the
      top of the run parked last (the pool whose parks are held back
      newest) parks on it, found without the pointer table. */
-  xs_pool *p = sp->park_stats;
-  if (p != NULL && xs_pair_cached_on(a, sp)) {
+  xs_pool *p = pair->park_stats;
+  if (p != NULL && xs_pair_cached_on(a, pair)) {
     xs_block *b = alloc_park_onto(p, ptr);
     if (b != NULL) {
       /* The kind a constant in each copy: the stats' offsets fold. */
       if (p->kind == XS_POOL_SMALL)
-        alloc_park_held_back(a, t, sp, p, XS_POOL_SMALL, b, false);
+        alloc_park_held_back(a, t, pair, p, XS_POOL_SMALL, b, false);
       else
-        alloc_park_held_back(a, t, sp, p, XS_POOL_LARGE, b, false);
-      xs_pair_drop(sp);
+        alloc_park_held_back(a, t, pair, p, XS_POOL_LARGE, b, false);
+      xs_pair_drop(pair);
       xs_alloc_debug_after_cached(a);
       return XSEG_OK;
     }
   }
-  size_t slot = alloc_free_slot(a, sp, (uint64_t)(uintptr_t)ptr);
+  size_t slot = alloc_free_slot(a, pair, (uint64_t)(uintptr_t)ptr);
   if (__builtin_expect(slot != SIZE_MAX, 1))
-    return alloc_free_pair(a, t, sp, ptr, slot);
+    return alloc_free_pair(a, t, pair, ptr, slot);
   /* Another pair's block, or none. */
-  xs_pair_drop(sp);
-  return alloc_free_any(a, ptr);
+  xs_pair_drop(pair);
+  return alloc_free_find_pair(a, ptr);
 }
 
 /* The pair of the thread's last malloc first (the block's, when a stream
    frees what it allocated), its lock free: the repeated size's park
    (alloc_park_repeated), else alloc_free_last_pair with that lock.
-   Anything else goes by the range table (alloc_free_any). */
+   Anything else goes by the range table (alloc_free_find_pair). */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
     xs_pairs_thread *t = xs_pairs_self();
-    xs_pair *sp = t->pair;
-    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(sp)) {
-      xs_block *b = xs_pair_cached_on(a, sp)
-                        ? alloc_park_repeated(sp, (uint64_t)(uintptr_t)ptr)
+    xs_pair *pair = t->pair;
+    if (__builtin_expect(t->id == a->id, 1) && xs_pair_try(pair)) {
+      xs_block *b = xs_pair_cached_on(a, pair)
+                        ? alloc_park_repeated(pair, (uint64_t)(uintptr_t)ptr)
                         : NULL;
       if (__builtin_expect(b == NULL, 0))
-        return alloc_free_last_pair(a, ptr, sp, t);
-      bool held = alloc_park(a, t, sp, &sp->pool[XS_POOL_SMALL],
+        return alloc_free_last_pair(a, ptr, pair, t);
+      bool held = alloc_park(a, t, pair, &pair->pool[XS_POOL_SMALL],
                              XS_POOL_SMALL, b, false);
-      if (__builtin_expect(!held, 0)) return alloc_park_pay_now(a, sp);
-      if (__builtin_expect(!xs_pair_drop_wake_later(sp), 0))
-        return xs_alloc_wake_after_cached(a, sp);
+      if (__builtin_expect(!held, 0)) return alloc_park_pay_now(a, pair);
+      if (__builtin_expect(!xs_pair_drop_wake_later(pair), 0))
+        return xs_alloc_wake_after_cached(a, pair);
       xs_alloc_debug_after_cached(a);
       return XSEG_OK;
     }
   }
-  return alloc_free_any(a, ptr);
+  return alloc_free_find_pair(a, ptr);
 }

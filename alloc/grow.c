@@ -80,11 +80,11 @@ static xseg_status grow_expandable_locked(xseg_allocator *a, xs_pool *p,
   xs_place pl;
   /* Retired aliases become holes before a placement is chosen (never
      after: one merging into the chosen hole would free it). */
-  xs_pair *sp = xs_pool_pair(p);
+  xs_pair *pair = xs_pool_pair(p);
   if (!xs_alloc_capturing(a) &&
-      (sp->pool[0].n_retiring != 0 || sp->pool[1].n_retiring != 0)) {
-    xs_alloc_guard_advance_locked(a, sp, false);
-    xs_alloc_retire_aliases_locked(a, sp);
+      (pair->pool[0].n_retiring != 0 || pair->pool[1].n_retiring != 0)) {
+    xs_alloc_guard_advance_locked(a, pair, false);
+    xs_alloc_retire_aliases_locked(a, pair);
   }
   if (!xs_pool_place(p, rounded, &pl)) {
     size_t g = a->granule[p->kind];

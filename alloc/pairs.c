@@ -53,21 +53,21 @@ uint64_t xs_pairs_new_id(void) {
 }
 
 #ifndef NDEBUG
-void xs_pair_held(xs_pair *sp, bool taken, int nth) {
+void xs_pair_held(xs_pair *pair, bool taken, int nth) {
   assert((nth == 1 || nth == 2) && !pairs_held.all);
   if (taken) {
     assert(pairs_held.pairs == nth - 1 &&
            "lock order: the cached path holds one pair lock and nothing "
            "else, and a second one only beside it, by a try");
     pairs_held.pairs = nth;
-    if (nth == 1) pairs_held.last = sp->order;
-    sp->owner = pthread_self();
-    sp->owned = true;
+    if (nth == 1) pairs_held.last = pair->order;
+    pair->owner = pthread_self();
+    pair->owned = true;
     return;
   }
-  assert(sp->owned && pthread_equal(sp->owner, pthread_self()) &&
+  assert(pair->owned && pthread_equal(pair->owner, pthread_self()) &&
          (nth == 1 || pairs_held.pairs == 2));
-  sp->owned = false;
+  pair->owned = false;
   pairs_held.pairs = nth - 1;
   if (nth == 1) pairs_held.last = 0;
 }
@@ -87,11 +87,11 @@ xs_pair *xs_pairs_find_stream(xseg_allocator *a,
   size_t n = atomic_load_explicit(&x->n, memory_order_acquire);
   for (size_t i = 0; i < n; i++) {
     if (x->entry[i].stream == stream) {
-      xs_pair *sp = x->entry[i].pair;
+      xs_pair *pair = x->entry[i].pair;
       xs_pairs_tls.id = a->id;
       xs_pairs_tls.stream = stream;
-      xs_pairs_tls.pair = sp;
-      return sp;
+      xs_pairs_tls.pair = pair;
+      return pair;
     }
   }
   return NULL;
@@ -99,7 +99,7 @@ xs_pair *xs_pairs_find_stream(xseg_allocator *a,
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing
    changed). */
-static bool pairs_index_stream(xseg_allocator *a, xs_pair *sp) {
+static bool pairs_index_stream(xseg_allocator *a, xs_pair *pair) {
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_relaxed);
   size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_relaxed)
@@ -115,7 +115,7 @@ static bool pairs_index_stream(xseg_allocator *a, xs_pair *sp) {
     atomic_store_explicit(&a->stream_index, y, memory_order_release);
     x = y;
   }
-  x->entry[n] = (xs_stream_entry){sp->stream, sp};
+  x->entry[n] = (xs_stream_entry){pair->stream, pair};
   atomic_store_explicit(&x->n, n + 1, memory_order_release);
   return true;
 }
@@ -128,29 +128,29 @@ _Static_assert(offsetof(xs_pair, lock) == 0 &&
                "a spare pair's reset keeps its lock: the lock comes first");
 
 static xs_pair *pairs_memory(xseg_allocator *a) {
-  xs_pair *sp = a->spare;
-  if (sp != NULL) {
-    assert(sp->dead);
-    a->spare = sp->next;
-    xs_lock_take(&sp->lock);
-    memset((char *)sp + offsetof(xs_pair, dead), 0,
-           sizeof *sp - offsetof(xs_pair, dead));
-    return sp;
+  xs_pair *pair = a->spare;
+  if (pair != NULL) {
+    assert(pair->dead);
+    a->spare = pair->next;
+    xs_lock_take(&pair->lock);
+    memset((char *)pair + offsetof(xs_pair, dead), 0,
+           sizeof *pair - offsetof(xs_pair, dead));
+    return pair;
   }
-  sp = xs_lines_alloc(sizeof *sp);
-  if (sp == NULL) return NULL;
-  memset(sp, 0, sizeof *sp);
-  atomic_init(&sp->lock.state, 1);
+  pair = xs_lines_alloc(sizeof *pair);
+  if (pair == NULL) return NULL;
+  memset(pair, 0, sizeof *pair);
+  atomic_init(&pair->lock.state, 1);
   a->pair_structs++;
-  return sp;
+  return pair;
 }
 
 /* Gives back what pairs_memory gave when the pair could not be made. */
-static void pairs_memory_back(xseg_allocator *a, xs_pair *sp) {
-  sp->dead = true;
-  sp->next = a->spare;
-  a->spare = sp;
-  xs_lock_drop(&sp->lock);
+static void pairs_memory_back(xseg_allocator *a, xs_pair *pair) {
+  pair->dead = true;
+  pair->next = a->spare;
+  a->spare = pair;
+  xs_lock_drop(&pair->lock);
 }
 
 xs_pair *xs_pairs_new_locked(xseg_allocator *a,
@@ -159,97 +159,97 @@ xs_pair *xs_pairs_new_locked(xseg_allocator *a,
   XS_ASSERT_LOCKED(a);
   if (!XS_ARRAY_RESERVE(a->order, a->order_cap, a->n_order + 1, 8))
     return NULL;
-  xs_pair *sp = pairs_memory(a);
-  if (sp == NULL) return NULL;
+  xs_pair *pair = pairs_memory(a);
+  if (pair == NULL) return NULL;
   /* Born locked: dropped with the others at xs_alloc_leave. */
-  sp->stream = stream;
-  sp->private_id = private_id;
-  if (!xs_ptrtable_init(&sp->live)) {
-    pairs_memory_back(a, sp);
+  pair->stream = stream;
+  pair->private_id = private_id;
+  if (!xs_ptrtable_init(&pair->live)) {
+    pairs_memory_back(a, pair);
     return NULL;
   }
-  if (private_id == 0 && !pairs_index_stream(a, sp)) {
-    xs_ptrtable_destroy(&sp->live);
-    pairs_memory_back(a, sp);
+  if (private_id == 0 && !pairs_index_stream(a, pair)) {
+    xs_ptrtable_destroy(&pair->live);
+    pairs_memory_back(a, pair);
     return NULL;
   }
-  sp->order = ++a->next_order;
-  a->order[a->n_order++] = sp;        /* the newest: last in lock order */
+  pair->order = ++a->next_order;
+  a->order[a->n_order++] = pair;        /* the newest: last in lock order */
   for (int k = 0; k < 2; k++) {
-    xs_pool *p = &sp->pool[k];
-    xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &sp->blocks,
-                 &sp->stats, k == XS_POOL_SMALL ? sp->small_bins : NULL);
+    xs_pool *p = &pair->pool[k];
+    xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &pair->blocks,
+                 &pair->stats, k == XS_POOL_SMALL ? pair->small_bins : NULL);
     p->safe_epoch = 0;           /* the guard vouches for nothing yet */
     p->on_unmap = pairs_trace_unmap;
     p->on_unmap_ctx = &a->trace;
   }
-  xs_stats_group_add(&a->stats, &sp->stats);
-  xs_event_pool_init(&sp->events, &a->vmm);
-  xs_pending_init(&sp->pending, &sp->events);
-  sp->used_at = xs_pairs_use();
-  sp->next = a->streams;
-  a->streams = sp;
+  xs_stats_group_add(&a->stats, &pair->stats);
+  xs_event_pool_init(&pair->events, &a->vmm);
+  xs_pending_init(&pair->pending, &pair->events);
+  pair->used_at = xs_pairs_use();
+  pair->next = a->streams;
+  a->streams = pair;
   a->n_pairs++;
 #ifndef NDEBUG
-  sp->owner = pthread_self();
-  sp->owned = true;
+  pair->owner = pthread_self();
+  pair->owned = true;
 #endif
-  return sp;
+  return pair;
 }
 
-void xs_pairs_free_locked(xseg_allocator *a, xs_pair *sp) {
+void xs_pairs_free_locked(xseg_allocator *a, xs_pair *pair) {
   XS_ASSERT_LOCKED(a);
-  assert(sp->private_id != 0 && "a stream's own pair stays (stream index)");
-  assert(sp->pool[0].segments == NULL && sp->pool[1].segments == NULL);
-  assert(!xs_pair_parked(sp) && sp->live.count == 0);
-  xs_guard_drop(&sp->guard, &a->events);
+  assert(pair->private_id != 0 && "a stream's own pair stays (stream index)");
+  assert(pair->pool[0].segments == NULL && pair->pool[1].segments == NULL);
+  assert(!xs_pair_parked(pair) && pair->live.count == 0);
+  xs_guard_drop(&pair->guard, &a->events);
   /* No pending block without a segment: its queues are empty, and its
      idle events serve the allocator's guards. */
-  xs_pending_destroy(&sp->pending);
-  xs_event_pool_absorb(&a->events, &sp->events);
+  xs_pending_destroy(&pair->pending);
+  xs_event_pool_absorb(&a->events, &pair->events);
   xs_pair **link = &a->streams;
-  while (*link != sp) link = &(*link)->next;
-  *link = sp->next;
-  xs_stats_group_remove(&a->stats, &sp->stats, &a->shared_stats);
-  a->frees_gone += sp->frees;
-  xs_ptrtable_destroy(&sp->live);
-  xs_blocks_destroy(&sp->blocks);
-  sp->dead = true;
-  sp->cached_off = true;
+  while (*link != pair) link = &(*link)->next;
+  *link = pair->next;
+  xs_stats_group_remove(&a->stats, &pair->stats, &a->shared_stats);
+  a->frees_gone += pair->frees;
+  xs_ptrtable_destroy(&pair->live);
+  xs_blocks_destroy(&pair->blocks);
+  pair->dead = true;
+  pair->cached_off = true;
   a->n_pairs--;
   /* Still in `order`, its lock held: the unlock drops it and makes it a
      spare. */
-  sp->next = a->dying;
-  a->dying = sp;
+  pair->next = a->dying;
+  a->dying = pair;
 }
 
-void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *sp) {
+void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair) {
   XS_ASSERT_LOCKED(a);
-  sp->used_at = xs_pairs_use();
-  if (sp == a->streams) return;          /* most recently used goes first */
+  pair->used_at = xs_pairs_use();
+  if (pair == a->streams) return;          /* most recently used goes first */
   xs_pair **link = &a->streams;
-  while (*link != sp) link = &(*link)->next;
-  *link = sp->next;
-  sp->next = a->streams;
-  a->streams = sp;
+  while (*link != pair) link = &(*link)->next;
+  *link = pair->next;
+  pair->next = a->streams;
+  a->streams = pair;
 }
 
 xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
                                    struct CUstream_st *stream,
                                    xs_pair **out) {
-  xs_pair *sp = a->streams;
-  while (sp != NULL && (sp->stream != stream || sp->private_id != 0))
-    sp = sp->next;
-  if (sp == NULL) {
-    sp = xs_pairs_new_locked(a, stream, 0);
-    if (sp == NULL)
+  xs_pair *pair = a->streams;
+  while (pair != NULL && (pair->stream != stream || pair->private_id != 0))
+    pair = pair->next;
+  if (pair == NULL) {
+    pair = xs_pairs_new_locked(a, stream, 0);
+    if (pair == NULL)
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                       "out of host memory for the pools of stream %p",
                       (void *)stream);
   } else {
-    xs_pairs_touch_locked(a, sp);
+    xs_pairs_touch_locked(a, pair);
   }
-  *out = sp;
+  *out = pair;
   return XSEG_OK;
 }
 
@@ -266,13 +266,13 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
       return owner->live.slot[i].block;
     }
   }
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    size_t i = xs_ptrtable_find(&sp->live, addr);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    size_t i = xs_ptrtable_find(&pair->live, addr);
     if (i != SIZE_MAX) {
-      assert(sp->live.slot[i].block->allocated &&
+      assert(pair->live.slot[i].block->allocated &&
              "every lock taken: nothing is parked");
       *slot = i;
-      return sp->live.slot[i].block;
+      return pair->live.slot[i].block;
     }
   }
   return NULL;
@@ -280,21 +280,21 @@ xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
 
 uint64_t xs_alloc_frees_locked(const xseg_allocator *a) {
   uint64_t n = a->frees_gone;
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    n += sp->frees;
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    n += pair->frees;
   return n;
 }
 
 size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
   size_t n = 0;
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    n += sp->live.count;
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    n += pair->live.count;
   return n;
 }
 
 static inline void pairs_settle(xseg_allocator *a) {
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    xs_park_settle_pair(sp);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    xs_park_settle_pair(pair);
 }
 
 void xs_pairs_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
@@ -303,47 +303,47 @@ void xs_pairs_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
    the stats' offsets fold), oldest first: each one's free, then its
    merge, as they would have counted at once. */
 static inline __attribute__((always_inline)) void pairs_pay_pool(
-    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *pair, xs_pool *p, xs_pool_kind kind) {
   const xs_block *last = p->park_rest;
-  for (xs_block *b = sp->park_oldest[kind];; b = b->prev) {
-    xs_alloc_account_free(&sp->stats, kind, b->size, b->requested);
+  for (xs_block *b = pair->park_oldest[kind];; b = b->prev) {
+    xs_alloc_account_free(&pair->stats, kind, b->size, b->requested);
     b->requested = 0;
-    xs_pool_split_swap(&sp->stats, kind, xs_pool_merge_rest(b, last),
+    xs_pool_split_swap(&pair->stats, kind, xs_pool_merge_rest(b, last),
                        xs_pool_merge_whole(b, last));
     if (b == p->parked) break;
   }
 }
 
-void xs_park_owed_pay_now(xs_pair *sp) {
-  if (sp->park_owed_published) {
+void xs_park_owed_pay_now(xs_pair *pair) {
+  if (pair->park_owed_published) {
     for (int k = 0; k < 2; k++)
-      xs_park_owed_clear(&sp->stats, (xs_pool_kind)k);
-    sp->park_owed_published = false;
+      xs_park_owed_clear(&pair->stats, (xs_pool_kind)k);
+    pair->park_owed_published = false;
   }
   /* The older run first; the kind a constant in each copy. */
-  for (xs_pool *p = sp->park_first ? sp->park_first : sp->park_stats;;
-       p = sp->park_stats) {
+  for (xs_pool *p = pair->park_first ? pair->park_first : pair->park_stats;;
+       p = pair->park_stats) {
     if (p->kind == XS_POOL_SMALL)
-      pairs_pay_pool(sp, p, XS_POOL_SMALL);
+      pairs_pay_pool(pair, p, XS_POOL_SMALL);
     else
-      pairs_pay_pool(sp, p, XS_POOL_LARGE);
-    if (p == sp->park_stats) break;
+      pairs_pay_pool(pair, p, XS_POOL_LARGE);
+    if (p == pair->park_stats) break;
   }
-  sp->park_first = sp->park_stats = NULL;
+  pair->park_first = pair->park_stats = NULL;
 }
 
 /* The list in recency order (see the top): an insertion sort, the list
    being short and mostly in order already. */
 void xs_pairs_sort_by_use_locked(xseg_allocator *a) {
   XS_ASSERT_LOCKED(a);
-  xs_pair *sorted = NULL, *sp = a->streams;
-  while (sp != NULL) {
-    xs_pair *next = sp->next, **link = &sorted;
-    while (*link != NULL && (*link)->used_at >= sp->used_at)
+  xs_pair *sorted = NULL, *pair = a->streams;
+  while (pair != NULL) {
+    xs_pair *next = pair->next, **link = &sorted;
+    while (*link != NULL && (*link)->used_at >= pair->used_at)
       link = &(*link)->next;
-    sp->next = *link;
-    *link = sp;
-    sp = next;
+    pair->next = *link;
+    *link = pair;
+    pair = next;
   }
   a->streams = sorted;
 }
@@ -380,20 +380,20 @@ void xs_pairs_unlock_all(xseg_allocator *a) {
      and those born since. Pairs gone meanwhile leave it now. */
   size_t kept = 0;
   for (size_t i = 0; i < a->n_order; i++) {
-    xs_pair *sp = a->order[i];
+    xs_pair *pair = a->order[i];
 #ifndef NDEBUG
-    sp->owned = false;
+    pair->owned = false;
 #endif
-    sp->cached_off = slow || sp->dead;
-    if (!sp->dead) a->order[kept++] = sp;
-    xs_lock_drop(&sp->lock);
+    pair->cached_off = slow || pair->dead;
+    if (!pair->dead) a->order[kept++] = pair;
+    xs_lock_drop(&pair->lock);
   }
   a->n_order = kept;
   while (a->dying != NULL) {
-    xs_pair *sp = a->dying;
-    a->dying = sp->next;
-    sp->next = a->spare;
-    a->spare = sp;
+    xs_pair *pair = a->dying;
+    a->dying = pair->next;
+    pair->next = a->spare;
+    a->spare = pair;
   }
   xs_lock_drop(&a->lock);
 }
@@ -401,19 +401,19 @@ void xs_pairs_unlock_all(xseg_allocator *a) {
 /* Frees a list of pairs gone (their tables and caches went with them). */
 static void pairs_free_gone(xs_pair **list) {
   while (*list != NULL) {
-    xs_pair *sp = *list;
-    *list = sp->next;
-    free(sp);
+    xs_pair *pair = *list;
+    *list = pair->next;
+    free(pair);
   }
 }
 
 void xs_pairs_unlock_destroyed(xseg_allocator *a) {
-  for (xs_pair *sp = a->streams; sp != NULL;) {
-    xs_pair *next = sp->next;
-    xs_ptrtable_destroy(&sp->live);
-    xs_blocks_destroy(&sp->blocks);
-    free(sp);
-    sp = next;
+  for (xs_pair *pair = a->streams; pair != NULL;) {
+    xs_pair *next = pair->next;
+    xs_ptrtable_destroy(&pair->live);
+    xs_blocks_destroy(&pair->blocks);
+    free(pair);
+    pair = next;
   }
   a->streams = NULL;
   xs_stream_index *x =

@@ -44,8 +44,8 @@
 
 /* Whose memory a release pass may take: a stream's own pools, and private
    pools once released; never a private pool still in use. */
-static inline bool xs_pools_reclaimable(const xs_pair *sp) {
-  return sp->private_id == 0 || sp->released;
+static inline bool xs_pools_reclaimable(const xs_pair *pair) {
+  return pair->private_id == 0 || pair->released;
 }
 
 /* The pair a pool belongs to. */
@@ -54,9 +54,9 @@ static inline xs_pair *xs_pool_pair(xs_pool *p) {
                      offsetof(xs_pair, pool));
 }
 
-/* Whether either pool of sp has parked blocks (lazy merging). */
-static inline bool xs_pair_parked(const xs_pair *sp) {
-  return sp->pool[0].parked != NULL || sp->pool[1].parked != NULL;
+/* Whether either pool of `pair` has parked blocks (lazy merging). */
+static inline bool xs_pair_parked(const xs_pair *pair) {
+  return pair->pool[0].parked != NULL || pair->pool[1].parked != NULL;
 }
 
 /* The pair lock alone, for the cached malloc and free: debug builds
@@ -65,60 +65,60 @@ static inline bool xs_pair_parked(const xs_pair *sp) {
    holds no other lock of this allocator's), and a second one only beside
    it, by a try (`nth` 2). */
 #ifndef NDEBUG
-void xs_pair_held(xs_pair *sp, bool taken, int nth);
-#define XS_PAIR_HELD(sp, taken, nth) xs_pair_held(sp, taken, nth)
+void xs_pair_held(xs_pair *pair, bool taken, int nth);
+#define XS_PAIR_HELD(pair, taken, nth) xs_pair_held(pair, taken, nth)
 #else
-#define XS_PAIR_HELD(sp, taken, nth) ((void)(nth))
+#define XS_PAIR_HELD(pair, taken, nth) ((void)(nth))
 #endif
-static inline void xs_pair_take(xs_pair *sp) {
-  xs_lock_take(&sp->lock);
-  XS_PAIR_HELD(sp, true, 1);
+static inline void xs_pair_take(xs_pair *pair) {
+  xs_lock_take(&pair->lock);
+  XS_PAIR_HELD(pair, true, 1);
 }
-static inline void xs_pair_drop(xs_pair *sp) {
-  XS_PAIR_HELD(sp, false, 1);
-  xs_lock_drop(&sp->lock);
+static inline void xs_pair_drop(xs_pair *pair) {
+  XS_PAIR_HELD(pair, false, 1);
+  xs_lock_drop(&pair->lock);
 }
 /* The pair's lock if it is free (false: busy), as the nth held. */
-static inline bool xs_pair_try_nth(xs_pair *sp, int nth) {
-  if (!xs_lock_try(&sp->lock)) return false;
-  XS_PAIR_HELD(sp, true, nth);
+static inline bool xs_pair_try_nth(xs_pair *pair, int nth) {
+  if (!xs_lock_try(&pair->lock)) return false;
+  XS_PAIR_HELD(pair, true, nth);
   return true;
 }
 /* For the repeated size's path (alloc.c, free.c): takes the pair lock
    only if it is free; xs_pair_drop_wake_later drops it. */
-static inline bool xs_pair_try(xs_pair *sp) {
-  return xs_pair_try_nth(sp, 1);
+static inline bool xs_pair_try(xs_pair *pair) {
+  return xs_pair_try_nth(pair, 1);
 }
 /* A second pair's lock while holding one, by a try alone (a wait there
    could deadlock): false when it is busy. */
-static inline bool xs_pair_try_second(xs_pair *sp) {
-  return xs_pair_try_nth(sp, 2);
+static inline bool xs_pair_try_second(xs_pair *pair) {
+  return xs_pair_try_nth(pair, 2);
 }
-static inline void xs_pair_drop_second(xs_pair *sp) {
-  XS_PAIR_HELD(sp, false, 2);
-  xs_lock_drop(&sp->lock);
+static inline void xs_pair_drop_second(xs_pair *pair) {
+  XS_PAIR_HELD(pair, false, 2);
+  xs_lock_drop(&pair->lock);
 }
 /* Drops the pair lock without waking a waiter: false when there is one,
    which the caller then wakes (xs_lock_wake). */
-static inline bool xs_pair_drop_wake_later(xs_pair *sp) {
-  XS_PAIR_HELD(sp, false, 1);
-  return xs_lock_drop_wake_later(&sp->lock);
+static inline bool xs_pair_drop_wake_later(xs_pair *pair) {
+  XS_PAIR_HELD(pair, false, 1);
+  return xs_lock_drop_wake_later(&pair->lock);
 }
-/* Whether the cached path may run on pair sp (its lock held): nothing
+/* Whether the cached path may run on `pair` (its lock held): nothing
    calls for the slow path (`slow`) and the pair is alive. */
 static inline bool xs_pair_cached_on(const xseg_allocator *a,
-                                     const xs_pair *sp) {
-  assert(sp->cached_off == (a->slow || sp->dead));
+                                     const xs_pair *pair) {
+  assert(pair->cached_off == (a->slow || pair->dead));
   (void)a;
-  return __builtin_expect(!sp->cached_off, 1);
+  return __builtin_expect(!pair->cached_off, 1);
 }
 #ifndef NDEBUG
-#define XS_ASSERT_PAIR_LOCKED(a, sp)                                         \
+#define XS_ASSERT_PAIR_LOCKED(a, pair)                                       \
   assert((((a)->owned && pthread_equal((a)->owner, pthread_self())) ||       \
-          ((sp)->owned && pthread_equal((sp)->owner, pthread_self()))) &&    \
+          ((pair)->owned && pthread_equal((pair)->owner, pthread_self()))) && \
          "caller must hold the pair's lock")
 #else
-#define XS_ASSERT_PAIR_LOCKED(a, sp) ((void)0)
+#define XS_ASSERT_PAIR_LOCKED(a, pair) ((void)0)
 #endif
 
 /* Every lock, in order: the allocator's, then every pair's in table
@@ -168,10 +168,10 @@ static inline xs_pair *xs_pairs_of_stream(xseg_allocator *a,
 xs_pair *xs_pairs_new_locked(xseg_allocator *a,
                              struct CUstream_st *stream,
                              xseg_pool_id private_id);
-/* Stamps sp as used now and puts it first in the list. */
-void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *sp);
+/* Stamps `pair` as used now and puts it first in the list. */
+void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair);
 /* Takes a pair that holds no segment out of every list and table. */
-void xs_pairs_free_locked(xseg_allocator *a, xs_pair *sp);
+void xs_pairs_free_locked(xseg_allocator *a, xs_pair *pair);
 /* The live block at addr and its pair's table slot, or NULL (pairs.c). */
 xs_block *xs_alloc_find_live_locked(xseg_allocator *a, uint64_t addr,
                                     size_t *slot);
@@ -181,7 +181,7 @@ uint64_t xs_alloc_frees_locked(const xseg_allocator *a);
 size_t xs_alloc_live_count_locked(const xseg_allocator *a);
 
 
-/* The next stamp of sp's free clock. Guards compare a pair's stamps with
+/* The next stamp of `pair`'s free clock. Guards compare a pair's stamps with
    its own clock alone, so each pair's must only increase; but garbage
    collection orders the free blocks of every pair by age (reclaim.c), so
    stamps of different pairs should compare as the frees happened, and a
@@ -191,17 +191,17 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a);
    threads compare by their threads' counts, a guess. `t`: the calling
    thread's xs_pairs_tls, which a caller that has it passes. */
 static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
-                                    xs_pair *sp) {
+                                    xs_pair *pair) {
   uint64_t stamp = ++t->frees;
-  if (stamp <= sp->clock) stamp = t->frees = sp->clock + 1;
-  sp->frees++;
-  return sp->clock = stamp;
+  if (stamp <= pair->clock) stamp = t->frees = pair->clock + 1;
+  pair->frees++;
+  return pair->clock = stamp;
 }
-/* A block of pair sp whose last use is over: stamped with sp's free
+/* A block of `pair` whose last use is over: stamped with `pair`'s free
    clock, traced. */
-static inline void xs_pair_stamp(xseg_allocator *a, xs_pair *sp,
+static inline void xs_pair_stamp(xseg_allocator *a, xs_pair *pair,
                                  xs_block *b) {
-  b->free_epoch = xs_pair_tick(&xs_pairs_tls, sp);
+  b->free_epoch = xs_pair_tick(&xs_pairs_tls, pair);
   xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
                   b->stream);
 }

@@ -61,11 +61,11 @@ static inline void xs_park_owed_clear(xs_stats *s, xs_pool_kind k) {
    park_oldest[kind] up to the top); 0 when none is held back. Only the
    top's merge can make a whole segment (nothing is before it), so every
    other merge adds its block's bytes. */
-static inline int64_t xs_park_held_split_bytes(const xs_pair *sp,
+static inline int64_t xs_park_held_split_bytes(const xs_pair *pair,
                                                const xs_pool *p) {
-  if (sp->park_stats != p && sp->park_first != p) return 0;
+  if (pair->park_stats != p && pair->park_first != p) return 0;
   const xs_block *top = p->parked, *last = p->park_rest;
-  const xs_block *oldest = sp->park_oldest[p->kind];
+  const xs_block *oldest = pair->park_oldest[p->kind];
   return (int64_t)xs_pool_merge_whole(top, last) -
          (int64_t)(xs_block_end(last) - xs_block_end(oldest));
 }
@@ -86,22 +86,22 @@ static inline bool xs_park_split_under(const xs_stats *s, xs_pool_kind k,
    values, pass no threshold. With one pair nothing else moves the
    thresholds, so always; with more, another pair's crossing may have
    lowered them to the true values meanwhile. */
-static inline bool xs_park_cancel_under(const xs_pair *sp,
+static inline bool xs_park_cancel_under(const xs_pair *pair,
                                         xs_pool_kind k) {
-  return !sp->park_owed_published ||
-         (xs_stats_rise_under(&sp->stats, XS_GAUGE_allocation, k, 0) &&
-          xs_stats_rise_under(&sp->stats, XS_GAUGE_allocated_bytes, k, 0) &&
-          xs_stats_rise_under(&sp->stats, XS_GAUGE_requested_bytes, k, 0));
+  return !pair->park_owed_published ||
+         (xs_stats_rise_under(&pair->stats, XS_GAUGE_allocation, k, 0) &&
+          xs_stats_rise_under(&pair->stats, XS_GAUGE_allocated_bytes, k, 0) &&
+          xs_stats_rise_under(&pair->stats, XS_GAUGE_requested_bytes, k, 0));
 }
 /* Whether a park in pool p may hold its stats back: the held-back parks
    are undone newest first, so they keep the order of their frees in two
    runs at most, p's the newer: nothing is held back, or p's park is the
    newest, or only the other pool's are held. */
-static inline bool xs_park_may_hold(const xs_pair *sp,
+static inline bool xs_park_may_hold(const xs_pair *pair,
                                     const xs_pool *p) {
-  return sp->park_stats == p || sp->park_first == NULL;
+  return pair->park_stats == p || pair->park_first == NULL;
 }
-/* Holds back the stats of a park of b in pool p of pair sp, on top of
+/* Holds back the stats of a park of b in pool p of `pair`, on top of
    those held back already (xs_park_may_hold): published when other
    pairs' crossings could read them (`several`); b keeps its requested
    size until they count. False when they must count at once
@@ -114,67 +114,67 @@ static inline bool xs_park_may_hold(const xs_pair *sp,
    `first`: nothing is parked in p yet (xs_pool_park); `older`: other
    parks are held back (park_stats), as the caller read it. */
 static inline __attribute__((always_inline)) bool xs_park_owe(
-    xs_pair *sp, xs_pool *p, xs_pool_kind kind, xs_block *b,
+    xs_pair *pair, xs_pool *p, xs_pool_kind kind, xs_block *b,
     bool several, bool first, bool older) {
-  assert(xs_park_may_hold(sp, p) && p->kind == kind &&
-         older == (sp->park_stats != NULL) &&
-         (older || sp->park_first == NULL));
-  if (sp->park_stats != p) {            /* the first of p's held back */
+  assert(xs_park_may_hold(pair, p) && p->kind == kind &&
+         older == (pair->park_stats != NULL) &&
+         (older || pair->park_first == NULL));
+  if (pair->park_stats != p) {            /* the first of p's held back */
     /* (park_first is NULL already when nothing is held back.) */
-    if (older) sp->park_first = sp->park_stats;
-    sp->park_stats = p;
-    sp->park_oldest[kind] = b;
+    if (older) pair->park_first = pair->park_stats;
+    pair->park_stats = p;
+    pair->park_oldest[kind] = b;
   }
   /* Pairs come and go with every lock held, which settles every park:
      the older ones were published, or not, as this one is. */
-  assert(!older || sp->park_owed_published == several);
-  sp->park_owed_published = several;
+  assert(!older || pair->park_owed_published == several);
+  pair->park_owed_published = several;
   if (!several) return true;
   const xs_block *last = xs_pool_run_last(p, b, first);
   size_t rest = xs_pool_merge_rest(b, last);
   size_t whole = xs_pool_merge_whole(b, last);
-  xs_park_owed_publish(&sp->stats, kind, b, rest, whole, 1, !older);
+  xs_park_owed_publish(&pair->stats, kind, b, rest, whole, 1, !older);
   if (!older)
-    return xs_park_split_under(&sp->stats, kind,
+    return xs_park_split_under(&pair->stats, kind,
                                (int64_t)whole - (int64_t)rest, 0);
   const xs_gauge g = XS_GAUGE_inactive_split_bytes;
-  return xs_park_split_under(&sp->stats, kind,
-                             -xs_gv_get(&sp->stats.owed[kind][g]),
-                             -xs_gv_get(&sp->stats.owed[!kind][g]));
+  return xs_park_split_under(&pair->stats, kind,
+                             -xs_gv_get(&pair->stats.owed[kind][g]),
+                             -xs_gv_get(&pair->stats.owed[!kind][g]));
 }
 /* The take-back of the newest held-back park, the top of pool p (of
    `kind`, as above), for its own requested size: its free and the malloc
    cancel, what it held back is taken off what is published. */
 static inline __attribute__((always_inline)) void xs_park_owed_cancel(
-    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *pair, xs_pool *p, xs_pool_kind kind) {
   const xs_block *top = p->parked;
-  assert(sp->park_stats == p && p->kind == kind);
-  if (sp->park_owed_published) {
+  assert(pair->park_stats == p && p->kind == kind);
+  if (pair->park_owed_published) {
     const xs_block *last = p->park_rest;
-    xs_park_owed_publish(&sp->stats, kind, top, xs_pool_merge_rest(top, last),
+    xs_park_owed_publish(&pair->stats, kind, top, xs_pool_merge_rest(top, last),
                          xs_pool_merge_whole(top, last), -1, false);
   }
-  if (top == sp->park_oldest[kind]) {   /* p's last held back */
-    sp->park_stats = sp->park_first;
-    sp->park_first = NULL;
+  if (top == pair->park_oldest[kind]) {   /* p's last held back */
+    pair->park_stats = pair->park_first;
+    pair->park_first = NULL;
   }
 }
 /* xs_park_owed_cancel when the top of p is the only park held back: it
    is the repeated size's, and its stats are all that is published. */
 static inline __attribute__((always_inline)) void xs_park_owed_cancel_alone(
-    xs_pair *sp, xs_pool *p, xs_pool_kind kind) {
+    xs_pair *pair, xs_pool *p, xs_pool_kind kind) {
   (void)p;
-  assert(sp->park_stats == p && sp->park_first == NULL &&
-         sp->park_oldest[kind] == p->parked && p->kind == kind);
-  if (sp->park_owed_published) xs_park_owed_clear(&sp->stats, kind);
-  sp->park_stats = NULL;
+  assert(pair->park_stats == p && pair->park_first == NULL &&
+         pair->park_oldest[kind] == p->parked && p->kind == kind);
+  if (pair->park_owed_published) xs_park_owed_clear(&pair->stats, kind);
+  pair->park_stats = NULL;
 }
 /* Counts every held-back park (its free, then its merge), in the order
    of their frees: what they held back is cleared first, then the
    currents move (pairs.c). */
-void xs_park_owed_pay_now(xs_pair *sp);
-static inline void xs_park_owed_pay(xs_pair *sp) {
-  if (sp->park_stats != NULL) xs_park_owed_pay_now(sp);
+void xs_park_owed_pay_now(xs_pair *pair);
+static inline void xs_park_owed_pay(xs_pair *pair) {
+  if (pair->park_stats != NULL) xs_park_owed_pay_now(pair);
 }
 /* Settles p's parked blocks, if any: everything the pair owes is paid
    (the other pool's parks too), then they merge as their frees would
@@ -182,20 +182,20 @@ static inline void xs_park_owed_pay(xs_pair *sp) {
    may move). */
 static inline void xs_park_settle_pool(xs_pool *p) {
   if (p->parked == NULL) return;
-  xs_pair *sp = xs_pool_pair(p);
+  xs_pair *pair = xs_pool_pair(p);
   for (xs_block *b = p->parked; b != p->park_rest; b = b->next) {
-    size_t slot = xs_ptrtable_find(&sp->live, b->addr);
+    size_t slot = xs_ptrtable_find(&pair->live, b->addr);
     assert(slot != SIZE_MAX && "a parked block keeps its entry");
-    xs_ptrtable_remove_at(&sp->live, slot);
+    xs_ptrtable_remove_at(&pair->live, slot);
   }
-  xs_park_owed_pay(sp);
+  xs_park_owed_pay(pair);
   xs_pool_settle(p);
 }
-/* Settles every parked block of sp (what it owes paid first). */
-static inline void xs_park_settle_pair(xs_pair *sp) {
-  if (!xs_pair_parked(sp)) return;
-  xs_park_owed_pay(sp);
-  for (int k = 0; k < 2; k++) xs_park_settle_pool(&sp->pool[k]);
+/* Settles every parked block of `pair` (what it owes paid first). */
+static inline void xs_park_settle_pair(xs_pair *pair) {
+  if (!xs_pair_parked(pair)) return;
+  xs_park_owed_pay(pair);
+  for (int k = 0; k < 2; k++) xs_park_settle_pool(&pair->pool[k]);
 }
 /* Settles every parked block of every pair (pairs.c). */
 void xs_pairs_settle_all_locked(xseg_allocator *a);

@@ -15,35 +15,35 @@
 #include "vmm/error.h"
 
 xseg_status xs_alloc_guard_advance_locked(xseg_allocator *a,
-                                          xs_pair *sp, bool wait) {
-  uint64_t target = xs_pool_unsafe_epoch(&sp->pool[0]);
-  uint64_t t1 = xs_pool_unsafe_epoch(&sp->pool[1]);
+                                          xs_pair *pair, bool wait) {
+  uint64_t target = xs_pool_unsafe_epoch(&pair->pool[0]);
+  uint64_t t1 = xs_pool_unsafe_epoch(&pair->pool[1]);
   if (t1 > target) target = t1;
   if (target == 0) return XSEG_OK;
   CUstreamCaptureMode mode;   /* unknown captures: see capture_mode.c */
   xseg_status st = xs_capture_mode_relax(a, &mode);
   if (st != XSEG_OK) return st;
-  st = xs_guard_advance(&sp->guard, &a->events, sp->stream, target,
-                        sp->clock, wait);
+  st = xs_guard_advance(&pair->guard, &a->events, pair->stream, target,
+                        pair->clock, wait);
   xs_capture_mode_restore(a, mode);
-  for (int k = 0; k < 2; k++) sp->pool[k].safe_epoch = sp->guard.safe;
+  for (int k = 0; k < 2; k++) pair->pool[k].safe_epoch = pair->guard.safe;
   return st;
 }
 
 xseg_status xs_alloc_retire_aliases_locked(xseg_allocator *a,
-                                           xs_pair *sp) {
+                                           xs_pair *pair) {
   assert(!xs_alloc_capturing(a) && "nothing is unmapped during a capture");
   (void)a;
   xseg_status first = XSEG_OK;
   for (int k = 0; k < 2; k++) {
-    if (sp->pool[k].n_retiring == 0) continue;
-    xseg_status st = xs_pool_retire(&sp->pool[k]);
+    if (pair->pool[k].n_retiring == 0) continue;
+    xseg_status st = xs_pool_retire(&pair->pool[k]);
     if (first == XSEG_OK) first = st;
   }
   return first;
 }
 
-size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *sp,
+size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *pair,
                            xs_pool *first, size_t granule, size_t want,
                            size_t max, const xs_block *keep,
                            uint64_t lend_upto, uint64_t *handles) {
@@ -53,7 +53,7 @@ size_t xs_phys_take_locked(xseg_allocator *a, xs_pair *sp,
   size_t got = 0;
   xs_pool_kind k0 = first != NULL ? first->kind : XS_POOL_SMALL;
   for (int i = 0; i < 2 && got < want; i++) {
-    xs_pool *p = &sp->pool[i == 0 ? k0 : !k0];
+    xs_pool *p = &pair->pool[i == 0 ? k0 : !k0];
     xseg_status st;   /* a failed harvest only means fewer handles */
     got += xs_pool_harvest(p, granule, want - got, max - got, keep,
                            lend_upto, handles + got, &st);

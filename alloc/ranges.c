@@ -24,9 +24,9 @@
 
 static size_t ranges_count(const xseg_allocator *a) {
   size_t n = 0;
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (const xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
+      for (const xs_segment *s = pair->pool[k].segments; s != NULL; s = s->next)
         n++;
   return n;
 }
@@ -69,10 +69,10 @@ void xs_ranges_remake_locked(xseg_allocator *a) {
     return;
   }
   size_t i = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (const xs_segment *s = sp->pool[k].segments; s != NULL; s = s->next)
-        e[i++] = (ranges_entry){s->base, s->base + s->size, sp};
+      for (const xs_segment *s = pair->pool[k].segments; s != NULL; s = s->next)
+        e[i++] = (ranges_entry){s->base, s->base + s->size, pair};
   if (n > 1) qsort(e, n, sizeof *e, ranges_cmp);
   unsigned seq = atomic_load_explicit(&a->ranges_seq, memory_order_relaxed);
   atomic_store_explicit(&a->ranges_seq, seq + 1, memory_order_relaxed);
@@ -108,7 +108,7 @@ xs_pair *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
   xs_range *r = &t->range[lo - 1];
   uint64_t base = atomic_load_explicit(&r->base, memory_order_relaxed);
   uint64_t end = atomic_load_explicit(&r->end, memory_order_relaxed);
-  xs_pair *sp = atomic_load_explicit(&r->pair, memory_order_relaxed);
+  xs_pair *pair = atomic_load_explicit(&r->pair, memory_order_relaxed);
   atomic_thread_fence(memory_order_acquire);
   if (atomic_load_explicit(&a->ranges_seq, memory_order_relaxed) != seq ||
       addr >= end)
@@ -119,8 +119,8 @@ xs_pair *xs_ranges_search(xseg_allocator *a, uint64_t addr) {
   c->range_seq = seq;
   c->range_base = base;
   c->range_size = end - base;
-  c->range_pair = sp;
-  return sp;
+  c->range_pair = pair;
+  return pair;
 }
 
 void xs_ranges_destroy(xseg_allocator *a) {

@@ -18,8 +18,8 @@ static inline xs_pair *xs_ranges_last(xseg_allocator *a,
                                       uint64_t addr);
 static inline xs_pair *xs_ranges_find(xseg_allocator *a,
                                       uint64_t addr) {
-  xs_pair *sp = xs_ranges_last(a, addr);
-  return __builtin_expect(sp != NULL, 1) ? sp : xs_ranges_search(a, addr);
+  xs_pair *pair = xs_ranges_last(a, addr);
+  return __builtin_expect(pair != NULL, 1) ? pair : xs_ranges_search(a, addr);
 }
 /* The thread's last range's pair if it holds addr and the table has not
    changed since, else NULL (no search, no call). */

@@ -32,10 +32,10 @@
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   xseg_status first = XSEG_OK;
   if (xs_alloc_capturing(a)) return first;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next) {
-    if (!xs_pools_reclaimable(sp)) continue;
-    xseg_status st = xs_alloc_guard_advance_locked(a, sp, wait);
-    xseg_status rs = xs_alloc_retire_aliases_locked(a, sp);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (!xs_pools_reclaimable(pair)) continue;
+    xseg_status st = xs_alloc_guard_advance_locked(a, pair, wait);
+    xseg_status rs = xs_alloc_retire_aliases_locked(a, pair);
     if (first == XSEG_OK) first = st != XSEG_OK ? st : rs;
   }
   return first;
@@ -56,13 +56,13 @@ static bool reclaim_prepare_locked(xseg_allocator *a, bool wait,
 
 /* Released private pools that hold nothing any more go away. */
 static void reclaim_drop_released_locked(xseg_allocator *a) {
-  xs_pair *sp = a->streams;
-  while (sp != NULL) {
-    xs_pair *next = sp->next;
-    if (sp->released && sp->pool[0].segments == NULL &&
-        sp->pool[1].segments == NULL)
-      xs_pairs_free_locked(a, sp);
-    sp = next;
+  xs_pair *pair = a->streams;
+  while (pair != NULL) {
+    xs_pair *next = pair->next;
+    if (pair->released && pair->pool[0].segments == NULL &&
+        pair->pool[1].segments == NULL)
+      xs_pairs_free_locked(a, pair);
+    pair = next;
   }
 }
 
@@ -75,12 +75,12 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
   xseg_status rs = xs_vmm_unreleased_retry(&a->vmm);
   if (first == XSEG_OK) first = rs;
   size_t done = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    for (int k = 0; k < 2 && done < goal && xs_pools_reclaimable(sp); k++) {
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    for (int k = 0; k < 2 && done < goal && xs_pools_reclaimable(pair); k++) {
       size_t bytes = 0;
       /* SIZE_MAX stays "all" from pool to pool, whatever went before. */
       size_t left = goal == SIZE_MAX ? SIZE_MAX : goal - done;
-      xseg_status st = xs_pool_release(&sp->pool[k], left, &bytes);
+      xseg_status st = xs_pool_release(&pair->pool[k], left, &bytes);
       if (first == XSEG_OK) first = st;
       done += bytes;
     }
@@ -105,14 +105,14 @@ static int gc_older(const void *x, const void *y) {
    are none or host memory ran out. */
 static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
   size_t cap = 0;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    cap += sp->pool[0].free.count + sp->pool[1].free.count;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    cap += pair->pool[0].free.count + pair->pool[1].free.count;
   gc_candidate *c = cap ? malloc(cap * sizeof *c) : NULL;
   *n = 0;
   if (c == NULL) return NULL;
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    for (int k = 0; k < 2 && xs_pools_reclaimable(sp); k++) {
-      xs_pool *p = &sp->pool[k];
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    for (int k = 0; k < 2 && xs_pools_reclaimable(pair); k++) {
+      xs_pool *p = &pair->pool[k];
       for (xs_block *b = xs_freetree_largest(&p->free); b != NULL;
            b = xs_freetree_smaller(&p->free, b))
         if (xs_pool_block_releasable(p, b)) c[(*n)++] = (gc_candidate){p, b};
@@ -134,8 +134,8 @@ static size_t gc_release_oldest_locked(xseg_allocator *a, size_t goal) {
                                   (goal - done + g - 1) / g, &st) * g;
   }
   free(c);
-  for (xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
-    for (int k = 0; k < 2; k++) xs_pool_drop_empty(&sp->pool[k]);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    for (int k = 0; k < 2; k++) xs_pool_drop_empty(&pair->pool[k]);
   reclaim_drop_released_locked(a);
   return done;
 }

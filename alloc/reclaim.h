@@ -9,15 +9,15 @@
 /* Reclaiming memory (reclaim.c; the guard and retire acts are physical.c's).
    All need the context current and do nothing (XSEG_OK) while a capture is
    under way. */
-/* Moves sp's guard towards its newest unsafe free (one query or one
+/* Moves `pair`'s guard towards its newest unsafe free (one query or one
    event at most; see streams/guard.h). */
 xseg_status xs_alloc_guard_advance_locked(xseg_allocator *a,
-                                          xs_pair *sp, bool wait);
-/* Unmaps sp's lent aliases whose old work its guard has proven done
+                                          xs_pair *pair, bool wait);
+/* Unmaps `pair`'s lent aliases whose old work its guard has proven done
    (segments/release.c). Never between choosing a growth's placement and
    mapping it: a retired alias merges with unmapped neighbours. */
 xseg_status xs_alloc_retire_aliases_locked(xseg_allocator *a,
-                                           xs_pair *sp);
+                                           xs_pair *pair);
 /* Advances the guard of every reclaimable pair with unsafe free blocks,
    and retires what it proved done. */
 xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);

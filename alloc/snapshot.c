@@ -82,11 +82,11 @@ static void snapshot_segment_head(FILE *out, xseg_allocator *a,
 
 /* One segment entry for the mapped run that starts at b. */
 static void snapshot_run_locked(FILE *out, xseg_allocator *a,
-                                const xs_pair *sp, const xs_pool *p,
+                                const xs_pair *pair, const xs_pool *p,
                                 const xs_block *b, bool *first) {
   snapshot_sums s = snapshot_run_sums(b);
   snapshot_segment_head(out, a, b->addr, &s, p->stream, p->kind,
-                        sp->private_id, first);
+                        pair->private_id, first);
   snapshot_blocks_locked(out, a, b);
   fputs("]}", out);
 }
@@ -94,15 +94,15 @@ static void snapshot_run_locked(FILE *out, xseg_allocator *a,
 /* The pool whose retiring block holds address addr (an alias lies in the
    block its handles were lent from), and its pair; false if none does. */
 static bool snapshot_retiring_pool(xseg_allocator *a, uint64_t addr,
-                                   const xs_pair **sp_out,
+                                   const xs_pair **pair_out,
                                    const xs_pool **p_out) {
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (const xs_block *r = sp->pool[k].retiring; r != NULL;
+      for (const xs_block *r = pair->pool[k].retiring; r != NULL;
            r = r->retire_next)
         if (addr >= r->addr && addr - r->addr < r->size) {
-          *sp_out = sp;
-          *p_out = &sp->pool[k];
+          *pair_out = pair;
+          *p_out = &pair->pool[k];
           return true;
         }
   return false;
@@ -118,13 +118,13 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
     for (size_t j = 0; j < i && counted; j++)
       counted = v->aliases[j].handle != e->handle;
     if (!counted) continue;
-    const xs_pair *sp = NULL;
+    const xs_pair *pair = NULL;
     const xs_pool *p = NULL;
-    bool known = snapshot_retiring_pool(a, e->addr, &sp, &p);
+    bool known = snapshot_retiring_pool(a, e->addr, &pair, &p);
     snapshot_sums s = {.total = e->size};
     snapshot_segment_head(out, a, e->addr, &s, known ? p->stream : NULL,
                           known ? p->kind : (xs_pool_kind)e->tag,
-                          known ? sp->private_id : 0, first);
+                          known ? pair->private_id : 0, first);
     fprintf(out,
             "\n      {\"address\": %" PRIu64 ", \"size\": %zu, "
             "\"requested_size\": 0, \"state\": \"inactive\", "
@@ -136,13 +136,13 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
 static void snapshot_segments_locked(FILE *out, xseg_allocator *a) {
   bool first = true;
   fputs("{\"segments\": [", out);
-  for (const xs_pair *sp = a->streams; sp != NULL; sp = sp->next)
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (const xs_segment *s = sp->pool[k].segments; s != NULL;
+      for (const xs_segment *s = pair->pool[k].segments; s != NULL;
            s = s->next)
         for (const xs_block *b = s->first; b != NULL; b = b->next)
           if (b->mapped && (b->prev == NULL || !b->prev->mapped))
-            snapshot_run_locked(out, a, sp, &sp->pool[k], b, &first);
+            snapshot_run_locked(out, a, pair, &pair->pool[k], b, &first);
   snapshot_orphans(out, a, &first);
   fputs("\n],\n", out);
 }

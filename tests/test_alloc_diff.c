@@ -55,27 +55,27 @@ static int mblock_cmp(const void *x, const void *y) {
 /* The allocator's blocks, sorted by address. */
 static void model_read(xseg_allocator *a, model *m) {
   m->n = 0;
-  for (xs_pair *sp = a->streams; sp; sp = sp->next)
+  for (xs_pair *pair = a->streams; pair; pair = pair->next)
     for (int k = 0; k < 2; k++)
-      for (xs_segment *s = sp->pool[k].segments; s; s = s->next)
+      for (xs_segment *s = pair->pool[k].segments; s; s = s->next)
         for (xs_block *b = s->first; b; b = b->next) {
           if (m->n == m->cap) {
             m->cap = m->cap ? m->cap * 2 : 256;
             m->b = realloc(m->b, m->cap * sizeof *m->b);
           }
           m->b[m->n++] = (mblock){b->addr, s->base,
-                                  model_stamp_of(m, &sp->pool[k], b),
+                                  model_stamp_of(m, &pair->pool[k], b),
                                   b->size, b->requested, k, b->allocated,
                                   b->mapped};
           /* A run of parked blocks (lazy merging) is its merge with
              the rest: free (a parked block keeps its requested size
              while its stats are held back). */
-          if (b == sp->pool[k].parked)
+          if (b == pair->pool[k].parked)
             do {
               m->b[m->n - 1].requested = 0;
               b = b->next;
               m->b[m->n - 1].size += b->size;
-            } while (b != sp->pool[k].park_rest);
+            } while (b != pair->pool[k].park_rest);
         }
   qsort(m->b, m->n, sizeof *m->b, mblock_cmp);
   m->clock += (1u << 20) + 1;   /* past every stamp just given */

@@ -333,9 +333,9 @@ XSEG_TEST(alloc_threads, a_new_allocator_never_gets_the_old_ones_pair) {
 /* In a child: holds a pair's lock as the cached path does, then asks for
    every lock (the stats), which must abort on the order's assert. */
 static void sh_out_of_order(xseg_allocator *a, CUstream s) {
-  xs_pair *sp = xs_pairs_of_stream(a, s);
-  if (sp == NULL) _exit(2);
-  xs_pair_take(sp);
+  xs_pair *pair = xs_pairs_of_stream(a, s);
+  if (pair == NULL) _exit(2);
+  xs_pair_take(pair);
   xseg_stats st;
   xseg_get_stats(a, &st);
   _exit(0);                       /* survived: the order was not checked */
