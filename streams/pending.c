@@ -155,12 +155,6 @@ xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
   return st;
 }
 
-xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
-                           void *block) {
-  xs_stream_set one = {.inline_ = {stream}, .n = 1};
-  return xs_pending_add_all(p, &one, block);
-}
-
 /* Pops the head event of q, which has fired, and reports its blocks. */
 static size_t pending_queue_pop(xs_pending *p, xs_pending_queue *q,
                                 xs_pending_ready_fn ready, void *ctx) {

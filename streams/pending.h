@@ -67,15 +67,11 @@ void xs_pending_init(xs_pending *p, xs_event_pool *events);
 /* Frees the queues; every entry must have fired and been drained. */
 void xs_pending_destroy(xs_pending *p);
 
-/* Records an event on `stream` (or records its newest event again, at the
-   bound) and queues `block` behind it. On failure nothing is queued, the
-   event (if any) is back in the pool and the message names the failing
-   call. */
-xseg_status xs_pending_add(xs_pending *p, struct CUstream_st *stream,
-                           void *block);
-/* As xs_pending_add for every stream of `streams`, all or nothing: on
-   failure nothing is queued and every event taken is back in the pool (an
-   event already recorded is simply recorded again when it is reused). */
+/* Records an event on every stream of `streams` (or records its newest
+   event again, at the bound) and queues `block` behind each, all or
+   nothing: on failure nothing is queued, every event taken is back in the
+   pool (an event already recorded is simply recorded again when it is
+   reused) and the message names the failing call. */
 xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
                                void *block);
 

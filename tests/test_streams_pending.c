@@ -18,6 +18,14 @@ static void log_fired(void *ctx, void *block) {
   if (log->n < 64) log->blocks[log->n++] = block;
 }
 
+/* xs_pending_add_all on one stream, as a free used on one other stream
+   queues its block. */
+static xseg_status pending_add_one(xs_pending *p, CUstream stream,
+                                   void *block) {
+  xs_stream_set one = {.inline_ = {stream}, .n = 1};
+  return xs_pending_add_all(p, &one, block);
+}
+
 /* The driver, the event pool and queue under test, one non-blocking
    stream, and a latch that holds it once fixture_hold was called. */
 typedef struct fixture {
@@ -81,7 +89,7 @@ XSEG_TEST(streams_pending, entry_fires_only_after_held_work) {
   if (!fixture_hold(&f)) goto out;
 
   int block = 0;
-  XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &block));
+  XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &block));
   fired_log log = {0};
   xseg_status err;
   XSEG_EXPECT_EQ(xs_pending_poll(&f.pending, log_fired, &log, &err), 0);
@@ -107,8 +115,8 @@ XSEG_TEST(streams_pending, no_head_of_line_blocking_across_streams) {
   if (!fixture_hold(&f)) goto out_idle;
 
   int a = 0, b = 0;
-  XSEG_ASSERT_OK(xs_pending_add(&f.pending, held, &a));
-  XSEG_ASSERT_OK(xs_pending_add(&f.pending, idle, &b));
+  XSEG_ASSERT_OK(pending_add_one(&f.pending, held, &a));
+  XSEG_ASSERT_OK(pending_add_one(&f.pending, idle, &b));
   XSEG_ASSERT_CU(cuStreamSynchronize(idle));
   fired_log log = {0};
   xseg_status err;
@@ -132,10 +140,10 @@ XSEG_TEST(streams_pending, later_work_does_not_delay_an_entry) {
   XSEG_ASSERT_TRUE(fixture_open(&f));
   CUstream s = f.stream;
   int first = 0;
-  XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &first));
+  XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &first));
   if (!fixture_hold(&f)) goto out;          /* queued after the entry */
   int second = 0;
-  XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &second));
+  XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &second));
 
   fired_log log = {0};
   xseg_status err;
@@ -163,8 +171,8 @@ XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
   fired_log log = {0};
   xseg_status err;
   for (int i = 0; i < 1000; i++) {
-    XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &block));
-    XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &block));
+    XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &block));
+    XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &block));
     xs_pending_drain(&f.pending, log_fired, &log, &err);
     XSEG_ASSERT_OK(err);
   }
@@ -181,7 +189,7 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
   CUstream s = f.stream;
   int block = 0;
   xsim_fail_call("cuEventRecord", 1, CUDA_ERROR_LAUNCH_FAILED);
-  XSEG_EXPECT_STATUS(xs_pending_add(&f.pending, s, &block), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_STATUS(pending_add_one(&f.pending, s, &block), XSEG_ERR_DRIVER);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuEventRecord") != NULL);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "CUDA_ERROR_LAUNCH_FAILED") !=
                    NULL);
@@ -200,7 +208,7 @@ XSEG_TEST(streams_pending, events_per_stream_are_bounded) {
   if (!fixture_hold(&f)) goto out;
   static int blocks[100];
   for (int i = 0; i < 100; i++)
-    XSEG_ASSERT_OK(xs_pending_add(&f.pending, s, &blocks[i]));
+    XSEG_ASSERT_OK(pending_add_one(&f.pending, s, &blocks[i]));
   XSEG_EXPECT_EQ(f.events.created, XS_PENDING_MAX_EVENTS);
   XSEG_EXPECT_EQ(f.pending.entries, 100);
   fired_log log = {0};
