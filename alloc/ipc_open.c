@@ -94,18 +94,18 @@ static xseg_status open_map(xs_vmm *v, const xseg_ipc_handle *h,
   }
   if (st == XSEG_OK) st = xs_vmm_set_access(v, m->va, m->size);
   if (st == XSEG_OK) return XSEG_OK;
-  /* Undone around the wrappers: the message stays the failing call's. */
-  if (mapped != 0) XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)m->va, mapped);
-  if (m->va != 0)
-    XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)m->va, m->size);
+  /* Undone quietly: the message stays the failing call's. */
+  if (mapped != 0) xs_vmm_unmap_quietly(v, m->va, mapped);
+  if (m->va != 0) xs_vmm_unreserve_quietly(v, m->va, m->size);
   m->va = 0;
   return st;
 }
 
-/* Releases m's imported handles (unmapped already). */
+/* Releases m's imported handles (unmapped already); one whose release
+   fails is kept and released later (xs_vmm_handle_release_quietly). */
 static void open_release(xs_vmm *v, xs_ipc_mapping *m) {
   for (uint32_t i = 0; i < m->n; i++)
-    XS_DRV(v->drv, cuMemRelease, (CUmemGenericAllocationHandle)m->handles[i]);
+    xs_vmm_handle_release_quietly(v, m->handles[i]);
   m->n = 0;
 }
 

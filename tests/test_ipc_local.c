@@ -219,6 +219,64 @@ XSEG_TEST(ipc, forged_handles_fail_and_leave_nothing) {
   xseg_destroy(a);
 }
 
+/* A driver failure in the middle of an open (an import, the reservation,
+   a map after the first, the access grant) fails the open with the
+   failing call named, and leaves nothing behind: no handle imported, no
+   range mapped or reserved, no reference counted at the producer. The
+   same open then succeeds. The last case fails the grant and then the
+   first unmap of the rollback too: the rollback tries again, as growth's
+   does, so nothing stays mapped. */
+XSEG_TEST(ipc, driver_failure_in_an_open_leaves_nothing) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  void *p = NULL, *q = NULL;
+  XT_OK(xseg_malloc(a, 5 * MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XSEG_ASSERT_TRUE(h != NULL);
+  XSEG_ASSERT_GE(h->wire.n_handles, 2);       /* a map after the first */
+  const struct {
+    const char *call;
+    uint64_t nth;
+    bool unmap_fails_too;
+  } cases[] = {
+      {"cuMemImportFromShareableHandle", 2, false},
+      {"cuMemAddressReserve", 1, false},
+      {"cuMemMap", 2, false},
+      {"cuMemSetAccess", 1, false},
+      {"cuMemSetAccess", 1, true},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    xsim_live before, after;
+    xsim_get_live(&before);
+    xsim_fail_call(cases[i].call, cases[i].nth, CUDA_ERROR_UNKNOWN);
+    if (cases[i].unmap_fails_too)
+      xsim_fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+    q = (void *)1;
+    XSEG_EXPECT_EQ(xseg_ipc_open(b, h, &q), XSEG_ERR_DRIVER);
+    XSEG_EXPECT_TRUE(q == NULL);
+    if (!XSEG_EXPECT_TRUE(strstr(xseg_last_error(), cases[i].call) != NULL))
+      fprintf(stderr, "case %zu: %s\n", i, xseg_last_error());
+    xsim_fail_call("cuMemUnmap", 0, CUDA_SUCCESS);    /* disarmed */
+    xsim_get_live(&after);
+    XSEG_EXPECT_EQ(after.handles, before.handles);
+    XSEG_EXPECT_EQ(after.mappings, before.mappings);
+    XSEG_EXPECT_EQ(after.reservations, before.reservations);
+    XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 0);
+    XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
+  }
+  XT_OK(xseg_ipc_open(b, h, &q));
+  XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
+  XT_OK(xseg_ipc_close(b, q));
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
 /* The snapshot marks exported blocks ("ipc": "exported" or
    "open_by_others") and the stats JSON carries the ipc counts. */
 XSEG_TEST(ipc, snapshot_and_stats_json_show_shared_blocks) {

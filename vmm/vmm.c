@@ -127,6 +127,10 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size) {
   return XSEG_OK;
 }
 
+void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+  XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size);
+}
+
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle) {
   assert(size % v->granularity == 0 && "handles are granule multiples");
@@ -228,14 +232,16 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
     mapped += run;
   }
   if (st == XSEG_OK) st = xs_vmm_set_access(v, addr, n * chunk);
-  /* The rollback goes around the wrappers: the message stays the failing
-     call's. It is tried twice: a range left mapped here is one the layers
-     above believe unmapped, which nothing would unmap again. */
-  if (st != XSEG_OK && mapped > 0 &&
-      XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk) !=
-          CUDA_SUCCESS)
-    XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, mapped * chunk);
+  if (st != XSEG_OK && mapped > 0)
+    xs_vmm_unmap_quietly(v, addr, mapped * chunk);
   return st;
+}
+
+bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+  /* Around the wrappers: the message stays the failing call's. */
+  return XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) ==
+             CUDA_SUCCESS ||
+         XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) == CUDA_SUCCESS;
 }
 
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,

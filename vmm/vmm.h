@@ -63,6 +63,8 @@ xseg_status xs_vmm_add_peer(xs_vmm *v, int peer);
 /* Reserves `size` bytes (a multiple of the granularity) of address space. */
 xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr);
 xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
+/* The same, leaving the message alone (an undo; xs_vmm_unmap_quietly). */
+void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size);
 
 /* One physical allocation of `size` bytes (a multiple of the granularity).
    `exportable` (or v->shareable) asks for POSIX file descriptor export
@@ -133,6 +135,12 @@ xseg_status xs_vmm_map(xs_vmm *v, uint64_t addr, size_t size,
                        uint64_t handle);
 /* Unmaps [addr, addr+size): whole mappings only, possibly several. */
 xseg_status xs_vmm_unmap(xs_vmm *v, uint64_t addr, size_t size);
+/* Undo of a map or grant that failed: unmaps [addr, addr+size), leaving
+   the message alone (the failure that made the caller undo is the
+   message). Tried twice: a range left mapped is one the layers above
+   believe unmapped, which nothing would unmap again. False when it stays
+   mapped. */
+bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size);
 /* Read-write access for the owner and every peer, in one call. */
 xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size);
 
