@@ -225,7 +225,8 @@ XSEG_TEST(ipc, forged_handles_fail_and_leave_nothing) {
    range mapped or reserved, no reference counted at the producer. The
    same open then succeeds. The last case fails the grant and then the
    first unmap of the rollback too: the rollback tries again, as growth's
-   does, so nothing stays mapped. */
+   does, so nothing stays mapped. And a close whose release fails keeps
+   the handle for later. */
 XSEG_TEST(ipc, driver_failure_in_an_open_leaves_nothing) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
@@ -266,9 +267,18 @@ XSEG_TEST(ipc, driver_failure_in_an_open_leaves_nothing) {
     XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 0);
     XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
   }
+  /* A close whose release of an imported handle fails keeps that handle
+     and releases it later (here at destroy; the harness checks that no
+     handle outlives the test). */
+  xsim_live opened, closed;
   XT_OK(xseg_ipc_open(b, h, &q));
   XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
+  xsim_get_live(&opened);
+  xsim_fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
   XT_OK(xseg_ipc_close(b, q));
+  xsim_get_live(&closed);
+  XSEG_EXPECT_EQ(closed.handles, opened.handles - h->wire.n_handles + 1);
+  XSEG_EXPECT_EQ(closed.mappings, opened.mappings - h->wire.n_handles);
   xseg_ipc_handle_free(h);
   XT_OK(xseg_free(a, p));
   XT_OK(xseg_check(a));
