@@ -99,6 +99,21 @@ static bool ipc_send_raw(int sock, const void *bytes, size_t len, int fd,
   return sendmsg(sock, &msg, 0) == (ssize_t)len;
 }
 
+/* Forgeries of a valid one-handle message, one field each. */
+static void forge_magic(xs_ipc_wire *w) { w->magic[0] = 'Y'; }
+static void forge_version(xs_ipc_wire *w) { w->version++; }
+static void forge_no_handles(xs_ipc_wire *w) { w->n_handles = 0; }
+static void forge_many_handles(xs_ipc_wire *w) {
+  w->n_handles = XS_IPC_MAX_HANDLES + 1;
+}
+static void forge_empty_handle(xs_ipc_wire *w) { w->handle_size[0] = 0; }
+static void forge_sizes_overflow(xs_ipc_wire *w) {   /* sent with 3 fds */
+  w->n_handles = 2;
+  w->handle_size[1] = UINT64_MAX - MiB;
+}
+static void forge_outside(xs_ipc_wire *w) { w->offset = 2 * MiB; }
+static void forge_no_pid(xs_ipc_wire *w) { w->producer_pid = 0; }
+
 /* A message cut short, or one that is not a handle, is refused with its
    cause named, and every fd that came with it is closed. */
 XSEG_TEST(ipc, truncated_or_forged_messages_are_refused) {
@@ -122,13 +137,18 @@ XSEG_TEST(ipc, truncated_or_forged_messages_are_refused) {
       {"truncated message", 40, 2, NULL},
       {"the peer closed", 0, 0, NULL},
       {"the number of fds", sizeof w, 1, NULL},
-      {"bad magic", sizeof w, 2, NULL},
-      {"the block does not lie", sizeof w, 2, NULL},
+      {"bad magic", sizeof w, 2, forge_magic},
+      {"unsupported version", sizeof w, 2, forge_version},
+      {"handle count out of range", sizeof w, 2, forge_no_handles},
+      {"handle count out of range", sizeof w, 2, forge_many_handles},
+      {"a handle size is zero", sizeof w, 2, forge_empty_handle},
+      {"the sizes overflow", sizeof w, 3, forge_sizes_overflow},
+      {"the block does not lie", sizeof w, 2, forge_outside},
+      {"no producer pid", sizeof w, 2, forge_no_pid},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     xs_ipc_wire f = w;
-    if (i == 3) f.magic[0] = 'Y';
-    if (i == 4) f.offset = 2 * MiB;
+    if (cases[i].forge != NULL) cases[i].forge(&f);
     int spare = memfd_create("not-a-handle", MFD_CLOEXEC);
     XSEG_ASSERT_TRUE(spare >= 0);
     XSEG_EXPECT_TRUE(ipc_send_raw(sv[0], &f, cases[i].len, spare,
@@ -143,6 +163,91 @@ XSEG_TEST(ipc, truncated_or_forged_messages_are_refused) {
   }
   close(sv[0]);
   close(sv[1]);
+}
+
+/* On a stream socket a message may arrive in pieces: the receiver reads
+   the rest (its fds came with the first piece). A peer that sends part of
+   a message and then closes the socket gets "truncated message". */
+XSEG_TEST(ipc, a_message_in_pieces_on_a_stream_socket) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p = NULL;
+  XT_OK(xseg_malloc(a, 512, NULL, &p));
+  xseg_ipc_handle *h = NULL, *got = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  int fds_before = ipc_open_fds();
+  for (int closes = 0; closes < 2; closes++) {
+    int sv[2];
+    XSEG_ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    size_t first = 64;
+    XSEG_ASSERT_EQ(h->wire.n_handles, 1);
+    int fds[2] = {h->table_fd, h->fd[0]};
+    union { struct cmsghdr c; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {(void *)&h->wire, first};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
+                         .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    XSEG_ASSERT_EQ(sendmsg(sv[0], &msg, 0), (ssize_t)first);
+    if (closes) {
+      close(sv[0]);
+      XSEG_EXPECT_EQ(xseg_ipc_recv(sv[1], &got), XSEG_ERR_INVALID_ARGUMENT);
+      XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "truncated message") != NULL);
+      XSEG_EXPECT_TRUE(got == NULL);
+    } else {
+      const char *rest = (const char *)&h->wire + first;
+      XSEG_ASSERT_EQ(send(sv[0], rest, sizeof h->wire - first, 0),
+                     (ssize_t)(sizeof h->wire - first));
+      XT_OK(xseg_ipc_recv(sv[1], &got));
+      XSEG_ASSERT_TRUE(got != NULL);
+      XSEG_EXPECT_EQ(memcmp(&got->wire, &h->wire, sizeof h->wire), 0);
+      xseg_ipc_handle_free(got);
+      got = NULL;
+      close(sv[0]);
+    }
+    close(sv[1]);
+    XSEG_EXPECT_EQ(ipc_open_fds(), fds_before);
+  }
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  xseg_destroy(a);
+}
+
+/* The wire's own failures name their cause: no handle to send, a peer
+   gone before the send, nowhere to put what is received, a descriptor
+   that is not a socket. */
+XSEG_TEST(ipc, send_and_recv_refuse_bad_arguments) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p = NULL;
+  XT_OK(xseg_malloc(a, 512, NULL, &p));
+  xseg_ipc_handle *h = NULL, *got = (xseg_ipc_handle *)1;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  int sv[2];
+  XSEG_ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  XSEG_EXPECT_EQ(xseg_ipc_send(sv[0], NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "handle is NULL") != NULL);
+  close(sv[1]);
+  XSEG_EXPECT_EQ(xseg_ipc_send(sv[0], h), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "sendmsg") != NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), strerror(EPIPE)) != NULL);
+  close(sv[0]);
+  XSEG_EXPECT_EQ(xseg_ipc_recv(0, NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "out is NULL") != NULL);
+  int not_a_socket = memfd_create("not-a-socket", MFD_CLOEXEC);
+  XSEG_ASSERT_TRUE(not_a_socket >= 0);
+  XSEG_EXPECT_EQ(xseg_ipc_recv(not_a_socket, &got),
+                 XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "recvmsg failed") != NULL);
+  XSEG_EXPECT_TRUE(got == NULL);
+  close(not_a_socket);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  xseg_destroy(a);
 }
 
 /* Handles that parse but lie: an fd that is not driver memory, another
