@@ -219,8 +219,8 @@ XSEG_TEST(ipc, a_message_in_pieces_on_a_stream_socket) {
 
 /* The wire's own failures name their cause: no handle to send, a peer
    gone before the send, nowhere to put what is received, a descriptor
-   that is not a socket. */
-XSEG_TEST(ipc, send_and_recv_refuse_bad_arguments) {
+   that is not a socket; and an open names what is NULL. */
+XSEG_TEST(ipc, bad_arguments_are_refused_with_their_cause) {
   xseg_allocator *a = at_create(NULL);
   XSEG_ASSERT_TRUE(a != NULL);
   void *p = NULL;
@@ -245,6 +245,13 @@ XSEG_TEST(ipc, send_and_recv_refuse_bad_arguments) {
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "recvmsg failed") != NULL);
   XSEG_EXPECT_TRUE(got == NULL);
   close(not_a_socket);
+  void *q = (void *)1;
+  XSEG_EXPECT_EQ(xseg_ipc_open(NULL, h, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "allocator is NULL") != NULL);
+  XSEG_EXPECT_EQ(xseg_ipc_open(a, NULL, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "handle is NULL") != NULL);
+  XSEG_EXPECT_EQ(xseg_ipc_open(a, h, NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "ptr is NULL") != NULL);
   xseg_ipc_handle_free(h);
   XT_OK(xseg_free(a, p));
   xseg_destroy(a);
@@ -279,6 +286,11 @@ XSEG_TEST(ipc, forged_handles_fail_and_leave_nothing) {
   XSEG_EXPECT_TRUE(q == NULL);
   close(h->fd[1]);
   h->fd[1] = real;
+
+  h->wire.handle_size[0] += 512;
+  XSEG_EXPECT_EQ(xseg_ipc_open(b, h, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "granularity") != NULL);
+  h->wire.handle_size[0] -= 512;
 
   h->wire.device = 1;
   XSEG_EXPECT_EQ(xseg_ipc_open(b, h, &q), XSEG_ERR_INVALID_ARGUMENT);
@@ -330,8 +342,8 @@ XSEG_TEST(ipc, forged_handles_fail_and_leave_nothing) {
    range mapped or reserved, no reference counted at the producer. The
    same open then succeeds. The last case fails the grant and then the
    first unmap of the rollback too: the rollback tries again, as growth's
-   does, so nothing stays mapped. And a close whose release fails keeps
-   the handle for later. */
+   does, so nothing stays mapped. A close whose unmap fails keeps the
+   block open; one whose release fails keeps the handle for later. */
 XSEG_TEST(ipc, driver_failure_in_an_open_leaves_nothing) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
@@ -379,6 +391,14 @@ XSEG_TEST(ipc, driver_failure_in_an_open_leaves_nothing) {
   XT_OK(xseg_ipc_open(b, h, &q));
   XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
   xsim_get_live(&opened);
+  /* A close whose unmap fails keeps the block open, whole. */
+  xsim_fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_EQ(xseg_ipc_close(b, q), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuMemUnmap") != NULL);
+  xsim_get_live(&closed);
+  XSEG_EXPECT_EQ(closed.mappings, opened.mappings);
+  XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 1);
+  XSEG_EXPECT_EQ(ipc_stats(a).open_by_others, 1);
   xsim_fail_call("cuMemRelease", 1, CUDA_ERROR_UNKNOWN);
   XT_OK(xseg_ipc_close(b, q));
   xsim_get_live(&closed);
