@@ -178,3 +178,47 @@ XSEG_TEST(torch, graph_pool_keeps_its_blocks_apart) {
   cuStreamDestroy(s);
   xs_torch_destroy_all();
 }
+
+/* A graph pool used out of order keeps the failure with its cause and
+   leaves the pools as they were: a second begin of a pool already being
+   allocated to (PyTorch refuses it too: "already recording to
+   mempool_id"), a release before the end, and a begin on a stream that
+   already allocates to another pool, which is undone (the pool it named
+   is not left open: it can be begun again). */
+XSEG_TEST(torch, graph_pool_misuse_is_kept_and_undone) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  CUstream s = at_stream_new(), s2 = at_stream_new();
+  xseg_torch_begin_allocate_to_pool(0, 0, 7, s);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xseg_torch_begin_allocate_to_pool(0, 0, 7, s2);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(),
+                          "already being allocated to") != NULL);
+  xseg_torch_clear_error();
+  xseg_torch_release_pool(0, 0, 7);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "end it first") != NULL);
+  xseg_torch_clear_error();
+  /* s allocates to pool 7 already: pool 8's begin on s fails, undone. */
+  xseg_torch_begin_allocate_to_pool(0, 0, 8, s);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "already allocates to "
+                          "pool") != NULL);
+  xseg_torch_clear_error();
+  void *in_pool = xseg_torch_malloc(SIZE, 0, s);       /* still pool 7's */
+  XSEG_ASSERT_TRUE(in_pool != NULL);
+  xseg_torch_end_allocate_to_pool(0, 0, 7);
+  xseg_torch_begin_allocate_to_pool(0, 0, 8, s2);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  void *in_8 = xseg_torch_malloc(SIZE, 0, s2);
+  XSEG_ASSERT_TRUE(in_8 != NULL);
+  xseg_torch_end_allocate_to_pool(0, 0, 8);
+  xseg_torch_free(in_pool, SIZE, 0, s);
+  xseg_torch_free(in_8, SIZE, 0, s2);
+  xseg_torch_release_pool(0, 0, 7);
+  xseg_torch_release_pool(0, 0, 8);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).allocation.current, 0);
+  cuStreamDestroy(s);
+  cuStreamDestroy(s2);
+  xs_torch_destroy_all();
+}
