@@ -223,3 +223,46 @@ XSEG_TEST(ipc_queue, wait_on_junk_names_the_driver_call) {
   XT_OK(xseg_check(a));
   xseg_destroy(a);
 }
+
+/* A driver failure at each step of xseg_ipc_record and xseg_ipc_wait
+   names the failing call and loses nothing: a record whose event could not
+   be created keeps none (the next record creates it), and a wait whose
+   stream wait fails still destroys the event it opened. */
+XSEG_TEST(ipc_queue, driver_failures_in_record_and_wait_are_named) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream ps = at_stream_new(), cs = at_stream_new();
+  XSEG_ASSERT_TRUE(ps != NULL && cs != NULL);
+  unsigned char ev[XSEG_IPC_EVENT_BYTES];
+  const char *record_calls[] = {"cuEventCreate", "cuEventRecord",
+                                "cuIpcGetEventHandle"};
+  for (size_t i = 0; i < 3; i++) {
+    xsim_live before, after;
+    xsim_get_live(&before);
+    xsim_fail_call(record_calls[i], 1, CUDA_ERROR_UNKNOWN);
+    XSEG_EXPECT_EQ(xseg_ipc_record(a, ps, ev), XSEG_ERR_DRIVER);
+    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), record_calls[i]) != NULL);
+    xsim_get_live(&after);
+    /* The stream's event is kept once created (the first case made
+       none). */
+    XSEG_EXPECT_EQ(after.events, before.events + (i == 1));
+  }
+  XT_OK(xseg_ipc_record(a, ps, ev));
+  xsim_live before, after;
+  xsim_get_live(&before);
+  xsim_fail_call("cuStreamWaitEvent", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_EQ(xseg_ipc_wait(b, ev, cs), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuStreamWaitEvent") != NULL);
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.events, before.events);
+  XT_OK(xseg_ipc_wait(b, ev, cs));
+  XSEG_EXPECT_CU(cuStreamSynchronize(cs));
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(ps));
+  XSEG_EXPECT_CU(cuStreamDestroy(cs));
+}
