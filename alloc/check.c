@@ -25,6 +25,8 @@ typedef struct check_ctx {
   size_t segments, handles, cap;
   uint64_t *handle;             /* every mapped handle, for duplicates */
   uint64_t *range;              /* base, end of every reservation */
+  bool out_of_memory;           /* the check itself ran out of host memory:
+                                   nothing is known broken */
   char msg[512];
 } check_ctx;
 
@@ -32,6 +34,14 @@ typedef struct check_ctx {
   do {                                                                       \
     snprintf((c)->msg, sizeof (c)->msg, __VA_ARGS__);                        \
     return false;                                                            \
+  } while (0)
+
+/* The check could not go on for want of host memory (not a broken
+   invariant: the caller says so, and a debug check skips). */
+#define CHECK_OUT_OF_MEMORY(c)                                               \
+  do {                                                                       \
+    (c)->out_of_memory = true;                                               \
+    CHECK_FAIL(c, "out of host memory");                                     \
   } while (0)
 
 static bool check_push(uint64_t **arr, size_t *n, size_t *cap, uint64_t v) {
@@ -58,13 +68,13 @@ static bool check_segment(check_ctx *c, const xs_pool *p, const xs_segment *s,
   size_t nr = c->segments * 2;
   if (!check_push(&c->range, &nr, rcap, s->base) ||
       !check_push(&c->range, &nr, rcap, s->base + s->size))
-    CHECK_FAIL(c, "out of host memory");
+    CHECK_OUT_OF_MEMORY(c);
   c->segments++;
   /* One entry per handle (a run of granules shares one, segment.h). */
   for (size_t g = 0; g < s->n_granules; g++)
     if (s->mapped[g] == XS_PAGE_OWNED && xs_segment_handle_head(s, g) == g &&
         !check_push(&c->handle, &c->handles, &c->cap, s->handle[g]))
-      CHECK_FAIL(c, "out of host memory");
+      CHECK_OUT_OF_MEMORY(c);
   return true;
 }
 
@@ -321,7 +331,7 @@ static bool check_all(check_ctx *c, xseg_allocator *a) {
     if (!check_shard(c, pair, &before)) return false;
   }
   xs_stats *sum = malloc(sizeof *sum);
-  if (sum == NULL) CHECK_FAIL(c, "out of host memory");
+  if (sum == NULL) CHECK_OUT_OF_MEMORY(c);
   xs_stats_sum(&a->stats, sum);
   bool ok = check_disjoint(c) && check_table(c, a) && check_pairs(c, a) &&
             check_stats(c, a, sum) && check_pending(c, a);
@@ -333,7 +343,8 @@ static bool check_all(check_ctx *c, xseg_allocator *a) {
 void xs_alloc_debug_check_locked(xseg_allocator *a) {
   check_ctx *c = calloc(1, sizeof *c);
   if (c == NULL) return;                 /* no memory to check with: skip */
-  if (!check_all(c, a)) {
+  /* Nor when the walk's arrays find none. */
+  if (!check_all(c, a) && !c->out_of_memory) {
     fprintf(stderr, "xseg: device %d: invariant broken by operation %u: %s\n",
             a->vmm.device, a->debug_ops, c->msg);
     abort();
@@ -350,7 +361,8 @@ xseg_status xs_alloc_check_locked(xseg_allocator *a) {
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_check: out of host memory");
   bool ok = check_all(c, a);
   xseg_status st = ok ? XSEG_OK
-                      : xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                      : xs_error(c->out_of_memory ? XSEG_ERR_OUT_OF_MEMORY
+                                                  : XSEG_ERR_INVALID_ARGUMENT,
                                  "xseg_check: device %d: %s", a->vmm.device,
                                  c->msg);
   free(c->handle);

@@ -1,0 +1,274 @@
+/* Host out of memory, swept (SQLite's malloc fault test): a scenario of
+ * the public API runs again and again, and run n makes the library's nth
+ * allocation from the host heap fail (malloc, calloc, realloc and
+ * aligned_alloc, wrapped at link time: tests/CMakeLists.txt), until a run
+ * makes fewer. Every call must then succeed or return
+ * XSEG_ERR_OUT_OF_MEMORY, the allocator must stay consistent (xseg_check), and
+ * when the scenario ends nothing may be left: every block frees, every
+ * handle, mapping and reservation goes back to the driver (the harness
+ * checks), and the sanitizer builds' leak check sees no host memory lost.
+ * A second sweep fails the allocations of xseg_check itself, and of the
+ * debug builds' check after every operation (XSEG_DEBUG_CHECK): they must
+ * say "out of host memory", never report or abort on a broken invariant.
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc_helpers.h"
+#include "sim_helpers.h"
+
+/* ---- the failing heap --------------------------------------------------- */
+
+void *__real_malloc(size_t size);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t size);
+void *__real_aligned_alloc(size_t alignment, size_t size);
+
+/* Allocations left before the one that fails; -1: none fails. Atomic: the
+   emulator's threads never allocate through the wrappers (it is a shared
+   library of its own), but a host callback of the library could. */
+static _Atomic long oom_countdown = -1;
+static _Atomic bool oom_fired;
+
+static bool oom_now(void) {
+  if (atomic_load(&oom_countdown) < 0) return false;
+  if (atomic_fetch_sub(&oom_countdown, 1) != 0) return false;
+  atomic_store(&oom_fired, true);
+  return true;
+}
+
+void *__wrap_malloc(size_t size) {
+  return oom_now() ? NULL : __real_malloc(size);
+}
+void *__wrap_calloc(size_t n, size_t size) {
+  return oom_now() ? NULL : __real_calloc(n, size);
+}
+void *__wrap_realloc(void *p, size_t size) {
+  return oom_now() ? NULL : __real_realloc(p, size);
+}
+void *__wrap_aligned_alloc(size_t alignment, size_t size) {
+  return oom_now() ? NULL : __real_aligned_alloc(alignment, size);
+}
+
+/* The countdown stops while the test itself checks. */
+static long oom_pause(void) { return atomic_exchange(&oom_countdown, -1); }
+static void oom_resume(long left) { atomic_store(&oom_countdown, left); }
+
+/* ---- the scenario ------------------------------------------------------- */
+
+enum { BLOCKS = 24 };
+
+typedef struct run {
+  xseg_allocator *a, *b;        /* b opens what a exports */
+  CUstream side;
+  void *p[BLOCKS];
+  bool failed;                  /* some call returned an error */
+} run;
+
+/* A call's status: OK, or out of memory right after the failure fired. */
+static void step(run *r, xseg_status st, const char *what) {
+  if (st == XSEG_OK) return;
+  r->failed = true;
+  fprintf(stderr, "failed: %s: %s\n", what, xseg_last_error());
+  long left = oom_pause();
+  if (!XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY) ||
+      !XSEG_EXPECT_TRUE(atomic_load(&oom_fired)))
+    fprintf(stderr, "%s: %s\n", what, xseg_last_error());
+  if (!XSEG_EXPECT_OK(xseg_check(r->a)))
+    fprintf(stderr, "after %s\n", what);
+  oom_resume(left);
+}
+
+static size_t block_size(int i) {
+  static const size_t sizes[] = {512, 3000, 64 << 10, 1 << 20, 3 << 20,
+                                 (1 << 20) + 512};
+  return sizes[i % 6];
+}
+
+/* The public API's ways to allocate host memory, once each or more:
+   pairs of two streams, the pointer table, the pending frees' events and
+   queues, a graph pool, the trace, growth, release and the stats. */
+static void scenario(run *r) {
+  CUstream streams[2] = {NULL, r->side};
+  for (int i = 0; i < BLOCKS; i++)
+    step(r, xseg_malloc(r->a, block_size(i), streams[i % 2], &r->p[i]),
+         "xseg_malloc");
+  for (int i = 0; i < BLOCKS; i += 3)
+    if (r->p[i] != NULL)
+      step(r, xseg_record_stream(r->a, r->p[i], streams[(i + 1) % 2]),
+           "xseg_record_stream");
+  for (int i = 0; i < BLOCKS; i += 2)
+    if (r->p[i] != NULL) {
+      xseg_status st = xseg_free(r->a, r->p[i]);
+      step(r, st, "xseg_free");
+      if (st == XSEG_OK) r->p[i] = NULL;
+    }
+  /* A graph pool: begun, a block in it, ended, released (each step only
+     if the one it needs went through). */
+  xseg_status begun = xseg_begin_allocate_to_pool(r->a, 5, r->side);
+  step(r, begun, "xseg_begin_allocate_to_pool");
+  void *in_pool = NULL;
+  if (begun == XSEG_OK) {
+    step(r, xseg_malloc(r->a, 4096, r->side, &in_pool), "malloc in the pool");
+    step(r, xseg_end_allocate_to_pool(r->a, 5), "xseg_end_allocate_to_pool");
+  }
+  if (in_pool != NULL) {
+    xseg_status st = xseg_free(r->a, in_pool);
+    step(r, st, "free in the pool");
+    if (st != XSEG_OK) {                /* still live: it frees later */
+      long left = oom_pause();
+      XSEG_EXPECT_OK(xseg_free(r->a, in_pool));
+      oom_resume(left);
+    }
+    step(r, xseg_release_pool(r->a, 5), "xseg_release_pool");
+  }
+  step(r, xseg_record_memory_history(r->a, 64),
+       "xseg_record_memory_history");
+  for (int i = 0; i < BLOCKS; i += 2)
+    if (r->p[i] == NULL)                /* its free went through */
+      step(r, xseg_malloc(r->a, block_size(i + 1), NULL, &r->p[i]),
+           "xseg_malloc again");
+  /* A block shared with a second allocator of this process: export,
+     open, close (the tables, the mapping's handles). */
+  if (r->b != NULL && r->p[1] != NULL) {
+    xseg_ipc_handle *h = NULL;
+    xseg_status st = xseg_ipc_export(r->a, r->p[1], &h);
+    step(r, st, "xseg_ipc_export");
+    void *q = NULL;
+    if (st == XSEG_OK) {
+      st = xseg_ipc_open(r->b, h, &q);
+      step(r, st, "xseg_ipc_open");
+    }
+    if (q != NULL) step(r, xseg_ipc_close(r->b, q), "xseg_ipc_close");
+    xseg_ipc_handle_free(h);
+  }
+  step(r, xseg_empty_cache(r->a), "xseg_empty_cache");
+  xseg_stats s;
+  step(r, xseg_get_stats(r->a, &s), "xseg_get_stats");
+  step(r, xseg_set_memory_fraction(r->a, 0.5), "xseg_set_memory_fraction");
+}
+
+/* Run n: the nth allocation fails. True when it did fail (there may be
+   more to sweep). */
+static bool sweep_once(long n, CUstream side) {
+  run r = {.side = side};
+  atomic_store(&oom_fired, false);
+  oom_resume(n);
+  char conf[64];
+  snprintf(conf, sizeof conf, "%s", xt_have_sim() ? "xseg_driver:sim" : "");
+  xseg_status st = xseg_create(0, conf, &r.a);
+  if (st == XSEG_OK) {
+    st = xseg_create(0, conf, &r.b);
+    if (st != XSEG_OK) {
+      XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY);
+      XSEG_EXPECT_TRUE(r.b == NULL);
+    }
+    scenario(&r);
+  } else {
+    XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY);
+    XSEG_EXPECT_TRUE(r.a == NULL);
+  }
+  oom_pause();
+  bool fired = atomic_load(&oom_fired);
+  if (r.a != NULL) {
+    /* Everything still live frees, and the allocator lets go of it all. */
+    for (int i = 0; i < BLOCKS; i++)
+      if (r.p[i] != NULL) XSEG_EXPECT_OK(xseg_free(r.a, r.p[i]));
+    XSEG_EXPECT_OK(xseg_empty_cache_blocking(r.a));
+    XSEG_EXPECT_OK(xseg_check(r.a));
+    xseg_stats s;
+    XSEG_EXPECT_OK(xseg_get_stats(r.a, &s));
+    if (!XSEG_EXPECT_EQ(s.allocation.current, 0) ||
+        !XSEG_EXPECT_EQ(s.reserved_bytes.current, 0))
+      fprintf(stderr, "run %ld\n", n), xseg_snapshot_json(r.a, stderr);
+    if (r.b != NULL) {
+      XSEG_EXPECT_OK(xseg_check(r.b));
+      xseg_destroy(r.b);
+    }
+    xseg_destroy(r.a);
+  }
+  /* A failure that returned nothing wrong is no failure to report; one
+     that did must have been the injected one. */
+  if (r.failed) XSEG_EXPECT_TRUE(fired);
+  return fired;
+}
+
+XSEG_TEST(host_oom, every_host_allocation_may_fail) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream side = at_stream_new();
+  XSEG_ASSERT_TRUE(side != NULL);
+  xsim_live before, after;
+  if (xt_have_sim()) xsim_get_live(&before);
+  long n = 0;
+  while (n < 100000 && sweep_once(n, side)) n++;
+  XSEG_EXPECT_GE(n, 20);          /* the scenario allocates that much */
+  XSEG_EXPECT_LT(n, 100000);      /* and ends */
+  fprintf(stderr, "host_oom: %ld allocations, each failed in turn\n", n);
+  if (xt_have_sim()) {
+    xsim_get_live(&after);
+    XSEG_EXPECT_EQ(after.handles, before.handles);
+    XSEG_EXPECT_EQ(after.mappings, before.mappings);
+    XSEG_EXPECT_EQ(after.reservations, before.reservations);
+  }
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
+
+/* xseg_check out of host memory says so (XSEG_ERR_OUT_OF_MEMORY), not
+   that an invariant broke; and a debug build's check after an operation
+   skips, where it used to abort. */
+XSEG_TEST(host_oom, checks_out_of_memory_say_so) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream side = at_stream_new();
+  XSEG_ASSERT_TRUE(side != NULL);
+  /* Created with the debug builds' check after every operation. */
+  const char *was = getenv("XSEG_DEBUG_CHECK");
+  char *saved = was != NULL ? strdup(was) : NULL;
+  setenv("XSEG_DEBUG_CHECK", "1", 1);
+  xseg_allocator *a = at_create(NULL);
+  if (saved != NULL) setenv("XSEG_DEBUG_CHECK", saved, 1);
+  else unsetenv("XSEG_DEBUG_CHECK");
+  free(saved);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p[4] = {NULL};
+  for (int i = 0; i < 4; i++)
+    XSEG_EXPECT_OK(xseg_malloc(a, block_size(i + 2), i % 2 ? side : NULL,
+                               &p[i]));
+  long n = 0, refused = 0;
+  for (;; n++) {
+    atomic_store(&oom_fired, false);
+    oom_resume(n);
+    xseg_status st = xseg_check(a);
+    oom_pause();
+    if (!atomic_load(&oom_fired)) {
+      XSEG_EXPECT_OK(st);
+      break;
+    }
+    /* OK when the allocation that failed was the debug check's after
+       xseg_check (debug builds), which skips. */
+    if (st == XSEG_OK) continue;
+    refused++;
+    XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY);
+    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "out of host memory") != NULL);
+  }
+  XSEG_EXPECT_GE(refused, 2);  /* its context, then its arrays and sums */
+  /* A malloc and free whose checks run out of host memory in turn. */
+  for (n = 0;; n++) {
+    atomic_store(&oom_fired, false);
+    oom_resume(n);
+    void *q = NULL;
+    xseg_status st = xseg_malloc(a, 3000, side, &q);
+    if (st == XSEG_OK) st = xseg_free(a, q);
+    oom_pause();
+    if (st != XSEG_OK) {
+      XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY);
+      if (q != NULL) XSEG_EXPECT_OK(xseg_free(a, q));
+    }
+    if (!atomic_load(&oom_fired)) break;
+  }
+  for (int i = 0; i < 4; i++) XSEG_EXPECT_OK(xseg_free(a, p[i]));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
