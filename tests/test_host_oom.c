@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc/torch.h"
 #include "alloc_helpers.h"
 #include "sim_helpers.h"
 
@@ -270,5 +271,91 @@ XSEG_TEST(host_oom, checks_out_of_memory_say_so) {
   for (int i = 0; i < 4; i++) XSEG_EXPECT_OK(xseg_free(a, p[i]));
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(side));
+}
+
+/* PyTorch's entry points, swept the same way: the allocator made on first
+   use, a malloc, record_stream, a graph pool, empty_cache, the JSON
+   strings. A NULL from xseg_torch_malloc (or a failed void entry point)
+   keeps an out-of-memory failure for xseg_torch_last_error, PyTorch's
+   OutOfMemoryError; nothing crashes, and once the heap works again the
+   allocator is consistent and every block frees. */
+/* After one entry point: its kept failure, if any, is the injected out of
+   memory (PyTorch's glue raises it after the call). True when it kept one;
+   the failure is cleared for the next. */
+static bool torch_kept(long run_n, long *kept, const char *what) {
+  xseg_status st = xseg_torch_last_status();
+  if (st == XSEG_OK) return false;
+  (*kept)++;
+  long left = oom_pause();
+  if (!XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY) ||
+      !XSEG_EXPECT_TRUE(atomic_load(&oom_fired)))
+    fprintf(stderr, "run %ld, %s: %s\n", run_n, what, xseg_torch_last_error());
+  xseg_torch_clear_error();
+  oom_resume(left);
+  return true;
+}
+
+XSEG_TEST(host_oom, torch_entry_points_keep_the_failure) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  const char *drv = getenv("XSEG_TEST_DRIVER");
+  bool sim = drv == NULL || strcmp(drv, "system") != 0;
+  setenv("XSEG_ALLOC_CONF", sim ? "xseg_driver:sim" : "", 1);
+  CUstream side = at_stream_new();
+  XSEG_ASSERT_TRUE(side != NULL);
+  long n = 0, kept = 0;
+  for (;; n++) {
+    xseg_torch_clear_error();
+    atomic_store(&oom_fired, false);
+    oom_resume(n);
+    void *p = xseg_torch_malloc(3 << 20, 0, side);
+    torch_kept(n, &kept, "malloc");
+    void *q = xseg_torch_malloc(4096, 0, NULL);
+    torch_kept(n, &kept, "malloc on the legacy stream");
+    if (p != NULL) {
+      xseg_torch_record_stream(p, NULL);
+      torch_kept(n, &kept, "record_stream");
+    }
+    void *in_pool = NULL;
+    xseg_torch_begin_allocate_to_pool(0, 1, 9, side);
+    bool begun = !torch_kept(n, &kept, "begin_allocate_to_pool");
+    if (begun) {
+      in_pool = xseg_torch_malloc(512, 0, side);
+      torch_kept(n, &kept, "malloc in the pool");
+      xseg_torch_end_allocate_to_pool(0, 1, 9);
+      torch_kept(n, &kept, "end_allocate_to_pool");
+    }
+    char *snap = xseg_torch_snapshot_json(0);
+    torch_kept(n, &kept, "snapshot_json");
+    char *stats = xseg_torch_stats_json(0);
+    torch_kept(n, &kept, "stats_json");
+    oom_pause();
+    bool fired = atomic_load(&oom_fired);
+    if (!fired) {
+      XSEG_EXPECT_TRUE(p != NULL && q != NULL && in_pool != NULL);
+      XSEG_EXPECT_TRUE(snap != NULL && stats != NULL);
+    }
+    xseg_torch_string_free(snap);
+    xseg_torch_string_free(stats);
+    if (in_pool != NULL) xseg_torch_free(in_pool, 512, 0, side);
+    if (begun) xseg_torch_release_pool(0, 1, 9);
+    if (q != NULL) xseg_torch_free(q, 4096, 0, NULL);
+    if (p != NULL) xseg_torch_free(p, 3 << 20, 0, side);
+    XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+    XSEG_EXPECT_CU(cuCtxSynchronize());
+    xseg_torch_empty_cache();
+    if (xseg_torch_has_allocator(0)) {
+      xseg_allocator *a = xseg_torch_allocator(0);
+      XSEG_EXPECT_OK(xseg_check(a));
+      xseg_stats st;
+      XSEG_EXPECT_OK(xseg_get_stats(a, &st));
+      XSEG_EXPECT_EQ(st.allocation.current, 0);
+    }
+    xs_torch_destroy_all();
+    if (!fired) break;
+  }
+  XSEG_EXPECT_GE(kept, 3);
+  fprintf(stderr, "host_oom: the torch entry points made %ld allocations, "
+          "%ld failures kept\n", n, kept);
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
