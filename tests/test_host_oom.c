@@ -2,7 +2,8 @@
  * the public API runs again and again, and run n makes the library's nth
  * allocation from the host heap fail (malloc, calloc, realloc and
  * aligned_alloc, wrapped at link time: tests/CMakeLists.txt), until a run
- * makes fewer. Every call must then succeed or return
+ * makes fewer; then again with every allocation after the nth failing too
+ * (the heap stays exhausted). Every call must then succeed or return
  * XSEG_ERR_OUT_OF_MEMORY, the allocator must stay consistent (xseg_check), and
  * when the scenario ends nothing may be left: every block frees, every
  * handle, mapping and reservation goes back to the driver (the harness
@@ -29,12 +30,15 @@ void *__real_aligned_alloc(size_t alignment, size_t size);
 
 /* Allocations left before the one that fails; -1: none fails. Atomic: the
    emulator's threads never allocate through the wrappers (it is a shared
-   library of its own), but a host callback of the library could. */
+   library of its own), but a host callback of the library could.
+   `oom_persistent`: every allocation after that one fails too (the heap
+   stays exhausted), until the test pauses the countdown. */
 static _Atomic long oom_countdown = -1;
-static _Atomic bool oom_fired;
+static _Atomic bool oom_fired, oom_persistent;
 
 static bool oom_now(void) {
   if (atomic_load(&oom_countdown) < 0) return false;
+  if (atomic_load(&oom_fired) && atomic_load(&oom_persistent)) return true;
   if (atomic_fetch_sub(&oom_countdown, 1) != 0) return false;
   atomic_store(&oom_fired, true);
   return true;
@@ -72,7 +76,6 @@ typedef struct run {
 static void step(run *r, xseg_status st, const char *what) {
   if (st == XSEG_OK) return;
   r->failed = true;
-  fprintf(stderr, "failed: %s: %s\n", what, xseg_last_error());
   long left = oom_pause();
   if (!XSEG_EXPECT_EQ(st, XSEG_ERR_OUT_OF_MEMORY) ||
       !XSEG_EXPECT_TRUE(atomic_load(&oom_fired)))
@@ -196,17 +199,22 @@ static bool sweep_once(long n, CUstream side) {
   return fired;
 }
 
-XSEG_TEST(host_oom, every_host_allocation_may_fail) {
+/* Once each allocation (`persistent` false), or each and every one after
+   it. */
+static void sweep(bool persistent) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream side = at_stream_new();
   XSEG_ASSERT_TRUE(side != NULL);
   xsim_live before, after;
   if (xt_have_sim()) xsim_get_live(&before);
+  atomic_store(&oom_persistent, persistent);
   long n = 0;
   while (n < 100000 && sweep_once(n, side)) n++;
+  atomic_store(&oom_persistent, false);
   XSEG_EXPECT_GE(n, 20);          /* the scenario allocates that much */
   XSEG_EXPECT_LT(n, 100000);      /* and ends */
-  fprintf(stderr, "host_oom: %ld allocations, each failed in turn\n", n);
+  fprintf(stderr, "host_oom: %ld allocations, each failed in turn%s\n", n,
+          persistent ? " and every one after it" : "");
   if (xt_have_sim()) {
     xsim_get_live(&after);
     XSEG_EXPECT_EQ(after.handles, before.handles);
@@ -215,6 +223,10 @@ XSEG_TEST(host_oom, every_host_allocation_may_fail) {
   }
   XSEG_EXPECT_CU(cuStreamDestroy(side));
 }
+
+XSEG_TEST(host_oom, every_host_allocation_may_fail) { sweep(false); }
+
+XSEG_TEST(host_oom, the_heap_may_stay_exhausted) { sweep(true); }
 
 /* xseg_check out of host memory says so (XSEG_ERR_OUT_OF_MEMORY), not
    that an invariant broke; and a debug build's check after an operation
