@@ -137,3 +137,42 @@ XSEG_TEST(streams_capture_deferred, free_during_an_unseen_capture_waits) {
   capture_case_end(&c);
   capture_case_close(&c, 0);
 }
+
+/* The driver's capture queries failing: a growth asks whether its stream
+   captures (cuStreamGetCaptureInfo), a free used on other streams whether
+   one of them does (cuStreamIsCapturing). Each failure is the call's
+   status, named; the malloc hands nothing out, the free leaves its block
+   live (the caller may free it again), and the allocator stays
+   consistent. */
+XSEG_TEST(streams_capture_deferred, failed_capture_queries_lose_nothing) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s = at_stream_new(), other = at_stream_new();
+  XSEG_ASSERT_TRUE(s != NULL && other != NULL);
+  void *p = (void *)1;
+  xsim_fail_call("cuStreamGetCaptureInfo", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_EQ(xseg_malloc(a, 5 * MiB, s, &p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuStreamGetCaptureInfo") !=
+                   NULL);
+  XSEG_EXPECT_TRUE(p == NULL);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 0);
+  XSEG_ASSERT_OK(xseg_malloc(a, 5 * MiB, s, &p));
+  XSEG_EXPECT_OK(xseg_record_stream(a, p, other));
+  xsim_fail_call("cuStreamIsCapturing", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_EQ(xseg_free(a, p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuStreamIsCapturing") != NULL);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 1);     /* still live */
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 0);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
