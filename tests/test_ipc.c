@@ -426,3 +426,29 @@ XSEG_TEST(ipc, producer_in_another_pid_namespace_is_refused_naming_it) {
   xseg_destroy(b);
   xseg_destroy(a);
 }
+
+/* One message carries at most XS_IPC_MAX_HANDLES fds: a block made of one
+   more physical handle than that (one handle per granule) is refused,
+   saying why, and nothing is exported; a block of exactly that many
+   exports. */
+XSEG_TEST(ipc, a_block_of_too_many_handles_is_refused_naming_the_limit) {
+  xseg_allocator *a = at_create("xseg_handle_policy:granule");
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *big = NULL, *fits = NULL;
+  XT_OK(xseg_malloc(a, (XS_IPC_MAX_HANDLES + 1) * 2 * MiB, NULL, &big));
+  XT_OK(xseg_malloc(a, XS_IPC_MAX_HANDLES * 2 * MiB, NULL, &fits));
+  xseg_ipc_handle *h = (xseg_ipc_handle *)1;
+  XSEG_EXPECT_EQ(xseg_ipc_export(a, big, &h), XSEG_ERR_UNSUPPORTED);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "more than 252 physical "
+                          "handles") != NULL);
+  XSEG_EXPECT_TRUE(h == NULL);
+  XSEG_EXPECT_EQ(ipc_stats(a).exported_blocks, 0);
+  XT_OK(xseg_ipc_export(a, fits, &h));
+  XSEG_ASSERT_TRUE(h != NULL);
+  XSEG_EXPECT_EQ(h->wire.n_handles, XS_IPC_MAX_HANDLES);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, big));
+  XT_OK(xseg_free(a, fits));
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
