@@ -93,7 +93,8 @@ static size_t block_size(int i) {
 
 /* The public API's ways to allocate host memory, once each or more:
    pairs of two streams, the pointer table, the pending frees' events and
-   queues, a graph pool, the trace, growth, release and the stats. */
+   queues, a graph pool, the trace, IPC (export, a ticket, an interprocess
+   event, open and close), growth, release and the stats. */
 static void scenario(run *r) {
   CUstream streams[2] = {NULL, r->side};
   for (int i = 0; i < BLOCKS; i++)
@@ -140,10 +141,37 @@ static void scenario(run *r) {
     xseg_ipc_handle *h = NULL;
     xseg_status st = xseg_ipc_export(r->a, r->p[1], &h);
     step(r, st, "xseg_ipc_export");
+    /* A ticket keeps the block for the consumer; an event orders the
+       consumer's stream after the producer's. */
+    uint64_t ticket = 0;
+    xseg_status took = XSEG_ERR_INVALID_ARGUMENT;
+    if (st == XSEG_OK) {
+      took = xseg_ipc_ticket_take(r->a, r->p[1], &ticket);
+      step(r, took, "xseg_ipc_ticket_take");
+    }
+    unsigned char ev[XSEG_IPC_EVENT_BYTES];
+    xseg_status recorded = xseg_ipc_record(r->a, r->side, ev);
+    step(r, recorded, "xseg_ipc_record");
     void *q = NULL;
     if (st == XSEG_OK) {
       st = xseg_ipc_open(r->b, h, &q);
       step(r, st, "xseg_ipc_open");
+    }
+    if (recorded == XSEG_OK)
+      step(r, xseg_ipc_wait(r->b, ev, r->side), "xseg_ipc_wait");
+    if (took == XSEG_OK) {
+      /* The consumer's, once it opened; else the producer's own. */
+      xseg_status given = q != NULL
+                              ? xseg_ipc_ticket_give(r->b, q, ticket)
+                              : xseg_ipc_ticket_give(r->a, r->p[1], ticket);
+      step(r, given, "xseg_ipc_ticket_give");
+      if (given != XSEG_OK) {           /* given back once the heap works */
+        long left = oom_pause();
+        XSEG_EXPECT_OK(q != NULL ? xseg_ipc_ticket_give(r->b, q, ticket)
+                                 : xseg_ipc_ticket_give(r->a, r->p[1],
+                                                        ticket));
+        oom_resume(left);
+      }
     }
     if (q != NULL) step(r, xseg_ipc_close(r->b, q), "xseg_ipc_close");
     xseg_ipc_handle_free(h);
