@@ -78,15 +78,15 @@ XSEG_TEST(ipc, open_close_cycles_do_not_grow_address_space) {
   xseg_destroy(a);
 }
 
-/* Sends raw bytes with `n_fds` copies of fd as if they were a handle. */
-static bool ipc_send_raw(int sock, const void *bytes, size_t len, int fd,
-                         int n_fds) {
+/* Sends raw bytes with fds[0 .. n_fds) (at most 8) as if they were a
+   handle, or a piece of one. */
+static bool ipc_send_raw(int sock, const void *bytes, size_t len,
+                         const int *fds, int n_fds) {
   union { struct cmsghdr h; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
   memset(&u, 0, sizeof u);
   struct iovec iov = {(void *)bytes, len};
   struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-  int fds[8];
-  for (int i = 0; i < n_fds; i++) fds[i] = fd;
+  if (n_fds > 8) return false;
   if (n_fds > 0) {
     msg.msg_control = u.buf;
     msg.msg_controllen = CMSG_SPACE(n_fds * sizeof(int));
@@ -151,7 +151,8 @@ XSEG_TEST(ipc, truncated_or_forged_messages_are_refused) {
     if (cases[i].forge != NULL) cases[i].forge(&f);
     int spare = memfd_create("not-a-handle", MFD_CLOEXEC);
     XSEG_ASSERT_TRUE(spare >= 0);
-    XSEG_EXPECT_TRUE(ipc_send_raw(sv[0], &f, cases[i].len, spare,
+    const int copies[3] = {spare, spare, spare};
+    XSEG_EXPECT_TRUE(ipc_send_raw(sv[0], &f, cases[i].len, copies,
                                   cases[i].n_fds));
     close(spare);
     xseg_ipc_handle *h = (xseg_ipc_handle *)1;
@@ -181,18 +182,8 @@ XSEG_TEST(ipc, a_message_in_pieces_on_a_stream_socket) {
     XSEG_ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     size_t first = 64;
     XSEG_ASSERT_EQ(h->wire.n_handles, 1);
-    int fds[2] = {h->table_fd, h->fd[0]};
-    union { struct cmsghdr c; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
-    memset(&u, 0, sizeof u);
-    struct iovec iov = {(void *)&h->wire, first};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-    memcpy(CMSG_DATA(c), fds, sizeof fds);
-    XSEG_ASSERT_EQ(sendmsg(sv[0], &msg, 0), (ssize_t)first);
+    const int fds[2] = {h->table_fd, h->fd[0]};
+    XSEG_ASSERT_TRUE(ipc_send_raw(sv[0], &h->wire, first, fds, 2));
     if (closes) {
       close(sv[0]);
       XSEG_EXPECT_EQ(xseg_ipc_recv(sv[1], &got), XSEG_ERR_INVALID_ARGUMENT);
