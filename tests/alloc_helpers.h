@@ -36,14 +36,21 @@ static inline bool at_bytes_are(void *p, size_t n, unsigned char v) {
   return ok;
 }
 
-/* An allocator on device 0 of the driver the tests link ("sim" unless the
-   tests run on a real GPU), with `extra` appended to the config. */
-static inline xseg_allocator *at_create(const char *extra) {
-  char conf[512];
+/* The config of an allocator on the driver the tests link ("sim" unless
+   the tests run on a real GPU), with `extra` (or NULL) appended. */
+static inline const char *at_conf(const char *extra, char *conf,
+                                  size_t size) {
   const char *drv = getenv("XSEG_TEST_DRIVER");
   bool sim = drv == NULL || strcmp(drv, "system") != 0;
-  snprintf(conf, sizeof conf, "%s%s%s", sim ? "xseg_driver:sim" : "",
+  snprintf(conf, size, "%s%s%s", sim ? "xseg_driver:sim" : "",
            sim && extra && extra[0] ? "," : "", extra ? extra : "");
+  return conf;
+}
+
+/* An allocator on device 0 with at_conf(extra). */
+static inline xseg_allocator *at_create(const char *extra) {
+  char conf[512];
+  at_conf(extra, conf, sizeof conf);
   xseg_allocator *a = NULL;
   xseg_status st = xseg_create(0, conf, &a);
   if (st != XSEG_OK)

@@ -99,11 +99,11 @@ typedef struct ipc_worker {
 } ipc_worker;
 
 static inline xseg_allocator *ipc_create(void) {
-  const char *drv = getenv("XSEG_TEST_DRIVER");
-  bool sim = drv == NULL || strcmp(drv, "system") != 0;
+  char conf[64];
   xseg_allocator *a = NULL;
-  return xseg_create(0, sim ? "xseg_driver:sim" : "", &a) == XSEG_OK ? a
-                                                                     : NULL;
+  return xseg_create(0, at_conf(NULL, conf, sizeof conf), &a) == XSEG_OK
+             ? a
+             : NULL;
 }
 
 /* One command; the status it answers. */

@@ -13,9 +13,8 @@ enum { SIZE = 3 << 20 };
 
 /* The entry points read XSEG_ALLOC_CONF: point it at the tests' driver. */
 static void torch_setup(void) {
-  const char *drv = getenv("XSEG_TEST_DRIVER");
-  bool sim = drv == NULL || strcmp(drv, "system") != 0;
-  setenv("XSEG_ALLOC_CONF", sim ? "xseg_driver:sim" : "", 1);
+  char conf[64];
+  setenv("XSEG_ALLOC_CONF", at_conf(NULL, conf, sizeof conf), 1);
   xseg_torch_clear_error();
 }
 
