@@ -15,6 +15,13 @@
 #                                       -DXSEG_TEST_DRIVER=sim-as-system,
 #                                       into build-gpu-sim)
 #   tools/gpu-check.sh --summarize LOG  only the summary of a ctest -V log
+#   tools/gpu-check.sh --no-build --build DIR
+#                                       test and bench a tree built on
+#                                       another machine with the same
+#                                       configure line (the GPU machine
+#                                       then needs no compiler, gtest or
+#                                       headers; ctest's files name the
+#                                       build's absolute paths)
 #
 # Options: --build DIR (build folder), --jobs N (compile jobs; tests always
 # run one at a time), --no-bench, --micro-args "ARGS" (extra arguments for
@@ -26,11 +33,12 @@ driver=cuda
 build=""
 jobs="$(nproc 2>/dev/null || echo 2)"
 bench=1
+build_tree=1
 micro_args=""
 summarize=""
 
 usage() {
-  sed -n '2,22s/^# \{0,1\}//p' "$0"
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
   exit "${1:-0}"
 }
 
@@ -40,6 +48,7 @@ while [ $# -gt 0 ]; do
     --build) build="${2:?--build needs a folder}"; shift 2 ;;
     --jobs) jobs="${2:?--jobs needs a number}"; shift 2 ;;
     --no-bench) bench=0; shift ;;
+    --no-build) build_tree=0; shift ;;
     --micro-args) micro_args="${2?--micro-args needs a value}"; shift 2 ;;
     --summarize) summarize="${2:?--summarize needs a log}"; shift 2 ;;
     -h|--help) usage 0 ;;
@@ -107,10 +116,15 @@ if [ "$driver" = cuda ] && command -v nvidia-smi >/dev/null 2>&1; then
              --format=csv,noheader || true
 fi
 
-echo "== build ($build, tests against the $test_driver driver)"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DXSEG_BUILD_TESTS=ON \
-      -DXSEG_TEST_DRIVER="$test_driver"
-cmake --build "$build" -j"$jobs"
+if [ "$build_tree" = 1 ]; then
+  echo "== build ($build, tests against the $test_driver driver)"
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+        -DXSEG_BUILD_TESTS=ON -DXSEG_TEST_DRIVER="$test_driver"
+  cmake --build "$build" -j"$jobs"
+elif [ ! -f "$build/CTestTestfile.cmake" ]; then
+  echo "gpu-check.sh: --no-build needs a built tree in $build" >&2
+  exit 2
+fi
 
 log="$build/gpu-check-ctest.log"
 echo "== tests, one at a time (full output: $log)"

@@ -71,16 +71,39 @@ def run_worker(allocator, task, quick, timeout):
         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", allocator,
            task] + (["--quick"] if quick else [])
+    start = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True,
                               timeout=timeout)
+        result = {"error": "exit %d: %s" % (
+            done.returncode, (done.stderr or done.stdout)[-1500:])}
+        for line in done.stdout.splitlines():
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
     except subprocess.TimeoutExpired:
-        return {"error": "timed out after %d s" % timeout}
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    return {"error": "exit %d: %s" % (done.returncode,
-                                      (done.stderr or done.stdout)[-1500:])}
+        result = {"error": "timed out after %d s" % timeout}
+    # One line as each worker ends, so that a run cut short still shows
+    # what it measured (the tables come at the end).
+    print("  %s under %s: %s (%.0f s)" % (task, allocator, summary(result),
+                                         time.perf_counter() - start),
+          flush=True)
+    return result
+
+
+def summary(result):
+    """One worker's result in a few words."""
+    if "error" in result:
+        return "error: " + result["error"].strip().splitlines()[-1][:200] \
+            if result["error"].strip() else "error"
+    if "checks" in result:
+        bad = [n for n, (ok, _) in result["checks"].items() if not ok]
+        return "%d checks, failed: %s" % (len(result["checks"]),
+                                          ", ".join(bad) or "none")
+    if "rate" in result:
+        return "%.1f %s, fragmentation %.3f" % (
+            result["rate"], result.get("unit", ""), result["fragmentation"])
+    return ", ".join("%s %s" % (k, v) for k, v in sorted(result.items())
+                     if isinstance(v, (int, float)))
 
 
 def format_table(header, rows):
@@ -558,6 +581,11 @@ def self_test():
     checks = checks_table({"checks": {"a": (True, "fine"),
                                       "b": (False, "why")}})
     assert checks == [["a", "ok", "fine"], ["b", "FAILED", "why"]], checks
+    assert summary({"error": "exit 1: a\nb"}) == "error: b"
+    assert summary({"checks": {"a": (True, ""), "b": (False, "")}}
+                   ) == "2 checks, failed: b"
+    assert summary(same["xseg"]) == "103.0 tok/s, fragmentation 1.100"
+    assert summary({"share_us": 1.5}) == "share_us 1.5"
     table = format_table(["x", "y"], [["1", "22"]])
     assert table.splitlines() == ["| x | y  |", "|---|----|", "| 1 | 22 |"]
     print("self-test passed")
