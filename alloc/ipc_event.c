@@ -100,10 +100,11 @@ xseg_status xseg_ipc_wait(xseg_allocator *a, const void *event_handle,
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st == XSEG_OK) {
     CUevent ev;
-    st = xs_vmm_ipc_event_open(&a->vmm, &h, &ev);
+    bool own_event;
+    st = xs_vmm_ipc_event_open(&a->vmm, &h, &ev, &own_event);
     if (st == XSEG_OK) {
       st = xs_vmm_ipc_event_wait(&a->vmm, ev, stream);
-      xs_vmm_event_destroy(&a->vmm, ev);
+      if (!own_event) xs_vmm_event_destroy(&a->vmm, ev);
     }
     xs_vmm_ctx_leave(&a->vmm, saved);
   }

@@ -164,7 +164,9 @@ static CUresult xsim_ipc_event_reach(const xsim_ipc_event_wire *w,
                                    xsim_ipc_event **out) {
   if (memcmp(w->magic, XSIM_IPC_EVENT_MAGIC, sizeof w->magic) != 0 ||
       w->creator_pid <= 0 || w->fd < 0)
-    return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_MAP_FAILED;   /* the H200's answer to junk bytes */
+  if (w->creator_pid == getpid())
+    return CUDA_ERROR_INVALID_CONTEXT;   /* its own event, live or not */
   int pidfd = xsim_pidfd_open(w->creator_pid);
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)w->creator_pid, w->fd);
@@ -250,9 +252,9 @@ void xsim_ipc_event_await(const xsim_ipc_event *x, uint64_t target) {
 /* ---- the driver's entry points ----------------------------------------- */
 
 /* cuda.h: the event "must have been created with the CU_EVENT_INTERPROCESS
-   and CU_EVENT_DISABLE_TIMING flags set": another event is
-   CUDA_ERROR_INVALID_VALUE (the argument error listed), a destroyed or
-   unknown one CUDA_ERROR_INVALID_HANDLE. */
+   and CU_EVENT_DISABLE_TIMING flags set": another event, like a destroyed
+   or unknown one, is CUDA_ERROR_INVALID_HANDLE (what an H200 with driver
+   580 answers; cuda.h lists only the argument error). */
 CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
   XSIM_ENTER("cuIpcGetEventHandle");
   CUresult r = xsim_require_init();
@@ -260,7 +262,7 @@ CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
   if (pHandle == NULL) return CUDA_ERROR_INVALID_VALUE;
   xsim_lock();
   if (!xsim_event_valid_locked(event)) r = CUDA_ERROR_INVALID_HANDLE;
-  else if (event->ipc == NULL) r = CUDA_ERROR_INVALID_VALUE;
+  else if (event->ipc == NULL) r = CUDA_ERROR_INVALID_HANDLE;
   else xsim_ipc_event_handle(event->ipc, pHandle);
   xsim_unlock();
   return r;
@@ -268,10 +270,12 @@ CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
 
 /* cuda.h: "returns a CUevent that behaves like a locally created event with
    the CU_EVENT_DISABLE_TIMING flag specified. This event must be freed
-   with cuEventDestroy." Needs a current context. A handle that names no
-   live event (its creator exited, or destroyed it) is
-   CUDA_ERROR_INVALID_HANDLE; bytes that are no handle at all
-   CUDA_ERROR_INVALID_VALUE. */
+   with cuEventDestroy." Needs a current context. As an H200 (driver 580)
+   answers: the process that exported the event cannot open its handle
+   (CUDA_ERROR_INVALID_CONTEXT, whether the event still lives or not), and
+   bytes that are no handle at all are CUDA_ERROR_MAP_FAILED. A handle of
+   another process that names no live event (its creator exited, or
+   destroyed it) is CUDA_ERROR_INVALID_HANDLE. */
 CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
   XSIM_ENTER("cuIpcOpenEventHandle");
   int device;

@@ -168,7 +168,10 @@ XSEG_TEST(ipc_queue, bad_tickets_are_refused) {
 /* The consumer's stream waits for the work the producer queued before
    xseg_ipc_record, on the device: the producer's stream is held by a
    latch, the consumer's copy behind the wait does not run until the latch
-   opens, and the producer never waited. */
+   opens, and the producer never waited. Both are in one process here,
+   whose own handle the driver refuses to open (an H200 with driver 580:
+   CUDA_ERROR_INVALID_CONTEXT): xseg waits on the event itself. Once the
+   producer is destroyed, with its event, the handle names the cause. */
 XSEG_TEST(ipc_queue, consumer_stream_waits_for_the_recorded_work) {
   xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
   XSEG_ASSERT_TRUE(a != NULL && b != NULL);
@@ -203,8 +206,10 @@ XSEG_TEST(ipc_queue, consumer_stream_waits_for_the_recorded_work) {
   XSEG_EXPECT_CU(cuStreamSynchronize(ps));
   XT_OK(xseg_check(a));
   XT_OK(xseg_check(b));
-  xseg_destroy(b);
   xseg_destroy(a);
+  XSEG_EXPECT_EQ(xseg_ipc_wait(b, ev, cs), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "this process's own") != NULL);
+  xseg_destroy(b);
   XSEG_EXPECT_CU(cuStreamDestroy(ps));
   XSEG_EXPECT_CU(cuStreamDestroy(cs));
   xt_latch_free(l);
@@ -227,7 +232,8 @@ XSEG_TEST(ipc_queue, wait_on_junk_names_the_driver_call) {
 /* A driver failure at each step of xseg_ipc_record and xseg_ipc_wait
    names the failing call and loses nothing: a record whose event could not
    be created keeps none (the next record creates it), and a wait whose
-   stream wait fails still destroys the event it opened. */
+   stream wait fails leaves no event behind (in this one process it opened
+   none: it waited on the producer's own). */
 XSEG_TEST(ipc_queue, driver_failures_in_record_and_wait_are_named) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL), *b = at_create(NULL);

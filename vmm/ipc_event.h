@@ -18,11 +18,13 @@ xseg_status xs_vmm_ipc_event_create(xs_vmm *v, CUevent *out);
 /* Records e on stream and writes its interprocess handle. */
 xseg_status xs_vmm_ipc_event_record(xs_vmm *v, CUevent e, CUstream stream,
                                     CUipcEventHandle *out);
-/* The event another process exported as h, opened here. */
+/* The event exported as h, opened here; or, when this process exported
+   it, the event itself (*own_event true: the caller must not destroy it). */
 xseg_status xs_vmm_ipc_event_open(xs_vmm *v, const CUipcEventHandle *h,
-                                  CUevent *out);
+                                  CUevent *out, bool *own_event);
 /* Makes stream wait (on the device) for e's latest record. */
 xseg_status xs_vmm_ipc_event_wait(xs_vmm *v, CUevent e, CUstream stream);
+/* Destroys an event that xs_vmm_ipc_event_create made or _open opened. */
 void        xs_vmm_event_destroy(xs_vmm *v, CUevent e);
 
 #endif /* XS_VMM_IPC_EVENT_H */
