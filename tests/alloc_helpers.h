@@ -36,6 +36,14 @@ static inline bool at_bytes_are(void *p, size_t n, unsigned char v) {
   return ok;
 }
 
+/* Why a test that destroys a stream xseg still knows (memory freed or
+   recorded on it) runs on the emulator alone: the emulator answers the
+   dead handle with CUDA_ERROR_INVALID_HANDLE, while on an H200 (driver
+   580) such tests crashed inside the driver: a destroyed stream's handle
+   is freed memory there (include/xseg.h, xseg_free). */
+#define AT_DESTROYS_A_KNOWN_STREAM \
+  "destroys a stream xseg still knows (a real driver crashed on it)"
+
 /* The config of an allocator on the driver the tests link ("sim" unless
    the tests run on a real GPU), with `extra` (or NULL) appended. */
 static inline const char *at_conf(const char *extra, char *conf,

@@ -199,6 +199,7 @@ XSEG_TEST(alloc_flow, check_counts_an_alias_once_and_destroy_frees_it) {
    release pass unmaps the old mappings and releases them. Device memory
    held is what reserved_bytes says at every point. */
 XSEG_TEST(alloc_flow, a_failed_growth_keeps_counting_what_it_had_lent) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
   lend_fixture f = {0};
   lend_setup(&f);
   xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);

@@ -180,6 +180,7 @@ XSEG_TEST(hardening, destroyed_streams_memory_moves) {
 /* The same with nothing else to trigger it: empty_cache on a destroyed
    stream's memory. */
 XSEG_TEST(hardening, empty_cache_after_stream_destroy) {
+  XT_REQUIRE_SIM_FOR(AT_DESTROYS_A_KNOWN_STREAM);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s1 = at_stream_new();
   xseg_allocator *a = at_create(NULL);
@@ -198,6 +199,7 @@ XSEG_TEST(hardening, empty_cache_after_stream_destroy) {
    before the free could never be freed (cuEventRecord on the dead stream
    failed every time). The free completes, and the block is reused. */
 XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
+  XT_REQUIRE_SIM_FOR(AT_DESTROYS_A_KNOWN_STREAM);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   CUstream s1 = at_stream_new(), s2 = at_stream_new();
   xseg_allocator *a = at_create(NULL);

@@ -291,7 +291,12 @@ XSEG_TEST(alloc_lazy, layers_match_merging_at_free) {
 XSEG_TEST(alloc_lazy, matches_merging_at_free_on_one_stream) {
   for (uint64_t seed = 1; seed <= 3; seed++) {
     lazy_compare(NULL, seed, true, 1);
-    lazy_compare("expandable_segments:False", seed, false, 1);
+    /* Classic mode's best fit breaks ties by address, as PyTorch's does,
+       and its segments are separate reservations: the emulator places the
+       two allocators' in the same order, a real driver need not (on an
+       H200 the two runs' statistics differed). */
+    if (xt_have_sim())
+      lazy_compare("expandable_segments:False", seed, false, 1);
   }
 }
 

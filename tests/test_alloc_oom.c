@@ -71,7 +71,8 @@ XSEG_TEST(alloc_oom, cached_pages_are_released_before_failing) {
 }
 
 XSEG_TEST(alloc_oom, memory_fraction_caps_what_is_mapped) {
-  xseg_allocator *a = at_create("xseg_memory_fraction:0.001");  /* 80 MiB */
+  xseg_allocator *a = at_create_capped(NULL, 80 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
   void *p, *q;
   XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &p));
   XSEG_EXPECT_STATUS(xseg_malloc(a, 30 * MiB, NULL, &q),

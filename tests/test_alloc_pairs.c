@@ -95,7 +95,7 @@ XSEG_TEST(alloc_pairs, a_gone_pair_is_reused_only_after_its_holder_lets_go) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = at_stream_new();
-  void *where;
+  void *where = NULL;
   XSEG_ASSERT_TRUE(pr_use_pool(a, 1, s, &where));
   /* The pool's pair, found from its block's address as a free finds it. */
   xs_alloc_enter(a);

@@ -112,7 +112,8 @@ XSEG_TEST(snapshot, empty_allocator) {
 
 XSEG_TEST(snapshot, segments_blocks_states_and_traces) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create("xseg_memory_fraction:0.01");
+  xseg_allocator *a = at_create_capped(NULL, 819 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
   CUstream s1;
   XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
   xt_latch *held = xt_latch_new();

@@ -200,6 +200,7 @@ XSEG_TEST(streams_capture, unannounced_capture_is_detected_on_the_slow_path) {
    capture was announced (xseg_begin_allocate_to_pool), else xseg
    detected it on the slow path. */
 static void capture_then_destroy_stream(bool announce, bool end_first) {
+  XT_REQUIRE_SIM_FOR(AT_DESTROYS_A_KNOWN_STREAM);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
   CUstream s = at_stream_new(), s1 = at_stream_new();
