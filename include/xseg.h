@@ -62,12 +62,16 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
 /* NULL is ignored, as by free(). A block that xseg_record_stream tagged
    with other streams becomes pending (stats: pending_free_bytes) and is
    reused only after the work those streams had queued at this free.
-   Streams may be destroyed while xseg caches memory for them: once the
-   driver says a stream's handle is gone (cuStreamQuery:
-   CUDA_ERROR_INVALID_HANDLE), its free memory counts as idle and moves to
-   other streams or back to the driver. So finish the work that uses memory
-   freed on a stream (cuStreamSynchronize) before cuStreamDestroy, which
-   CUDA lets return while that work still runs. */
+   A stream that xseg has seen (a malloc, a record_stream or a capture on
+   it) must outlive the allocator on a real GPU, as PyTorch's streams
+   outlive its allocator: xseg queries it again later (to prove memory
+   freed on it unused, to record a deferred free's event), and a destroyed
+   stream's handle is freed memory in the driver. On an H200 (driver 580)
+   tests that destroyed such a stream crashed inside the driver. The
+   emulator answers a destroyed handle with CUDA_ERROR_INVALID_HANDLE;
+   there xseg counts the stream as idle and moves its free memory to other
+   streams or back to the driver, which is what its tests of destroyed
+   streams check. */
 xseg_status xseg_free(xseg_allocator *a, void *ptr);
 /* Marks the live block at ptr as used by work on `stream` (PyTorch's
    recordStream); its own allocation stream is ignored. A pointer that is

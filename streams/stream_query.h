@@ -2,11 +2,14 @@
  *
  * Asked in two places (a guard proving a stream idle, a deferred free
  * recording events on its streams) that must read the answer the same way.
- * A stream the caller destroyed answers CUDA_ERROR_INVALID_HANDLE (the
- * emulator and an H100 alike): no work can be queued on it any more, and
- * what it had queued before cuStreamDestroy is the caller's to have
- * finished (xseg.h: synchronize a stream before destroying it), so it is
- * as good as idle, but no event can be recorded on it.
+ * A stream the caller destroyed answers CUDA_ERROR_INVALID_HANDLE on the
+ * emulator (and answered so on an H100 once): no work can be queued on it
+ * any more, and what it had queued before cuStreamDestroy is the caller's
+ * to have finished, so it is as good as idle, but no event can be recorded
+ * on it. A real driver promises nothing for a destroyed handle (tests that
+ * destroyed a stream xseg knew crashed inside an H200's driver), so
+ * xseg.h asks that such streams outlive the allocator; this reading keeps
+ * the emulator's answer useful.
  */
 #ifndef XS_STREAMS_STREAM_QUERY_H
 #define XS_STREAMS_STREAM_QUERY_H
