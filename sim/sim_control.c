@@ -18,6 +18,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -398,7 +399,22 @@ CUresult xsim_enter(const char *name, _Atomic(void *) *slot) {
 
 /* ---- xsim.h ------------------------------------------------------------ */
 
+/* XSIM_STEERING=refuse: a call that steers the emulator aborts, naming
+   itself. A dry run of a GPU run (tests built with -DXSEG_TEST_DRIVER=
+   sim-as-system) sets it: a test that steers without asking for the
+   emulator first (XT_REQUIRE_SIM_FOR) would misbehave on a real driver,
+   where the call does nothing, and now fails on any machine instead. */
+static void xsim_steering_check(const char *fn) {
+  const char *v = getenv("XSIM_STEERING");
+  if (v == NULL || strcmp(v, "refuse") != 0) return;
+  fprintf(stderr, "xsim: %s called under XSIM_STEERING=refuse: this test "
+          "steers the emulator, which a real driver does not have; it must "
+          "skip there first (XT_REQUIRE_SIM_FOR)\n", fn);
+  abort();
+}
+
 void xsim_set_device_memory(int device, uint64_t bytes) {
+  xsim_steering_check("xsim_set_device_memory");
   xsim_control_init();
   if (device < 0 || device >= XSIM_MAX_DEVICES) return;
   atomic_store(&xsim_ctl.device_memory[device], bytes);
@@ -406,27 +422,32 @@ void xsim_set_device_memory(int device, uint64_t bytes) {
 
 void xsim_fail_calls(const char *name, uint64_t nth, uint64_t repeat,
                      CUresult err) {
+  xsim_steering_check("xsim_fail_calls");
   xsim_control_init();
   xsim_countdown_set(name, nth, repeat, err);
 }
 
 void xsim_fail_call(const char *name, uint64_t nth, CUresult err) {
+  xsim_steering_check("xsim_fail_call");
   xsim_control_init();
   xsim_countdown_set(name, nth, 1, err);
 }
 
 void xsim_fail_random(const char *name, double p, uint64_t seed,
                       CUresult err) {
+  xsim_steering_check("xsim_fail_random");
   xsim_control_init();
   xsim_random_set(name, p, seed, err);
 }
 
 void xsim_set_latency(const char *name, uint64_t ns) {
+  xsim_steering_check("xsim_set_latency");
   xsim_control_init();
   xsim_latency_set(name, ns);
 }
 
 void xsim_set_gpu_lag(uint64_t us) {
+  xsim_steering_check("xsim_set_gpu_lag");
   xsim_control_init();
   atomic_store(&xsim_ctl.gpu_lag_ns, us > UINT64_MAX / 1000 ? UINT64_MAX
                                                          : us * 1000);

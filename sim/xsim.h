@@ -15,6 +15,8 @@
  *   XSIM_FAIL_RATE      name:probability:seed[:CUDA_ERROR_NAME],...
  *   XSIM_LATENCY        name:nanoseconds,... modeled host latency of a call
  *   XSIM_GPU_LAG        microseconds: modeled device lag (xsim_set_gpu_lag)
+ *   XSIM_STEERING       "refuse": the calls below that steer the emulator
+ *                       (capacity, faults, latency, lag) abort instead
  */
 #ifndef XSIM_H
 #define XSIM_H

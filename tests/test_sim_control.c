@@ -5,11 +5,14 @@
  * real driver, so every test requires the emulator.
  */
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sim_helpers.h"
 
@@ -270,4 +273,49 @@ XSEG_TEST(SimControl, handles_are_opaque_ids) {
   XSEG_EXPECT_TRUE(top != 0 && top != 0x1ffff);
   XSEG_EXPECT_CU(cuMemRelease(a));
   XSEG_EXPECT_CU(cuMemRelease(b));
+}
+
+/* XSIM_STEERING=refuse (the dry run of a GPU run sets it): each call that
+   steers the emulator aborts, naming itself; reading the counters still
+   works. In a child, whose stderr the test reads. */
+XSEG_TEST(SimControl, steering_refused_when_asked) {
+  XT_REQUIRE_SIM_FOR("checks the emulator's own entry points");
+  const char *steering[] = {"xsim_set_device_memory", "xsim_fail_call",
+                            "xsim_fail_calls", "xsim_fail_random",
+                            "xsim_set_latency", "xsim_set_gpu_lag"};
+  for (int i = 0; i < 6; i++) {
+    int err[2];
+    XSEG_ASSERT_TRUE(pipe(err) == 0);
+    pid_t pid = fork();
+    XSEG_ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+      dup2(err[1], 2);
+      setenv("XSIM_STEERING", "refuse", 1);
+      (void)xsim_call_count("cuMemCreate");
+      switch (i) {
+        case 0: xsim_set_device_memory(0, 1); break;
+        case 1: xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN); break;
+        case 2:
+          xsim_fail_calls("cuMemCreate", 1, 2, CUDA_ERROR_UNKNOWN);
+          break;
+        case 3: xsim_fail_random("cuMemCreate", 1, 1, CUDA_ERROR_UNKNOWN); break;
+        case 4: xsim_set_latency("cuMemCreate", 1); break;
+        default: xsim_set_gpu_lag(1); break;
+      }
+      _exit(0);
+    }
+    close(err[1]);
+    char text[512] = {0};
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof text - 1 &&
+           (n = read(err[0], text + got, sizeof text - 1 - got)) > 0)
+      got += (size_t)n;
+    close(err[0]);
+    int status = 0;
+    XSEG_ASSERT_TRUE(waitpid(pid, &status, 0) == pid);
+    XSEG_EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+    XSEG_EXPECT_TRUE(strstr(text, steering[i]) != NULL);
+    XSEG_EXPECT_TRUE(strstr(text, "XT_REQUIRE_SIM_FOR") != NULL);
+  }
 }
