@@ -33,14 +33,15 @@ static struct {
   size_t n, cap;
 } own = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* Caller holds own.lock. */
-static void own_forget_other_process(void) {
+/* Empties a table inherited through fork. Caller holds own.lock. */
+static void own_forget_after_fork(void) {
   if (own.pid == getpid()) return;
   own.pid = getpid();
   own.n = 0;
 }
 
-static own_event *own_find_locked(CUevent e) {
+/* e's entry, or NULL. Caller holds own.lock. */
+static own_event *own_find(CUevent e) {
   for (size_t i = 0; i < own.n; i++)
     if (own.v[i].event == e) return &own.v[i];
   return NULL;
@@ -48,7 +49,7 @@ static own_event *own_find_locked(CUevent e) {
 
 xseg_status xs_vmm_ipc_event_create(xs_vmm *v, CUevent *out) {
   pthread_mutex_lock(&own.lock);
-  own_forget_other_process();
+  own_forget_after_fork();
   bool room = XS_ARRAY_RESERVE(own.v, own.cap, own.n + 1, 4);
   pthread_mutex_unlock(&own.lock);
   if (!room)
@@ -61,11 +62,11 @@ xseg_status xs_vmm_ipc_event_create(xs_vmm *v, CUevent *out) {
     return xs_driver_error(v->drv, r, "cuEventCreate(INTERPROCESS | "
                            "DISABLE_TIMING) on device %d", v->device);
   pthread_mutex_lock(&own.lock);
-  own_forget_other_process();
+  own_forget_after_fork();
   /* An entry of the same value is an event destroyed without this file
      (its context went first): the driver reused the value. Room was made
      above, but another thread may have taken it. */
-  own_event *old = own_find_locked(*out);
+  own_event *old = own_find(*out);
   if (old != NULL || XS_ARRAY_RESERVE(own.v, own.cap, own.n + 1, 4)) {
     *(old != NULL ? old : &own.v[own.n++]) = (own_event){.event = *out};
     pthread_mutex_unlock(&own.lock);
@@ -90,8 +91,8 @@ xseg_status xs_vmm_ipc_event_record(xs_vmm *v, CUevent e, CUstream stream,
     return xs_driver_error(v->drv, r, "cuIpcGetEventHandle on device %d",
                            v->device);
   pthread_mutex_lock(&own.lock);
-  own_forget_other_process();
-  own_event *o = own_find_locked(e);
+  own_forget_after_fork();
+  own_event *o = own_find(e);
   if (o != NULL) o->handle = *out, o->has_handle = true;
   pthread_mutex_unlock(&own.lock);
   return XSEG_OK;
@@ -100,7 +101,7 @@ xseg_status xs_vmm_ipc_event_record(xs_vmm *v, CUevent e, CUstream stream,
 xseg_status xs_vmm_ipc_event_open(xs_vmm *v, const CUipcEventHandle *h,
                                   CUevent *out, bool *own_event_out) {
   pthread_mutex_lock(&own.lock);
-  own_forget_other_process();
+  own_forget_after_fork();
   for (size_t i = 0; i < own.n; i++) {
     if (own.v[i].has_handle &&
         memcmp(&own.v[i].handle, h, sizeof *h) == 0) {
@@ -136,8 +137,8 @@ xseg_status xs_vmm_ipc_event_wait(xs_vmm *v, CUevent e, CUstream stream) {
 
 void xs_vmm_event_destroy(xs_vmm *v, CUevent e) {
   pthread_mutex_lock(&own.lock);
-  own_forget_other_process();
-  own_event *o = own_find_locked(e);
+  own_forget_after_fork();
+  own_event *o = own_find(e);
   if (o != NULL) *o = own.v[--own.n];
   pthread_mutex_unlock(&own.lock);
   XS_DRV(v->drv, cuEventDestroy, e);
