@@ -33,10 +33,9 @@ XSEG_LIBRARY / XSEG_TORCH_LIBRARY, as python/xseg_torch.py finds them).
    variable-batch models: GPT-2 prefill and generation (transformers, from
    its config: no download) and ResNet-50 training (torchvision), or a small
    transformer when those packages are missing (tools/torch_check_models.py).
-   Throughput,
-   peak allocated, peak reserved, fragmentation (peak reserved / peak
-   allocated) and a checksum of the outputs, which must be identical across
-   allocators.
+   Throughput, peak allocated, peak reserved, fragmentation (peak reserved /
+   peak allocated) and a checksum of the outputs, which must be identical
+   across allocators.
 
 Exit status 0 when every check passed and every checksum agreed.
 """
