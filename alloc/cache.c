@@ -1,14 +1,16 @@
 /* cache.c: what the caller may ask of the cache as a whole: give back every
- * free granule (empty_cache, and its blocking form), cap the device memory
- * xseg maps (set_memory_fraction), and let a peer device reach every
- * mapping.
+ * free granule (empty_cache, and its blocking form), forget a stream the
+ * caller will destroy, cap the device memory xseg maps
+ * (set_memory_fraction), and let a peer device reach every mapping.
  */
 #include "alloc/account.h"
 #include "alloc/capture.h"
+#include "alloc/capture_mode.h"
 #include "alloc/enter.h"
 #include "alloc/pairs.h"
 #include "alloc/reclaim.h"
 #include "alloc/types.h"
+#include "streams/stream_set.h"
 #include "vmm/error.h"
 
 static xseg_status cache_empty(xseg_allocator *a, bool wait) {
@@ -41,6 +43,89 @@ xseg_status xseg_empty_cache_blocking(xseg_allocator *a) {
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_empty_cache_blocking: allocator is NULL");
   return cache_empty(a, true);
+}
+
+/* Live blocks of any pair recorded on `stream`: each one's free would
+   record an event there. */
+static size_t cache_live_uses_locked(xseg_allocator *a,
+                                     struct CUstream_st *stream) {
+  size_t n = 0;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    for (size_t i = 0; pair->live.count != 0 && i <= pair->live.mask; i++) {
+      const xs_ptrtable_slot *s = &pair->live.slot[i];
+      if (s->addr != 0 && s->block->allocated &&
+          xs_stream_set_has(&s->block->uses, stream))
+        n++;
+    }
+  return n;
+}
+
+/* What keeps `stream` from being forgotten, as an error; XSEG_OK if
+   nothing. Every lock held. */
+static xseg_status cache_forget_refusal_locked(xseg_allocator *a,
+                                               struct CUstream_st *stream,
+                                               const xs_pair *own) {
+  const char *fn = "xseg_forget_stream";
+  if (xs_alloc_capturing(a))
+    return xs_error(XSEG_ERR_CAPTURE, "%s(stream %p): a graph capture is "
+                    "under way on device %d", fn, (void *)stream,
+                    a->vmm.device);
+  if (own != NULL && own->live.count != 0)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(stream %p): %zu blocks "
+                    "allocated on it are live (free them first)", fn,
+                    (void *)stream, own->live.count);
+  size_t recorded = cache_live_uses_locked(a, stream);
+  if (recorded != 0)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(stream %p): %zu live "
+                    "blocks were recorded on it (xseg_record_stream; free "
+                    "them first)", fn, (void *)stream, recorded);
+  for (const xs_pair *p = a->streams; p != NULL; p = p->next)
+    if (p->private_id != 0 && p->stream == stream && !p->released)
+      return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(stream %p): private "
+                      "pool %llu allocated on it (xseg_release_pool first)",
+                      fn, (void *)stream, (unsigned long long)p->private_id);
+  return XSEG_OK;
+}
+
+/* After the blocking release, nothing of the stream may remain: its own
+   pair without memory, and no released private pair of it left. */
+static bool cache_stream_holds_nothing_locked(xseg_allocator *a,
+                                              struct CUstream_st *stream) {
+  for (const xs_pair *p = a->streams; p != NULL; p = p->next)
+    if (p->stream == stream &&
+        (p->private_id != 0 || p->pool[0].segments != NULL ||
+         p->pool[1].segments != NULL))
+      return false;
+  return true;
+}
+
+xseg_status xseg_forget_stream(xseg_allocator *a,
+                               struct CUstream_st *stream) {
+  if (a == NULL || stream == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_forget_stream(stream "
+                    "%p): %s", (void *)stream, a == NULL
+                    ? "allocator is NULL"
+                    : "the legacy stream (NULL) is never destroyed");
+  xs_alloc_enter(a);
+  xs_pair *own = a->streams;
+  while (own != NULL && (own->stream != stream || own->private_id != 0))
+    own = own->next;
+  xseg_status st = cache_forget_refusal_locked(a, stream, own);
+  CUcontext saved;
+  if (st == XSEG_OK && (st = xs_vmm_ctx_enter(&a->vmm, &saved)) == XSEG_OK) {
+    /* Waits for every piece of work that guards free memory, this
+       stream's included (while it still lives), and gives back every
+       free granule: the stream's own pair keeps no segment. */
+    st = xs_alloc_release_locked(a, SIZE_MAX, true);
+    if (st == XSEG_OK && !cache_stream_holds_nothing_locked(a, stream))
+      st = xs_error(XSEG_ERR_DRIVER, "xseg_forget_stream(stream %p): memory "
+                    "cached for it could not all be given back; it is not "
+                    "forgotten", (void *)stream);
+    if (st == XSEG_OK && own != NULL) own->forgotten = true;
+    xs_vmm_ctx_leave(&a->vmm, saved);
+  }
+  xs_alloc_leave(a);
+  return st;
 }
 
 xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction) {

@@ -164,7 +164,8 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
   xseg_status st = xs_capture_refresh_locked(a);
   for (xs_pair *pair = a->streams; st == XSEG_OK && pair != NULL;
        pair = pair->next) {
-    if (pair->private_id != 0 || capture_of_stream(a, pair->stream) != NULL)
+    if (pair->private_id != 0 || pair->forgotten ||
+        capture_of_stream(a, pair->stream) != NULL)
       continue;
     bool active = false, id_known = false;
     uint64_t id = 0;

@@ -248,6 +248,7 @@ xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
                       (void *)stream);
   } else {
     xs_pairs_touch_locked(a, pair);
+    pair->forgotten = false;     /* a new stream at a forgotten address */
   }
   *out = pair;
   return XSEG_OK;

@@ -50,6 +50,10 @@ typedef struct xs_pair {
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
+  /* Own: xseg_forget_stream gave its memory back, and no capture sweep
+     asks its stream (which the caller may have destroyed) any more; a
+     later slow-path use of the same handle (a new stream) clears it. */
+  bool forgotten;
   uint64_t used_at;                   /* recency: the calling thread's use
                                          count at its last malloc (thread.c) */
   xs_guard guard;                     /* unmap guard; sets safe_epoch */

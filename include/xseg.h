@@ -63,21 +63,30 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
    with other streams becomes pending (stats: pending_free_bytes) and is
    reused only after the work those streams had queued at this free.
    A stream that xseg has seen (a malloc, a record_stream or a capture on
-   it) must outlive the allocator on a real GPU, as PyTorch's streams
-   outlive its allocator: xseg queries it again later (to prove memory
-   freed on it unused, to record a deferred free's event), and a destroyed
-   stream's handle is freed memory in the driver. On an H200 (driver 580)
-   tests that destroyed such a stream crashed inside the driver. The
-   emulator answers a destroyed handle with CUDA_ERROR_INVALID_HANDLE;
-   there xseg counts the stream as idle and moves its free memory to other
-   streams or back to the driver, which is what its tests of destroyed
-   streams check. */
+   it) is asked again later (whether memory freed on it is unused, whether
+   it captures a graph), and a destroyed stream's handle is freed memory
+   in a real driver: on an H200 (driver 580) tests that destroyed such a
+   stream crashed inside the driver. So call xseg_forget_stream before
+   cuStreamDestroy, or keep the stream as long as the allocator (as
+   PyTorch keeps its streams). The emulator answers a destroyed handle
+   with CUDA_ERROR_INVALID_HANDLE; there xseg counts the stream as idle
+   and moves its free memory, which its tests of destroyed streams check. */
 xseg_status xseg_free(xseg_allocator *a, void *ptr);
 /* Marks the live block at ptr as used by work on `stream` (PyTorch's
    recordStream); its own allocation stream is ignored. A pointer that is
    not the start of a live block gives XSEG_ERR_UNKNOWN_POINTER. */
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream);
+/* Before cuStreamDestroy of a stream xseg has seen: waits (on the host)
+   for the work that guards free memory, gives back every free granule
+   (as xseg_empty_cache_blocking), and stops asking the stream anything,
+   so that the caller may destroy it. Refused, with nothing changed, while
+   blocks allocated on the stream or recorded on it are live, while a
+   private pool allocates on it (xseg_release_pool first), and during a
+   graph capture (XSEG_ERR_CAPTURE). A stream created later at the same
+   address is a new stream. NULL (the legacy stream) is never destroyed:
+   XSEG_ERR_INVALID_ARGUMENT. */
+xseg_status xseg_forget_stream(xseg_allocator *a, struct CUstream_st *stream);
 /* Unmaps and releases every whole free granule whose recorded work is
    done, without waiting on the host: a granule whose stream may still use
    it stays mapped, and a later call (or the out-of-memory path) releases

@@ -17,6 +17,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -557,6 +558,15 @@ static CUresult xsim_stream_find_locked(CUstream h, int device,
       *out = s;
       return CUDA_SUCCESS;
     }
+  /* A real driver promises nothing for a destroyed handle (an H200 crashed
+     on some): XSIM_STALE_STREAMS=abort makes the emulator as unforgiving,
+     for tests that prove a caller never names one again. */
+  const char *stale = getenv("XSIM_STALE_STREAMS");
+  if (stale != NULL && strcmp(stale, "abort") == 0) {
+    fprintf(stderr, "xsim: a call named stream %p, which is destroyed or "
+            "was never created (XSIM_STALE_STREAMS=abort)\n", (void *)h);
+    abort();
+  }
   return CUDA_ERROR_INVALID_HANDLE;
 }
 

@@ -17,6 +17,9 @@
  *   XSIM_GPU_LAG        microseconds: modeled device lag (xsim_set_gpu_lag)
  *   XSIM_STEERING       "refuse": the calls below that steer the emulator
  *                       (capacity, faults, latency, lag) abort instead
+ *   XSIM_STALE_STREAMS  "abort": a call that names a destroyed (or never
+ *                       created) stream aborts, as a real driver may
+ *                       crash, instead of CUDA_ERROR_INVALID_HANDLE
  */
 #ifndef XSIM_H
 #define XSIM_H

@@ -224,6 +224,93 @@ XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
 }
 
+/* How to destroy a stream xseg has seen: free every block allocated or
+   recorded on it, xseg_forget_stream, cuStreamDestroy. xseg never names
+   the stream again: on the emulator a call that does aborts
+   (XSIM_STALE_STREAMS=abort), as a real driver may crash. Other streams
+   then allocate, grow (asking every known stream for captures) and
+   release, and the statistics, the check and destroy run. The stream's
+   memory went back to the driver. */
+XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream gone = at_stream_new(), other = at_stream_new();
+  void *p, *q, *r, *big;
+  XSEG_ASSERT_OK(xseg_malloc(a, 24 * MiB, gone, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, gone, &q));
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, other, &r));
+  XSEG_ASSERT_OK(xseg_record_stream(a, r, gone));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 1, 24 * MiB, gone));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(r), 2, 1 * MiB, gone));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_free(a, r));             /* pending on `gone` */
+  int64_t before = at_stats(a).reserved_bytes.current;
+  XSEG_ASSERT_OK(xseg_forget_stream(a, gone));
+  XSEG_EXPECT_LE(at_stats(a).reserved_bytes.current, before - 24 * MiB);
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_ASSERT_CU(cuStreamDestroy(gone));
+  XSEG_ASSERT_TRUE(setenv("XSIM_STALE_STREAMS", "abort", 1) == 0);
+  for (int round = 0; round < 3; round++) {
+    XSEG_EXPECT_OK(xseg_malloc(a, 40 * MiB, other, &big));
+    XSEG_EXPECT_OK(xseg_malloc(a, 512, other, &q));
+    XSEG_EXPECT_OK(xseg_free(a, q));
+    XSEG_EXPECT_OK(xseg_free(a, big));
+    XSEG_EXPECT_OK(round == 1 ? xseg_empty_cache_blocking(a)
+                              : xseg_empty_cache(a));
+  }
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.allocation.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_TRUE(unsetenv("XSIM_STALE_STREAMS") == 0);
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
+
+/* xseg_forget_stream refuses, changing nothing, while the stream still
+   has live blocks (allocated on it, or recorded on it), while a private
+   pool allocates on it, during a capture, and for the legacy stream. Once they are freed
+   (and the pool released) it forgets; a later malloc on the same handle
+   is a new stream's. */
+XSEG_TEST(hardening, forget_stream_refuses_while_the_stream_is_in_use) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new(), other = at_stream_new();
+  void *p, *r, *g;
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, other, &r));
+  XSEG_ASSERT_OK(xseg_record_stream(a, r, s));
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, s), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "1 blocks allocated on it "
+                          "are live") != NULL);
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, s), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "recorded on it") != NULL);
+  XSEG_ASSERT_OK(xseg_free(a, r));
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 7, s));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4096, s, &g));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 7));
+  XSEG_ASSERT_OK(xseg_free(a, g));
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, s), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "private pool 7") != NULL);
+  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 8, other));  /* a capture */
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, s), XSEG_ERR_CAPTURE);
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 8));
+  XSEG_ASSERT_OK(xseg_release_pool(a, 8));
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, NULL), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_forget_stream(NULL, s), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_forget_stream(a, s));
+  XSEG_ASSERT_OK(xseg_forget_stream(a, s));            /* again: nothing */
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s, &p));      /* the same handle */
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
+
 /* ---- 5. a failed cuMemRelease ------------------------------------------ */
 
 static int64_t awaiting(xseg_allocator *a) {

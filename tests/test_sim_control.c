@@ -319,3 +319,37 @@ XSEG_TEST(SimControl, steering_refused_when_asked) {
     XSEG_EXPECT_TRUE(strstr(text, "XT_REQUIRE_SIM_FOR") != NULL);
   }
 }
+
+/* XSIM_STALE_STREAMS=abort: a call that names a destroyed stream aborts,
+   naming the handle, where it would otherwise answer
+   CUDA_ERROR_INVALID_HANDLE. In a child, whose stderr the test reads. */
+XSEG_TEST(SimControl, stale_streams_abort_when_asked) {
+  XT_REQUIRE_SIM_FOR("tests the emulator's environment knobs");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s;
+  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+  int err[2];
+  XSEG_ASSERT_TRUE(pipe(err) == 0);
+  pid_t pid = fork();
+  XSEG_ASSERT_TRUE(pid >= 0);
+  if (pid == 0) {
+    dup2(err[1], 2);
+    setenv("XSIM_STALE_STREAMS", "abort", 1);
+    (void)cuStreamQuery(s);
+    _exit(0);
+  }
+  close(err[1]);
+  char text[512] = {0};
+  size_t got = 0;
+  ssize_t n;
+  while (got < sizeof text - 1 &&
+         (n = read(err[0], text + got, sizeof text - 1 - got)) > 0)
+    got += (size_t)n;
+  close(err[0]);
+  int status = 0;
+  XSEG_ASSERT_TRUE(waitpid(pid, &status, 0) == pid);
+  XSEG_EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+  XSEG_EXPECT_TRUE(strstr(text, "XSIM_STALE_STREAMS=abort") != NULL);
+}
