@@ -10,6 +10,8 @@
  */
 #define _GNU_SOURCE
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "alloc/ipc.h"
 #include "alloc_helpers.h"
@@ -213,6 +215,51 @@ XSEG_TEST(ipc_queue, consumer_stream_waits_for_the_recorded_work) {
   XSEG_EXPECT_CU(cuStreamDestroy(ps));
   XSEG_EXPECT_CU(cuStreamDestroy(cs));
   xt_latch_free(l);
+}
+
+/* A child forked after its parent recorded an event does not take the
+   parent's event for its own (the table of this process's events is the
+   pid's that filled it): it opens the handle through the driver, as any
+   other process does. Exits 0 when it did, 1-3 at the failing step. */
+static int forked_child_waits(const unsigned char *ev) {
+  if (xt_context(0) == NULL) return 1;
+  char conf[64];
+  xseg_allocator *b = NULL;
+  if (xseg_create(0, at_conf(NULL, conf, sizeof conf), &b) != XSEG_OK)
+    return 1;
+  CUstream cs;
+  if (cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 1;
+  uint64_t opens = xsim_call_count("cuIpcOpenEventHandle");
+  if (xseg_ipc_wait(b, ev, cs) != XSEG_OK) return 2;
+  if (xsim_call_count("cuIpcOpenEventHandle") != opens + 1) return 3;
+  return 0;
+}
+
+XSEG_TEST(ipc_queue, a_forked_child_opens_its_parents_event) {
+  XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
+#if defined(__SANITIZE_THREAD__)
+  xt_skip(__FILE__, __LINE__, "ThreadSanitizer: no new thread after a "
+          "multi-threaded fork");
+  return;
+#endif
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream ps = at_stream_new();
+  unsigned char ev[XSEG_IPC_EVENT_BYTES];
+  XT_OK(xseg_ipc_record(a, ps, ev));
+  pid_t pid = fork();
+  XSEG_ASSERT_TRUE(pid >= 0);
+  if (pid == 0) _exit(forked_child_waits(ev));
+  int status = 0;
+  XSEG_ASSERT_TRUE(waitpid(pid, &status, 0) == pid);
+  XSEG_EXPECT_TRUE(WIFEXITED(status));
+  XSEG_EXPECT_EQ(WEXITSTATUS(status), 0);
+  XT_OK(xseg_ipc_wait(a, ev, ps));     /* here: its own, opened by nobody */
+  XSEG_EXPECT_CU(cuStreamSynchronize(ps));
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(ps));
 }
 
 /* Bytes that are no event handle: the driver's error, named. */
