@@ -63,17 +63,19 @@ static size_t cache_live_uses_locked(xseg_allocator *a,
 /* What keeps `stream` from being forgotten, as an error; XSEG_OK if
    nothing. Every lock held. */
 static xseg_status cache_forget_refusal_locked(xseg_allocator *a,
-                                               struct CUstream_st *stream,
-                                               const xs_pair *own) {
+                                               struct CUstream_st *stream) {
   const char *fn = "xseg_forget_stream";
   if (xs_alloc_capturing(a))
     return xs_error(XSEG_ERR_CAPTURE, "%s(stream %p): a graph capture is "
                     "under way on device %d", fn, (void *)stream,
                     a->vmm.device);
-  if (own != NULL && own->live.count != 0)
+  size_t live = 0;
+  for (const xs_pair *p = a->streams; p != NULL; p = p->next)
+    if (p->stream == stream) live += p->live.count;
+  if (live != 0)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(stream %p): %zu blocks "
                     "allocated on it are live (free them first)", fn,
-                    (void *)stream, own->live.count);
+                    (void *)stream, live);
   size_t recorded = cache_live_uses_locked(a, stream);
   if (recorded != 0)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(stream %p): %zu live "
@@ -110,7 +112,7 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
   xs_pair *own = a->streams;
   while (own != NULL && (own->stream != stream || own->private_id != 0))
     own = own->next;
-  xseg_status st = cache_forget_refusal_locked(a, stream, own);
+  xseg_status st = cache_forget_refusal_locked(a, stream);
   CUcontext saved;
   if (st == XSEG_OK && (st = xs_vmm_ctx_enter(&a->vmm, &saved)) == XSEG_OK) {
     /* Waits for every piece of work that guards free memory, this

@@ -48,14 +48,6 @@ static own_event *own_find(CUevent e) {
 }
 
 xseg_status xs_vmm_ipc_event_create(xs_vmm *v, CUevent *out) {
-  pthread_mutex_lock(&own.lock);
-  own_forget_after_fork();
-  bool room = XS_ARRAY_RESERVE(own.v, own.cap, own.n + 1, 4);
-  pthread_mutex_unlock(&own.lock);
-  if (!room)
-    return xs_error(XSEG_ERR_OUT_OF_MEMORY, "cuEventCreate(INTERPROCESS) on "
-                    "device %d: out of host memory for the table of this "
-                    "process's events", v->device);
   CUresult r = XS_DRV(v->drv, cuEventCreate, out,
                       CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
   if (r != CUDA_SUCCESS)
@@ -64,15 +56,13 @@ xseg_status xs_vmm_ipc_event_create(xs_vmm *v, CUevent *out) {
   pthread_mutex_lock(&own.lock);
   own_forget_after_fork();
   /* An entry of the same value is an event destroyed without this file
-     (its context went first): the driver reused the value. Room was made
-     above, but another thread may have taken it. */
-  own_event *old = own_find(*out);
-  if (old != NULL || XS_ARRAY_RESERVE(own.v, own.cap, own.n + 1, 4)) {
-    *(old != NULL ? old : &own.v[own.n++]) = (own_event){.event = *out};
-    pthread_mutex_unlock(&own.lock);
-    return XSEG_OK;
-  }
+     (its context went first), whose value the driver gave again. */
+  own_event *e = own_find(*out);
+  if (e == NULL && XS_ARRAY_RESERVE(own.v, own.cap, own.n + 1, 4))
+    e = &own.v[own.n++];
+  if (e != NULL) *e = (own_event){.event = *out};
   pthread_mutex_unlock(&own.lock);
+  if (e != NULL) return XSEG_OK;
   XS_DRV(v->drv, cuEventDestroy, *out);
   return xs_error(XSEG_ERR_OUT_OF_MEMORY, "cuEventCreate(INTERPROCESS) on "
                   "device %d: out of host memory for the table of this "
