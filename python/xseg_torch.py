@@ -123,6 +123,7 @@ class Library:
         self._sig("xseg_reset_peak_stats", i, vp)
         self._sig("xseg_record_memory_history", i, vp, sz)
         self._sig("xseg_empty_cache_blocking", i, vp)
+        self._sig("xseg_forget_stream", i, vp, vp)
         self.malloc = lib.xseg_torch_malloc
         self.free = lib.xseg_torch_free
         self.record_stream = lib.xseg_torch_record_stream
@@ -306,6 +307,25 @@ def empty_cache():
     lib = library()
     for dev in lib.devices():
         lib.call("empty_cache_blocking", dev)
+
+
+def forget_stream(stream, device=None):
+    """Before the CUDA stream behind `stream` (a torch.cuda.Stream or
+    ExternalStream, or a raw cudaStream_t as an int) is destroyed: xseg
+    waits for the work that guards free memory, gives back every free
+    granule and asks the stream nothing more (xseg_forget_stream; a real
+    driver may crash on a destroyed stream's handle). On the stream's
+    device (`device`, else the stream's own, else every device xseg has
+    used). PyTorch's own streams are never destroyed and need none of
+    this. Raises XsegError while blocks allocated on the stream, or
+    recorded on it (Tensor.record_stream), are alive."""
+    lib = library()
+    handle = getattr(stream, "cuda_stream", stream)
+    if device is None:
+        device = getattr(stream, "device_index", None)
+    for dev in lib.devices():
+        if device is None or dev == device:
+            lib.call("forget_stream", dev, ctypes.c_void_p(handle))
 
 
 def check():

@@ -118,6 +118,20 @@ expect(not lib.malloc(MiB, -1, s1) and "device -1" in lib.last_error(),
 lib.clear_error()
 xseg_torch.check()
 
+# A stream the program destroys is forgotten first: refused while a block
+# allocated on it lives, done once it is freed.
+r = lib.malloc(MiB, 0, s2)
+try:
+    xseg_torch.forget_stream(s2.value)
+    expect(False, "forget_stream of a stream with a live block raised nothing")
+except xseg_torch.XsegError as err:
+    expect("blocks allocated on it are live" in str(err),
+           "names the cause: %s" % err)
+lib.free(r, MiB, 0, s2)
+xseg_torch.forget_stream(s2.value)
+xseg_torch.forget_stream(s1.value, device=0)
+xseg_torch.check()
+
 cu_call("cuStreamDestroy_v2", s1)
 cu_call("cuStreamDestroy_v2", s2)
 finish("test_xseg_torch")
