@@ -226,6 +226,7 @@ void xs_pairs_free_locked(xseg_allocator *a, xs_pair *pair) {
 void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair) {
   XS_ASSERT_LOCKED(a);
   pair->used_at = xs_pairs_use();
+  pair->forgotten = false;      /* a new stream at a forgotten address */
   if (pair == a->streams) return;          /* most recently used goes first */
   xs_pair **link = &a->streams;
   while (*link != pair) link = &(*link)->next;
@@ -248,7 +249,6 @@ xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
                       (void *)stream);
   } else {
     xs_pairs_touch_locked(a, pair);
-    pair->forgotten = false;     /* a new stream at a forgotten address */
   }
   *out = pair;
   return XSEG_OK;

@@ -168,7 +168,8 @@ static inline xs_pair *xs_pairs_of_stream(xseg_allocator *a,
 xs_pair *xs_pairs_new_locked(xseg_allocator *a,
                              struct CUstream_st *stream,
                              xseg_pool_id private_id);
-/* Stamps `pair` as used now and puts it first in the list. */
+/* Stamps `pair` as used now (by a malloc's slow path: a forgotten pair's
+   stream is a new one) and puts it first in the list. */
 void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair);
 /* Takes a pair that holds no segment out of every list and table. */
 void xs_pairs_free_locked(xseg_allocator *a, xs_pair *pair);

@@ -51,8 +51,9 @@ typedef struct xs_pair {
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
   /* Own: xseg_forget_stream gave its memory back, and no capture sweep
-     asks its stream (which the caller may have destroyed) any more; a
-     later slow-path use of the same handle (a new stream) clears it. */
+     asks its stream (which the caller may have destroyed) any more. A
+     later malloc on the same handle (a new stream; it misses, as the pair
+     holds nothing) clears it (xs_pairs_touch_locked). */
   bool forgotten;
   uint64_t used_at;                   /* recency: the calling thread's use
                                          count at its last malloc (thread.c) */
