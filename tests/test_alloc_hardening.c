@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc/enter.h"
+#include "alloc/types.h"
 #include "alloc_helpers.h"
 
 /* ---- 1. a private pool used by two streams ------------------------------ */
@@ -267,6 +269,17 @@ XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
   XSEG_EXPECT_CU(cuStreamDestroy(other));
 }
 
+/* Whether the pair of `stream`'s own pools is marked forgotten. */
+static bool hd_forgotten(xseg_allocator *a, CUstream stream) {
+  xs_alloc_enter(a);
+  xs_pair *pair = a->streams;
+  while (pair != NULL && (pair->stream != stream || pair->private_id != 0))
+    pair = pair->next;
+  bool forgotten = pair != NULL && pair->forgotten;
+  xs_alloc_leave(a);
+  return forgotten;
+}
+
 /* xseg_forget_stream refuses, changing nothing, while the stream still
    has live blocks (allocated on it, or recorded on it), while a private
    pool allocates on it, during a capture, and for the legacy stream. Once they are freed
@@ -303,7 +316,9 @@ XSEG_TEST(hardening, forget_stream_refuses_while_the_stream_is_in_use) {
   XSEG_EXPECT_OK(xseg_check(a));
   XSEG_ASSERT_OK(xseg_forget_stream(a, s));
   XSEG_ASSERT_OK(xseg_forget_stream(a, s));            /* again: nothing */
+  XSEG_EXPECT_TRUE(hd_forgotten(a, s));
   XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, s, &p));      /* the same handle */
+  XSEG_EXPECT_FALSE(hd_forgotten(a, s));    /* asked about captures again */
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
