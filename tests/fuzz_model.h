@@ -26,6 +26,7 @@ typedef struct fz_block {
   int stream;          /* index in fz.streams; -1: its stream was destroyed */
   unsigned char tag;   /* the byte its spans hold once queued work is done */
   bool frozen;         /* used on another stream: no more own writes */
+  unsigned recorded;   /* the stream slots it was recorded on (a mask) */
 } fz_block;
 
 typedef struct fz_stream {
@@ -33,6 +34,8 @@ typedef struct fz_stream {
   bool alive;
   xt_latch *latch;     /* held while non-NULL */
   int pool;            /* private pool it allocates to, 0 = none */
+  unsigned pools_used; /* private pools it allocated to, not released
+                          since (a mask) */
   unsigned char scratch[SPAN];  /* what its reads copy to (TSan builds) */
 } fz_stream;
 
@@ -46,6 +49,9 @@ typedef struct fz {
   int pool_state[MAX_POOLS + 1];  /* 0 none, 1 ended and not released */
   unsigned char next_tag;
   bool faults;         /* driver calls fail now and then */
+  /* Streams are destroyed only after xseg_forget_stream, and the emulator
+     aborts on any call that names a destroyed stream. */
+  bool forgets;
   /* the model's counters */
   int64_t mallocs, frees, ooms, requested_total;
   xsim_live base;

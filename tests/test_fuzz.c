@@ -21,7 +21,9 @@
  *     through the driver): a late write into a reused block shows here.
  * After xseg_destroy nothing the allocator created is alive in the emulator.
  * Two configurations also make driver calls of the allocator fail now and
- * then: a failure is reported, and nothing is lost or leaked.
+ * then: a failure is reported, and nothing is lost or leaked. One destroys
+ * streams only after xseg_forget_stream (predicted by the model), with
+ * the emulator aborting on any call that names a destroyed stream.
  *
  * Blocking calls may wait on a held stream (the out-of-memory path and
  * empty_cache_blocking wait on guard events): a watchdog opens every latch
@@ -85,7 +87,7 @@ static void fz_malloc(fz *f) {
   f->mallocs++;
   f->requested_total += (int64_t)size;
   fz_block *b = &f->live[f->n_live++];
-  *b = (fz_block){p, size, si, ++f->next_tag, false};
+  *b = (fz_block){p, size, si, ++f->next_tag, false, 0};
   fz_write(f, b, si, b->tag);
 }
 
@@ -144,6 +146,7 @@ static void fz_use_elsewhere(fz *f) {
     return;
   }
   b->frozen = true;
+  b->recorded |= 1u << si;
   if (b->stream >= 0) {
     XSEG_EXPECT_CU(fz_event_record(f, f->streams[b->stream].s));
     XSEG_EXPECT_CU(cuStreamWaitEvent(other, f->written, 0));
@@ -218,6 +221,8 @@ static void fz_pool(fz *f) {
                 xseg_begin_allocate_to_pool(f->a, (xseg_pool_id)pool, st->s),
                 want);
       if (want == XSEG_OK) st->pool = pool;
+      /* The begin makes the pool's pools of the stream. */
+      if (want == XSEG_OK) st->pools_used |= 1u << pool;
       break;
     }
     case 1: {
@@ -237,11 +242,63 @@ static void fz_pool(fz *f) {
       fz_expect(f, "release_pool",
                 xseg_release_pool(f->a, (xseg_pool_id)pool), want);
       if (want == XSEG_OK) f->pool_state[pool] = 0;
+      if (want == XSEG_OK)
+        for (int i = 0; i <= MAX_STREAMS; i++)
+          f->streams[i].pools_used &= ~(1u << pool);
     }
   }
 }
 
-/* Destroys an idle stream (its work finished first) or creates one. */
+/* What xseg_forget_stream of slot i answers, as the model sees it. */
+static xseg_status fz_forget_want(const fz *f, int i) {
+  for (int k = 0; k <= MAX_STREAMS; k++)
+    if (f->streams[k].pool != 0) return XSEG_ERR_CAPTURE;
+  for (int k = 0; k < f->n_live; k++)
+    if (f->live[k].stream == i || (f->live[k].recorded & (1u << i)))
+      return XSEG_ERR_INVALID_ARGUMENT;
+  return f->streams[i].pools_used != 0 ? XSEG_ERR_INVALID_ARGUMENT : XSEG_OK;
+}
+
+/* Makes slot i forgettable, as a program about to destroy a stream would:
+   frees the blocks allocated on it or recorded on it, ends every capture
+   and releases the private pools it allocated to. */
+static void fz_retire(fz *f, int i) {
+  for (int k = 0; k < f->n_live;) {
+    fz_block *b = &f->live[k];
+    if (b->stream != i && !(b->recorded & (1u << i))) {
+      k++;
+      continue;
+    }
+    xseg_status st = xseg_free(f->a, b->p);
+    if (st != XSEG_OK) {
+      fz_fail(f, "free(%p) before a forget: %s", b->p, xseg_last_error());
+      return;
+    }
+    f->frees++;
+    *b = f->live[--f->n_live];
+  }
+  for (int k = 0; k <= MAX_STREAMS; k++) {
+    int pool = f->streams[k].pool;
+    if (pool == 0) continue;
+    fz_expect(f, "end_allocate_to_pool",
+              xseg_end_allocate_to_pool(f->a, (xseg_pool_id)pool), XSEG_OK);
+    for (int j = 0; j <= MAX_STREAMS; j++)
+      if (f->streams[j].pool == pool) f->streams[j].pool = 0;
+    f->pool_state[pool] = 1;
+  }
+  for (int pool = 1; pool <= MAX_POOLS; pool++) {
+    if (!(f->streams[i].pools_used & (1u << pool))) continue;
+    fz_expect(f, "release_pool", xseg_release_pool(f->a, (xseg_pool_id)pool),
+              XSEG_OK);
+    f->pool_state[pool] = 0;
+    for (int j = 0; j <= MAX_STREAMS; j++)
+      f->streams[j].pools_used &= ~(1u << pool);
+  }
+}
+
+/* Destroys an idle stream (its work finished first) or creates one. With
+   `forgets`, xseg forgets it first (half the time after fz_retire), as the
+   model predicts, and it stays while xseg refuses. */
 static void fz_stream_turn(fz *f) {
   int i = 1 + (int)fz_rand(f, MAX_STREAMS);
   fz_stream *st = &f->streams[i];
@@ -251,6 +308,17 @@ static void fz_stream_turn(fz *f) {
     return;
   }
   if (st->latch != NULL || st->pool != 0) return;
+  if (f->forgets) {
+    if (fz_rand(f, 2)) fz_retire(f, i);
+    xseg_status want = fz_forget_want(f, i);
+    fz_call_begin(f);                   /* it waits for guards */
+    xseg_status got = xseg_forget_stream(f->a, st->s);
+    fz_call_end(f);
+    if (got == XSEG_ERR_DRIVER && f->faults) return;
+    fz_expect(f, "forget_stream", got, want);
+    if (got != XSEG_OK) return;
+    st->pools_used = 0;
+  }
   fz_call_begin(f);                     /* may wait on a held stream */
   XSEG_EXPECT_CU(cuStreamSynchronize(st->s));
   fz_call_end(f);
@@ -369,8 +437,9 @@ static void fz_step(fz *f) {
   } else if (r < 87) fz_empty_cache(f);
   else if (r < 89) fz_fraction(f);
   else if (r < 96) fz_pool(f);
-  else if (r < 98) fz_capture(f);
-  else fz_stream_turn(f);
+  else if (r < 98) {
+    if (!f->forgets) fz_capture(f);     /* it destroys a capturing stream */
+  } else fz_stream_turn(f);
 }
 
 /* ---- one walk -------------------------------------------------------------- */
@@ -402,8 +471,9 @@ static void fz_teardown(fz *f) {
 }
 
 /* steps_default walks in CI; XSEG_FUZZ_STEPS and XSEG_FUZZ_SEED override. */
-static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
-                   uint64_t device_bytes, bool faults) {
+static void fz_run_as(const char *conf, uint64_t seed_salt,
+                      uint64_t steps_default, uint64_t device_bytes,
+                      bool faults, bool forgets) {
   XT_REQUIRE_SIM_FOR("checks xseg's stats against the emulator's objects");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xsim_set_device_memory(0, device_bytes);
@@ -414,6 +484,8 @@ static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
   f.rng = (seed ^ (seed_salt * 0x9E3779B97F4A7C15ull)) | 1;
   f.steps = fz_env("XSEG_FUZZ_STEPS", steps_default);
   f.faults = faults;
+  f.forgets = forgets;
+  if (forgets) XSEG_ASSERT_TRUE(setenv("XSIM_STALE_STREAMS", "abort", 1) == 0);
   xsim_get_live(&f.base);
   f.a = at_create(conf);
   XSEG_ASSERT_TRUE(f.a != NULL);
@@ -443,6 +515,12 @@ static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
   atomic_store(&f.stop, 1);
   pthread_join(f.dog, NULL);
   pthread_mutex_destroy(&f.latch_lock);
+  if (forgets) XSEG_EXPECT_TRUE(unsetenv("XSIM_STALE_STREAMS") == 0);
+}
+
+static void fz_run(const char *conf, uint64_t seed_salt, uint64_t steps_default,
+                   uint64_t device_bytes, bool faults) {
+  fz_run_as(conf, seed_salt, steps_default, device_bytes, faults, false);
 }
 
 #define DEVICE ((uint64_t)512 << 20)
@@ -473,4 +551,11 @@ XSEG_TEST(fuzz, failing_driver_calls) {
 
 XSEG_TEST(fuzz, failing_driver_calls_classic) {
   fz_run("expandable_segments:False", 6, STEPS, DEVICE, true);
+}
+
+/* Streams destroyed only after xseg_forget_stream, whose answer the model
+   predicts, with the emulator aborting on any call that names a destroyed
+   stream: xseg names none after forgetting it, whatever came before. */
+XSEG_TEST(fuzz, forget_streams_before_destroying_them) {
+  fz_run_as("", 7, STEPS, DEVICE, false, true);
 }
