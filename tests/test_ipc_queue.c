@@ -237,11 +237,7 @@ static int forked_child_waits(const unsigned char *ev) {
 
 XSEG_TEST(ipc_queue, a_forked_child_opens_its_parents_event) {
   XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
-#if defined(__SANITIZE_THREAD__)
-  xt_skip(__FILE__, __LINE__, "ThreadSanitizer: no new thread after a "
-          "multi-threaded fork");
-  return;
-#endif
+  XT_REQUIRE_NO_TSAN_FOR_FORKED_THREADS();
   xseg_allocator *a = at_create(NULL);
   XSEG_ASSERT_TRUE(a != NULL);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);

@@ -275,81 +275,82 @@ XSEG_TEST(SimControl, handles_are_opaque_ids) {
   XSEG_EXPECT_CU(cuMemRelease(b));
 }
 
+/* Runs call(arg) in a forked child with knob=value in its environment and
+   its stderr read back into text: true when the child died of SIGABRT. */
+static bool sc_child_aborts(const char *knob, const char *value,
+                            void (*call)(int), int arg, char *text,
+                            size_t size) {
+  int err[2];
+  if (pipe(err) != 0) return false;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(err[1], 2);
+    setenv(knob, value, 1);
+    call(arg);
+    _exit(0);
+  }
+  close(err[1]);
+  size_t got = 0;
+  ssize_t n;
+  while (pid > 0 && got < size - 1 &&
+         (n = read(err[0], text + got, size - 1 - got)) > 0)
+    got += (size_t)n;
+  text[got] = '\0';
+  close(err[0]);
+  int status = 0;
+  return pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) &&
+         WTERMSIG(status) == SIGABRT;
+}
+
+static const char *const sc_steering[] = {
+    "xsim_set_device_memory", "xsim_fail_call",   "xsim_fail_calls",
+    "xsim_fail_random",       "xsim_set_latency", "xsim_set_gpu_lag"};
+
+/* The i-th of sc_steering, after a counter read (which is allowed). */
+static void sc_steer(int i) {
+  (void)xsim_call_count("cuMemCreate");
+  switch (i) {
+    case 0: xsim_set_device_memory(0, 1); break;
+    case 1: xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN); break;
+    case 2: xsim_fail_calls("cuMemCreate", 1, 2, CUDA_ERROR_UNKNOWN); break;
+    case 3: xsim_fail_random("cuMemCreate", 1, 1, CUDA_ERROR_UNKNOWN); break;
+    case 4: xsim_set_latency("cuMemCreate", 1); break;
+    default: xsim_set_gpu_lag(1); break;
+  }
+}
+
 /* XSIM_STEERING=refuse (the dry run of a GPU run sets it): each call that
    steers the emulator aborts, naming itself; reading the counters still
-   works. In a child, whose stderr the test reads. */
+   works. */
 XSEG_TEST(SimControl, steering_refused_when_asked) {
   XT_REQUIRE_SIM_FOR("checks the emulator's own entry points");
-  const char *steering[] = {"xsim_set_device_memory", "xsim_fail_call",
-                            "xsim_fail_calls", "xsim_fail_random",
-                            "xsim_set_latency", "xsim_set_gpu_lag"};
   for (int i = 0; i < 6; i++) {
-    int err[2];
-    XSEG_ASSERT_TRUE(pipe(err) == 0);
-    pid_t pid = fork();
-    XSEG_ASSERT_TRUE(pid >= 0);
-    if (pid == 0) {
-      dup2(err[1], 2);
-      setenv("XSIM_STEERING", "refuse", 1);
-      (void)xsim_call_count("cuMemCreate");
-      switch (i) {
-        case 0: xsim_set_device_memory(0, 1); break;
-        case 1: xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN); break;
-        case 2:
-          xsim_fail_calls("cuMemCreate", 1, 2, CUDA_ERROR_UNKNOWN);
-          break;
-        case 3: xsim_fail_random("cuMemCreate", 1, 1, CUDA_ERROR_UNKNOWN); break;
-        case 4: xsim_set_latency("cuMemCreate", 1); break;
-        default: xsim_set_gpu_lag(1); break;
-      }
-      _exit(0);
-    }
-    close(err[1]);
-    char text[512] = {0};
-    size_t got = 0;
-    ssize_t n;
-    while (got < sizeof text - 1 &&
-           (n = read(err[0], text + got, sizeof text - 1 - got)) > 0)
-      got += (size_t)n;
-    close(err[0]);
-    int status = 0;
-    XSEG_ASSERT_TRUE(waitpid(pid, &status, 0) == pid);
-    XSEG_EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
-    XSEG_EXPECT_TRUE(strstr(text, steering[i]) != NULL);
+    char text[512];
+    XSEG_EXPECT_TRUE(sc_child_aborts("XSIM_STEERING", "refuse", sc_steer, i,
+                                     text, sizeof text));
+    XSEG_EXPECT_TRUE(strstr(text, sc_steering[i]) != NULL);
     XSEG_EXPECT_TRUE(strstr(text, "XT_REQUIRE_SIM_FOR") != NULL);
   }
 }
 
+static CUstream sc_destroyed;
+
+static void sc_query_destroyed(int unused) {
+  (void)unused;
+  (void)cuStreamQuery(sc_destroyed);
+}
+
 /* XSIM_STALE_STREAMS=abort: a call that names a destroyed stream aborts,
-   naming the handle, where it would otherwise answer
-   CUDA_ERROR_INVALID_HANDLE. In a child, whose stderr the test reads. */
+   naming the knob, where it would otherwise answer
+   CUDA_ERROR_INVALID_HANDLE. */
 XSEG_TEST(SimControl, stale_streams_abort_when_asked) {
   XT_REQUIRE_SIM_FOR("tests the emulator's environment knobs");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  CUstream s;
-  XSEG_ASSERT_CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU_ERR(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
-  int err[2];
-  XSEG_ASSERT_TRUE(pipe(err) == 0);
-  pid_t pid = fork();
-  XSEG_ASSERT_TRUE(pid >= 0);
-  if (pid == 0) {
-    dup2(err[1], 2);
-    setenv("XSIM_STALE_STREAMS", "abort", 1);
-    (void)cuStreamQuery(s);
-    _exit(0);
-  }
-  close(err[1]);
-  char text[512] = {0};
-  size_t got = 0;
-  ssize_t n;
-  while (got < sizeof text - 1 &&
-         (n = read(err[0], text + got, sizeof text - 1 - got)) > 0)
-    got += (size_t)n;
-  close(err[0]);
-  int status = 0;
-  XSEG_ASSERT_TRUE(waitpid(pid, &status, 0) == pid);
-  XSEG_EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
+  XSEG_ASSERT_CU(cuStreamCreate(&sc_destroyed, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamDestroy(sc_destroyed));
+  XSEG_EXPECT_CU_ERR(cuStreamQuery(sc_destroyed), CUDA_ERROR_INVALID_HANDLE);
+  char text[512];
+  XSEG_EXPECT_TRUE(sc_child_aborts("XSIM_STALE_STREAMS", "abort",
+                                   sc_query_destroyed, 0, text, sizeof text));
   XSEG_EXPECT_TRUE(strstr(text, "XSIM_STALE_STREAMS=abort") != NULL);
 }

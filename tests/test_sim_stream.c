@@ -481,11 +481,7 @@ static void fork_child_uses_a_stream(void *arg) {
 
 XSEG_TEST(SimStream, forked_child_runs_streams_of_its_own) {
   XT_REQUIRE_SIM_FOR("uses the emulator in a forked child");
-#if defined(__SANITIZE_THREAD__)
-  xt_skip(__FILE__, __LINE__, "ThreadSanitizer: no new thread after a "
-          "multi-threaded fork");
-  return;
-#endif
+  XT_REQUIRE_NO_TSAN_FOR_FORKED_THREADS();
   CUstream held, idle;
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   XSEG_ASSERT_CU(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));

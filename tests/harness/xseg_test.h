@@ -213,6 +213,20 @@ void      xt_latch_free(xt_latch *l);
     }                                                                       \
   } while (0)
 
+/* Skips the test under ThreadSanitizer, which stops a forked child that
+   starts a thread after a multi-threaded fork: the emulator's streams are
+   threads, in the child as in the parent. */
+#if defined(__SANITIZE_THREAD__)
+#define XT_REQUIRE_NO_TSAN_FOR_FORKED_THREADS()                              \
+  do {                                                                      \
+    xt_skip(__FILE__, __LINE__, "ThreadSanitizer: no new thread after a "   \
+            "multi-threaded fork");                                         \
+    return;                                                                 \
+  } while (0)
+#else
+#define XT_REQUIRE_NO_TSAN_FOR_FORKED_THREADS() ((void)0)
+#endif
+
 /* Skips the test unless the driver has at least n devices (n a literal).
    On the emulator the test first asks for them (XSIM_DEVICE_COUNT), on a
    real driver the machine must have them. */
