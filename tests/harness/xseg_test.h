@@ -40,6 +40,7 @@ extern "C" {
 #pragma weak xsim_fail_calls
 #pragma weak xsim_fail_random
 #pragma weak xsim_set_latency
+#pragma weak xsim_set_gpu_lag
 #pragma weak xsim_call_count
 #pragma weak xsim_reset_counters
 #pragma weak xsim_reset
