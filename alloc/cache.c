@@ -109,9 +109,7 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
                     ? "allocator is NULL"
                     : "the legacy stream (NULL) is never destroyed");
   xs_alloc_enter(a);
-  xs_pair *own = a->streams;
-  while (own != NULL && (own->stream != stream || own->private_id != 0))
-    own = own->next;
+  xs_pair *own = xs_pairs_own_locked(a, stream);
   xseg_status st = cache_forget_refusal_locked(a, stream);
   CUcontext saved;
   if (st == XSEG_OK && (st = xs_vmm_ctx_enter(&a->vmm, &saved)) == XSEG_OK) {

@@ -235,12 +235,17 @@ void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair) {
   a->streams = pair;
 }
 
-xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
-                                   struct CUstream_st *stream,
-                                   xs_pair **out) {
+xs_pair *xs_pairs_own_locked(xseg_allocator *a, struct CUstream_st *stream) {
   xs_pair *pair = a->streams;
   while (pair != NULL && (pair->stream != stream || pair->private_id != 0))
     pair = pair->next;
+  return pair;
+}
+
+xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
+                                   struct CUstream_st *stream,
+                                   xs_pair **out) {
+  xs_pair *pair = xs_pairs_own_locked(a, stream);
   if (pair == NULL) {
     pair = xs_pairs_new_locked(a, stream, 0);
     if (pair == NULL)

@@ -142,6 +142,8 @@ uint64_t xs_pairs_new_id(void);
 #define XS_ASSERT_LOCKED(a) ((void)0)
 #endif
 
+/* The pair of `stream`'s own pools from the list, or NULL (none made). */
+xs_pair *xs_pairs_own_locked(xseg_allocator *a, struct CUstream_st *stream);
 /* The pools of `stream`, created on first use, looked up in the list and
    moved to its front (pairs.c). */
 xseg_status xs_pairs_lookup_locked(xseg_allocator *a,

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "alloc/enter.h"
+#include "alloc/pairs.h"
 #include "alloc/types.h"
 #include "alloc_helpers.h"
 
@@ -272,9 +273,7 @@ XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
 /* Whether the pair of `stream`'s own pools is marked forgotten. */
 static bool hd_forgotten(xseg_allocator *a, CUstream stream) {
   xs_alloc_enter(a);
-  xs_pair *pair = a->streams;
-  while (pair != NULL && (pair->stream != stream || pair->private_id != 0))
-    pair = pair->next;
+  xs_pair *pair = xs_pairs_own_locked(a, stream);
   bool forgotten = pair != NULL && pair->forgotten;
   xs_alloc_leave(a);
   return forgotten;

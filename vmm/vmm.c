@@ -237,11 +237,10 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
   return st;
 }
 
-bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+void xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size) {
   /* Around the wrappers: the message stays the failing call's. */
-  return XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) ==
-             CUDA_SUCCESS ||
-         XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) == CUDA_SUCCESS;
+  if (XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) != CUDA_SUCCESS)
+    XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size);
 }
 
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,

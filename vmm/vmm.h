@@ -138,9 +138,8 @@ xseg_status xs_vmm_unmap(xs_vmm *v, uint64_t addr, size_t size);
 /* Undo of a map or grant that failed: unmaps [addr, addr+size), leaving
    the message alone (the failure that made the caller undo is the
    message). Tried twice: a range left mapped is one the layers above
-   believe unmapped, which nothing would unmap again. False when it stays
-   mapped. */
-bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size);
+   believe unmapped, which nothing would unmap again. */
+void xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size);
 /* Read-write access for the owner and every peer, in one call. */
 xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size);
 
