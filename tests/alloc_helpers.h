@@ -157,6 +157,17 @@ static inline uint64_t at_rand(uint64_t *s) {
   return *s * 0x2545F4914F6CDD1Dull;
 }
 
+/* at_rand's state for a seed: every seed its own sequence (splitmix64's
+   finaliser, a bijection), never the state 0 at which xorshift stays. A
+   seed forced odd instead (seed | 1) gave seeds 2k and 2k + 1 one walk. */
+static inline uint64_t at_rand_state(uint64_t seed) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z != 0 ? z : 1;
+}
+
 static inline xseg_stats at_stats(xseg_allocator *a) {
   xseg_stats s;
   xseg_get_stats(a, &s);

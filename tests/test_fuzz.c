@@ -481,7 +481,7 @@ static void fz_run_as(const char *conf, uint64_t seed_salt,
   memset(&f, 0, sizeof f);
   uint64_t seed = fz_env("XSEG_FUZZ_SEED", 20261123);
   if (seed == 0) seed = (uint64_t)time(NULL);
-  f.rng = (seed ^ (seed_salt * 0x9E3779B97F4A7C15ull)) | 1;
+  f.rng = at_rand_state(seed ^ (seed_salt * 0x9E3779B97F4A7C15ull));
   f.steps = fz_env("XSEG_FUZZ_STEPS", steps_default);
   f.faults = faults;
   f.forgets = forgets;

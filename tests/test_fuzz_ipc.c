@@ -214,7 +214,7 @@ XSEG_TEST(fuzz, ipc_several_producers_one_consumer) {
   memset(&f, 0, sizeof f);
   uint64_t seed = fz_env("XSEG_FUZZ_SEED", 20261126);
   if (seed == 0) seed = (uint64_t)time(NULL);
-  f.rng = seed | 1;
+  f.rng = at_rand_state(seed);
   uint64_t steps = fz_env("XSEG_FUZZ_STEPS", STEPS / 3);
   for (int j = 0; j < FI_PRODUCERS; j++) f.prod[j] = at_create(NULL);
   f.cons = at_create(NULL);
