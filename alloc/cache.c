@@ -113,10 +113,11 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
   xseg_status st = cache_forget_refusal_locked(a, stream);
   CUcontext saved;
   if (st == XSEG_OK && (st = xs_vmm_ctx_enter(&a->vmm, &saved)) == XSEG_OK) {
-    /* Waits for every piece of work that guards free memory, this
-       stream's included (while it still lives), and gives back every
-       free granule: the stream's own pair keeps no segment. */
-    st = xs_alloc_release_locked(a, SIZE_MAX, true);
+    /* Waits for the work that guards the free memory of the stream's
+       pairs (while the stream still lives) and gives all of it back: its
+       own pair keeps no segment. Other streams keep their caches, and
+       their work is not waited for (reclaim.h says when it is). */
+    st = xs_alloc_release_stream_locked(a, stream);
     if (st == XSEG_OK && !cache_stream_holds_nothing_locked(a, stream))
       st = xs_error(XSEG_ERR_DRIVER, "xseg_forget_stream(stream %p): memory "
                     "cached for it could not all be given back; it is not "

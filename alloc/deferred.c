@@ -281,6 +281,24 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair) {
   xs_vmm_ctx_leave(&a->vmm, saved);
 }
 
+xseg_status xs_alloc_drain_pair_locked(xseg_allocator *a, xs_pair *pair) {
+  XS_ASSERT_LOCKED(a);
+  assert(!xs_alloc_capturing(a) && "no event query during a capture");
+  if (pair->pending.entries == 0) return XSEG_OK;
+  xs_park_settle_pair(pair);
+  CUcontext saved;
+  xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
+  if (st != XSEG_OK) return st;
+  CUstreamCaptureMode mode;
+  st = xs_capture_mode_relax(a, &mode);
+  if (st == XSEG_OK) {
+    xs_pending_drain(&pair->pending, deferred_fired, a, &st);
+    xs_capture_mode_restore(a, mode);
+  }
+  xs_vmm_ctx_leave(&a->vmm, saved);
+  return st;
+}
+
 bool xs_alloc_poll_others(xseg_allocator *a, xs_pair *pair) {
   XS_ASSERT_PAIR_LOCKED(a, pair);
   size_t seen = atomic_load_explicit(&pair->n_pending, memory_order_relaxed);

@@ -69,5 +69,11 @@ xseg_status xs_alloc_defer_free_pair(xseg_allocator *a, xs_block *b,
    process_events), its parked blocks merged first; nothing when none is
    queued. A failed query leaves them waiting. Enters the context. */
 void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair);
+/* As xs_alloc_poll_pair, but waits (cuEventSynchronize) for every pending
+   free queued in `pair` now; every lock held, no capture under way
+   (xseg_forget_stream's wait for one stream's pairs alone). Frees made
+   during a capture and not recorded yet are xs_alloc_process_pending's.
+   Enters the context. */
+xseg_status xs_alloc_drain_pair_locked(xseg_allocator *a, xs_pair *pair);
 
 #endif /* XS_ALLOC_DEFERRED_H */

@@ -88,6 +88,70 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
   return first;
 }
 
+/* Gives back every free granule of `stream`'s reclaimable pairs that
+   their guards allow. */
+static xseg_status reclaim_stream_pools_locked(xseg_allocator *a,
+                                               struct CUstream_st *stream) {
+  xseg_status first = XSEG_OK;
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    for (int k = 0; k < 2; k++) {
+      if (pair->stream != stream || !xs_pools_reclaimable(pair)) continue;
+      size_t bytes;
+      xseg_status st = xs_pool_release(&pair->pool[k], SIZE_MAX, &bytes);
+      if (first == XSEG_OK) first = st;
+    }
+  return first;
+}
+
+/* Whether any pair of `stream` still has a segment. */
+static bool reclaim_stream_mapped(const xseg_allocator *a,
+                                  const struct CUstream_st *stream) {
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    if (pair->stream == stream &&
+        (pair->pool[0].segments != NULL || pair->pool[1].segments != NULL))
+      return true;
+  return false;
+}
+
+xseg_status xs_alloc_release_stream_locked(xseg_allocator *a,
+                                           struct CUstream_st *stream) {
+  XS_ASSERT_LOCKED(a);
+  xseg_status first = xs_capture_sweep_locked(a);
+  if (first != XSEG_OK || xs_alloc_capturing(a)) return first;
+  /* Without waiting: frees made during a capture get their events, and
+     those whose events fired (other pairs' too) complete. */
+  first = xs_alloc_complete_frees_locked(a, false);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    if (pair->stream != stream || !xs_pools_reclaimable(pair)) continue;
+    /* In this order: completed frees give blocks back, whose work the
+       guard then covers. */
+    xseg_status ds = xs_alloc_drain_pair_locked(a, pair);
+    xseg_status gs = xs_alloc_guard_advance_locked(a, pair, true);
+    xseg_status rs = xs_alloc_retire_aliases_locked(a, pair);
+    if (first == XSEG_OK) first = ds != XSEG_OK ? ds : gs != XSEG_OK ? gs : rs;
+  }
+  xseg_status ps = reclaim_stream_pools_locked(a, stream);
+  if (first == XSEG_OK) first = ps;
+  /* Memory the stream took from another stream stays pinned while that
+     stream's old mapping of it lasts (an alias, retiring behind its own
+     guard, segments/release.c): the guards of the pairs with retiring
+     aliases are waited for, those alone, and the pools released again. */
+  if (first == XSEG_OK && reclaim_stream_mapped(a, stream)) {
+    for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+      if (pair->stream == stream || !xs_pools_reclaimable(pair) ||
+          pair->pool[0].n_retiring + pair->pool[1].n_retiring == 0)
+        continue;
+      xseg_status gs = xs_alloc_guard_advance_locked(a, pair, true);
+      xseg_status rs = xs_alloc_retire_aliases_locked(a, pair);
+      if (first == XSEG_OK) first = gs != XSEG_OK ? gs : rs;
+    }
+    ps = reclaim_stream_pools_locked(a, stream);
+    if (first == XSEG_OK) first = ps;
+  }
+  reclaim_drop_released_locked(a);
+  return first;
+}
+
 /* ---- garbage collection ------------------------------------------------- */
 
 typedef struct gc_candidate {

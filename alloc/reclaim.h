@@ -35,5 +35,15 @@ bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
    while a capture is under way. The context must be current. */
 xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
                                     bool wait);
+/* The blocking release of `stream`'s pairs alone (its own, and the
+   released private pools begun on it): every free whose events fired
+   completes, the pairs' own pending frees and the work guarding their
+   free memory are waited for, and all of their free granules go; other
+   streams' caches stay, and their work is not waited for
+   (xseg_forget_stream), except that of a stream whose old mapping of
+   memory it lent to these pairs still pins that memory (its guard). Nothing while a capture is under way. The context
+   must be current. */
+xseg_status xs_alloc_release_stream_locked(xseg_allocator *a,
+                                           struct CUstream_st *stream);
 
 #endif /* XS_ALLOC_RECLAIM_H */

@@ -78,9 +78,11 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr);
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream);
 /* Before cuStreamDestroy of a stream xseg has seen: waits (on the host)
-   for the work that guards free memory, gives back every free granule
-   (as xseg_empty_cache_blocking), and stops asking the stream anything,
-   so that the caller may destroy it. Refused, with nothing changed, while
+   for the work that guards the free memory of the stream's own pools,
+   gives back all of it (as xseg_empty_cache_blocking does for every
+   stream; other streams keep their caches, and their work is not waited
+   for), and stops asking the stream anything, so that the caller may
+   destroy it. Refused, with nothing changed, while
    blocks allocated on the stream or recorded on it are live, while a
    private pool allocates on it (xseg_release_pool first), and during a
    graph capture (XSEG_ERR_CAPTURE). A stream created later at the same

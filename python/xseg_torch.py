@@ -312,8 +312,9 @@ def empty_cache():
 def forget_stream(stream, device=None):
     """Before the CUDA stream behind `stream` (a torch.cuda.Stream or
     ExternalStream, or a raw cudaStream_t as an int) is destroyed: xseg
-    waits for the work that guards free memory, gives back every free
-    granule and asks the stream nothing more (xseg_forget_stream; a real
+    waits for the work that guards the free memory cached for that stream,
+    gives it back (other streams keep theirs) and asks the stream nothing
+    more (xseg_forget_stream; a real
     driver may crash on a destroyed stream's handle). On the stream's
     device (`device`, else the stream's own, else every device xseg has
     used). PyTorch's own streams are never destroyed and need none of

@@ -233,7 +233,9 @@ XSEG_TEST(hardening, free_recorded_on_a_destroyed_stream) {
    (XSIM_STALE_STREAMS=abort), as a real driver may crash. Other streams
    then allocate, grow (asking every known stream for captures) and
    release, and the statistics, the check and destroy run. The stream's
-   memory went back to the driver. */
+   memory went back to the driver. A block of another stream, recorded on
+   the forgotten one and freed, waits on the event recorded there, which
+   outlives the stream: the blocking release completes it. */
 XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   xseg_allocator *a = at_create(NULL);
@@ -251,7 +253,6 @@ XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
   int64_t before = at_stats(a).reserved_bytes.current;
   XSEG_ASSERT_OK(xseg_forget_stream(a, gone));
   XSEG_EXPECT_LE(at_stats(a).reserved_bytes.current, before - 24 * MiB);
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
   XSEG_ASSERT_CU(cuStreamDestroy(gone));
   XSEG_ASSERT_TRUE(setenv("XSIM_STALE_STREAMS", "abort", 1) == 0);
   for (int round = 0; round < 3; round++) {
@@ -264,10 +265,63 @@ XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
   }
   xseg_stats s = at_stats(a);
   XSEG_EXPECT_EQ(s.allocation.current, 0);
+  XSEG_EXPECT_EQ(s.pending_free_bytes, 0);
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
   XSEG_EXPECT_TRUE(unsetenv("XSIM_STALE_STREAMS") == 0);
   XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
+
+/* The forget is the stream's alone: another stream, held back by a latch
+   with free memory whose unmapping waits on its held work, keeps its
+   cache, and the forget returns while that stream is still held (waiting
+   on it would never return here: the latch opens after). The forgotten
+   stream's own memory goes, its own pending free (a block of it used on
+   the held stream) included: that one it must wait for, so it is freed
+   before the hold. */
+XSEG_TEST(hardening, forget_stream_waits_for_its_own_work_alone) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  XT_REQUIRE_SIM_FOR("holds a stream with a host function while forgetting "
+                     "another");
+  xseg_allocator *a = at_create(NULL);
+  CUstream gone = at_stream_new(), held = at_stream_new();
+  void *p, *q, *h;
+  XSEG_ASSERT_OK(xseg_malloc(a, 24 * MiB, gone, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 1 * MiB, gone, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, held));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(q), 3, 1 * MiB, held));
+  XSEG_ASSERT_OK(xseg_free(a, q));             /* pending on `held` */
+  XSEG_ASSERT_CU(cuStreamSynchronize(held));
+  xt_latch *latch = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(held, latch));
+  XSEG_ASSERT_TRUE(xt_latch_wait_for_holders(latch, 1));
+  XSEG_ASSERT_OK(xseg_malloc(a, 40 * MiB, held, &h));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(h), 4, 40 * MiB, held));
+  XSEG_ASSERT_OK(xseg_free(a, h));     /* free, unmapping waits on `held` */
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 1, 24 * MiB, gone));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_EXPECT_GE(at_stats(a).reserved_bytes.current, 64 * MiB);
+  XSEG_ASSERT_OK(xseg_forget_stream(a, gone));
+  XSEG_EXPECT_EQ(xt_latch_waiting(latch), 1);      /* still held */
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, 40 * MiB);   /* the held one's */
+  XSEG_EXPECT_EQ(s.pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(s.num_sync_all_streams, 0);
+  XSEG_ASSERT_CU(cuStreamDestroy(gone));
+  XSEG_ASSERT_TRUE(setenv("XSIM_STALE_STREAMS", "abort", 1) == 0);
+  /* The held stream's cache serves it again, without a growth. */
+  XSEG_EXPECT_OK(xseg_malloc(a, 40 * MiB, held, &h));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 40 * MiB);
+  XSEG_EXPECT_OK(xseg_free(a, h));
+  xt_latch_open(latch);
+  XSEG_ASSERT_CU(cuStreamSynchronize(held));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_TRUE(unsetenv("XSIM_STALE_STREAMS") == 0);
+  xt_latch_free(latch);
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
 }
 
 /* Whether the pair of `stream`'s own pools is marked forgotten. */
