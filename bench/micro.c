@@ -12,7 +12,8 @@
  * order, over and over. glibc's malloc/free runs the very same size and
  * victim sequence in the same process, round for round interleaved with
  * xseg's, as the baseline that is always there. The cached-path loops:
- * micro_cached.c; growth path and thread scaling: micro_growth.c;
+ * micro_cached.c; growth path: micro_growth.c; thread scaling:
+ * micro_threads.c;
  * deferred (cross-stream) frees: micro_deferred.c.
  */
 #include <stdlib.h>
@@ -87,18 +88,27 @@ static void print_cached(const xb_micro_out *o) {
    threads as the machine has cores (more threads than cores share them,
    and their ratio says nothing about the allocator). */
 static void print_threads(const xb_threads_row *t) {
-  printf("threads        %d cores%s; 1 thread %.2f M pairs/s (glibc %.2f)\n",
+  printf("threads        %d cores%s%s; 1 thread %.2f M pairs/s (glibc %.2f)\n",
          t->cores,
          t->record ? ", each block recorded on a side stream of its thread's"
                    : "",
+         t->pinned ? ", each worker pinned to a core" : "",
          t->pairs_per_s[0] * 1e-6, t->glibc_pairs_per_s[0] * 1e-6);
   for (int i = 1; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
+    /* Where the best run's threads ended (-1: unknown). */
+    char cpus[64];
+    int len = snprintf(cpus, sizeof cpus, "cpus");
+    for (int j = 0; j < n && len < (int)sizeof cpus; j++)
+      len += snprintf(cpus + len, sizeof cpus - (size_t)len, "%s%d",
+                      j ? "," : " ", t->cpus[i][j]);
     printf("               %d threads on %d streams %.2f M pairs/s: "
-           "%.2fx, glibc %.2f M pairs/s: %.2fx%s\n", n, n,
+           "%.2fx, glibc %.2f M pairs/s: %.2fx (%s%s%s)%s\n", n, n,
            t->pairs_per_s[i] * 1e-6, t->pairs_per_s[i] / t->pairs_per_s[0],
            t->glibc_pairs_per_s[i] * 1e-6,
-           t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0],
+           t->glibc_pairs_per_s[i] / t->glibc_pairs_per_s[0], cpus,
+           t->shared_core[i] ? "; two on one core" : "",
+           t->glibc_shared_core[i] ? "; glibc's two on one core" : "",
            n > t->cores ? " (more threads than cores: no scaling claimed)"
                         : "");
   }
@@ -159,14 +169,19 @@ static void json_threads(FILE *f, const xb_micro_out *o) {
   const xb_threads_row *t = &o->threads;
   /* speedup_N is null where N threads exceed the cores. */
   fprintf(f, ",\n  \"threads\": {\"pairs_per_thread\": %llu, "
-          "\"cores\": %d, \"record\": %s",
+          "\"cores\": %d, \"record\": %s, \"pinned\": %s",
           (unsigned long long)t->pairs_per_thread, t->cores,
-          t->record ? "true" : "false");
+          t->record ? "true" : "false", t->pinned ? "true" : "false");
   for (int i = 0; i < XB_THREAD_COUNTS; i++) {
     int n = xb_thread_count[i];
     fprintf(f, ", \"threads_%d_pairs_per_s\": %.0f, "
             "\"glibc_threads_%d_pairs_per_s\": %.0f", n, t->pairs_per_s[i],
             n, t->glibc_pairs_per_s[i]);
+    if (i > 0)
+      fprintf(f, ", \"threads_%d_shared_a_core\": %s, "
+              "\"glibc_threads_%d_shared_a_core\": %s", n,
+              t->shared_core[i] ? "true" : "false", n,
+              t->glibc_shared_core[i] ? "true" : "false");
     if (i == 0) continue;
     if (n > t->cores)
       fprintf(f, ", \"speedup_%d\": null, \"glibc_speedup_%d\": null", n,
@@ -213,7 +228,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o, FILE *f) {
 enum {
   XB_MI_ONLY = XB_OPT_FIRST_OWN, XB_MI_PAIRS, XB_MI_LIVE_MIN, XB_MI_LIVE_MAX,
   XB_MI_ROUNDS, XB_MI_SEED, XB_MI_OTHER_STREAMS, XB_MI_FIRED, XB_MI_RECORD,
-  XB_MI_MIXED_LIVE, XB_MI_MIXED_POOLS, XB_MI_HELP
+  XB_MI_MIXED_LIVE, XB_MI_MIXED_POOLS, XB_MI_PIN, XB_MI_HELP
 };
 
 static void micro_usage(FILE *out) {
@@ -243,6 +258,8 @@ static void micro_usage(FILE *out) {
           "a side stream\n"
           "                     of its own before freeing it (cross-stream "
           "frees)\n"
+          "  --pin              threads: each worker (xseg's and glibc's) on "
+          "a core of its own\n"
           "  --fired            deferred: wait for the side stream after "
           "each deferred free\n"
           "                     (outside the allocator's calls; its time "
@@ -266,6 +283,7 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
       return xb_cli_u64("--other-streams", arg, &m->other_streams);
     case XB_MI_FIRED: return (m->fired = true), true;
     case XB_MI_RECORD: return (m->record = true), true;
+    case XB_MI_PIN: return (m->pin = true), true;
     default: return false;
   }
 }
@@ -316,6 +334,7 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
       {"other-streams", required_argument, 0, XB_MI_OTHER_STREAMS},
       {"fired", no_argument, 0, XB_MI_FIRED},
       {"record", no_argument, 0, XB_MI_RECORD},
+      {"pin", no_argument, 0, XB_MI_PIN},
       {"help", no_argument, 0, XB_MI_HELP},
       {0, 0, 0, 0}};
   optind = 0;

@@ -3,7 +3,8 @@
  * micro.c runs the command; micro_cached.c the cached-path loops
  * (malloc+free pairs against glibc on the same size sequence);
  * micro_growth.c the growth path
- * (driver calls per GiB mapped) and the 1- vs 2-thread scaling;
+ * (driver calls per GiB mapped); micro_threads.c the 1- vs 2-thread
+ * scaling;
  * micro_deferred.c the host cost of a deferred (cross-stream) free.
  */
 #ifndef XB_MICRO_H
@@ -29,6 +30,8 @@ typedef struct xb_micro {
   /* threads: each thread records every block on a side stream of its own
      before freeing it (a cross-stream free per pair). */
   bool record;
+  /* threads: each worker on a core of its own (micro_threads.c). */
+  bool pin;
   bool expandable;
 } xb_micro;
 
@@ -68,8 +71,13 @@ typedef struct xb_threads_row {
   uint64_t pairs_per_thread;
   int cores;                          /* online CPUs: no claim beyond */
   bool record;                        /* --record: cross-stream frees */
+  bool pinned;                        /* --pin */
   double pairs_per_s[XB_THREAD_COUNTS];
   double glibc_pairs_per_s[XB_THREAD_COUNTS];   /* the same loop, glibc */
+  /* Of each best run: the CPUs xseg's threads ended on, and whether two
+     threads (xseg's, glibc's) were on one core's hardware threads. */
+  int cpus[XB_THREAD_COUNTS][XB_THREADS_MAX];
+  bool shared_core[XB_THREAD_COUNTS], glibc_shared_core[XB_THREAD_COUNTS];
 } xb_threads_row;
 
 /* The cached-path rows at most (repeat, layers, random at up to seven

@@ -11,7 +11,8 @@
 # XSEG_BENCH defaults to build/bench/xseg-bench (build it Release or
 # RelWithDebInfo: a Debug build's asserts are not the cached path);
 # N defaults to 10. MICRO_ARGS go to `micro` after `--only threads`
-# (e.g. `--pairs 2000000` for longer runs). Prints the load (uptime) before
+# (e.g. `--pairs 2000000` for longer runs, `--pin` for each worker on a
+# core of its own). Prints the load (uptime) before
 # and after, one line per run, then the medians and minima. The exit status
 # is micro's failure, never the ratios': they are measurements, not tests.
 #
@@ -52,14 +53,17 @@ for ((i = 1; i <= runs; i++)); do
     [ "$busy" -le 5 ] && break
   done
   json=$("$bench" micro --only threads "$@" --json - 2>/dev/null)
-  read -r x g one < <(jq -r '.threads |
-      "\(.speedup_2) \(.glibc_speedup_2) \(.threads_1_pairs_per_s)"' <<<"$json")
+  read -r x g one shared < <(jq -r '.threads |
+      "\(.speedup_2) \(.glibc_speedup_2) \(.threads_1_pairs_per_s) \(.threads_2_shared_a_core or .glibc_threads_2_shared_a_core)"' <<<"$json")
   if [ "$x" = null ]; then
     echo "threads.sh: fewer than 2 cores: no two-thread ratio" >&2
     exit 2
   fi
-  printf 'run %2d: xseg %.3fx  glibc %.3fx  (1 thread %.1f M/s; busy %s%%)\n' \
-    "$i" "$x" "$g" "$(jq -n "$one / 1e6")" "$busy"
+  # "one core": two threads of the best run were one core's hardware
+  # threads (micro_threads.c); `-- --pin` keeps them apart.
+  printf 'run %2d: xseg %.3fx  glibc %.3fx  (1 thread %.1f M/s; busy %s%%%s)\n' \
+    "$i" "$x" "$g" "$(jq -n "$one / 1e6")" "$busy" \
+    "$([ "$shared" = true ] && echo '; one core')"
   xs+=("$x") gl+=("$g")
 done
 echo "load after:  $(uptime)"

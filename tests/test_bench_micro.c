@@ -124,5 +124,22 @@ XSEG_TEST(bench_micro, threads_report_glibc_beside) {
   /* glibc's rates are measured: none is 0. */
   XSEG_EXPECT_TRUE(strstr(text, "\"glibc_threads_1_pairs_per_s\": 0,") ==
                    NULL);
+  XSEG_EXPECT_TRUE(strstr(text, "\"pinned\": false") != NULL);
+  XSEG_EXPECT_TRUE(strstr(text, "\"threads_2_shared_a_core\": ") != NULL);
+  free(text);
+}
+
+/* --pin: every worker on a core of its own, so no two of them share one
+   (sysfs says which CPUs are one core's; with fewer cores than workers
+   they take turns on the same CPUs, which is no sharing of a core). */
+XSEG_TEST(bench_micro, threads_pinned_to_cores_of_their_own) {
+  const char *args[] = {"--only", "threads", "--pairs", "2000", "--pin"};
+  char *text = micro_json(args, 5);
+  XSEG_ASSERT_TRUE(text != NULL);
+  XSEG_EXPECT_TRUE(strstr(text, "\"pinned\": true") != NULL);
+  XSEG_EXPECT_TRUE(strstr(text, "\"threads_2_shared_a_core\": false") !=
+                   NULL);
+  XSEG_EXPECT_TRUE(strstr(text, "\"glibc_threads_2_shared_a_core\": false") !=
+                   NULL);
   free(text);
 }
