@@ -14,12 +14,13 @@
 # -DXSEG_TEST_DRIVER=system) and built, here or on a machine without a
 # GPU at the same absolute path (README.md: build with
 # LD_LIBRARY_PATH=BUILD/sim there). OUT: a folder for env.txt,
-# gpu-check.txt, ctest.log, torch.txt, torch.json, bench.txt, micro.txt
-# and threads.txt. --quick: torch-check.py --quick (warm-up-heavy rates).
+# gpu-check.txt, ctest.log, torch.txt, torch.json, bench.txt, micro.txt,
+# threads.txt and threads-pinned.txt. --quick: torch-check.py --quick
+# (warm-up-heavy rates).
 #
 # Limits in seconds, from the environment: XSEG_CAP_TESTS (180),
 # XSEG_CAP_TORCH (230), XSEG_CAP_BENCH (60), XSEG_CAP_MICRO (35),
-# XSEG_CAP_THREADS (50): 555 in all. The exit status is 0 when every step
+# XSEG_CAP_THREADS (30), XSEG_CAP_THREADS_PINNED (30): 565 in all. The exit status is 0 when every step
 # finished within its limit and passed.
 set -uo pipefail
 
@@ -93,10 +94,18 @@ capped "${XSEG_CAP_MICRO:-35}" "$build/bench/xseg-bench" micro --driver cuda \
 cat "$out/micro.txt"
 
 step "two threads, ten runs (bench/threads.sh)"
-XSEG_THREADS_WAIT=1 capped "${XSEG_CAP_THREADS:-50}" bench/threads.sh \
-  "$build/bench/xseg-bench" 10 -- --driver cuda --pairs 4000000 \
+XSEG_THREADS_WAIT=1 capped "${XSEG_CAP_THREADS:-30}" bench/threads.sh \
+  "$build/bench/xseg-bench" 10 -- --driver cuda --pairs 2000000 \
   > "$out/threads.txt" 2>&1
 tail -3 "$out/threads.txt"
+
+# Each worker on a core of its own: tells two threads on one core's
+# hardware threads from what the allocator shares (bench/README.md).
+step "two threads, ten runs, pinned to cores (bench/threads.sh -- --pin)"
+XSEG_THREADS_WAIT=1 capped "${XSEG_CAP_THREADS_PINNED:-30}" bench/threads.sh \
+  "$build/bench/xseg-bench" 10 -- --driver cuda --pairs 2000000 --pin \
+  > "$out/threads-pinned.txt" 2>&1
+tail -3 "$out/threads-pinned.txt"
 
 step "done: $([ "$failed" = 0 ] && echo "every step passed" ||
               echo "a step failed or ran out of time")"
