@@ -281,8 +281,6 @@ XSEG_TEST(hardening, a_forgotten_stream_is_never_named_again) {
    before the hold. */
 XSEG_TEST(hardening, forget_stream_waits_for_its_own_work_alone) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  XT_REQUIRE_SIM_FOR("holds a stream with a host function while forgetting "
-                     "another");
   xseg_allocator *a = at_create(NULL);
   CUstream gone = at_stream_new(), held = at_stream_new();
   void *p, *q, *h;
