@@ -52,5 +52,5 @@ if(XSEG_BUILD_TORCH_ADAPTER)
   install(TARGETS xseg_torch LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 install(FILES python/xseg_torch.py python/xseg_torch_oom.cc
-              python/xseg_multiprocessing.py
+              python/xseg_multiprocessing.py python/xseg_fd_courier.py
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)

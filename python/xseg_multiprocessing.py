@@ -10,10 +10,11 @@ torch.multiprocessing.reductions.reduce_tensor / reduce_storage, which
 libraries call directly) with ones that, for a block xseg allocated:
 
 - export it (xseg_ipc_export) and send the handle (xseg_ipc_send) into one
-  end of a Unix socket pair, whose other end travels the way
-  multiprocessing carries any fd (multiprocessing.reduction.DupFd: the
-  resource sharer, or the spawning process's fd list), so one fd carries
-  all of the handle's;
+  end of a Unix socket pair, whose other end travels to the receiver
+  (xseg_fd_courier: one connection per pair of processes, where
+  multiprocessing's resource sharer made one per fd; to a child being
+  spawned, in its inherited fd list), so one fd carries all of the
+  handle's;
 - take a ticket (xseg_ipc_ticket_take): the block stays pending after the
   producer frees it until the consumer has it open;
 - record an interprocess event on the current stream (xseg_ipc_record):
@@ -43,6 +44,8 @@ import socket
 import threading
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
+
+import xseg_fd_courier
 
 __all__ = ["install", "installed", "stats", "ShareError"]
 
@@ -302,17 +305,20 @@ def _receive(path, device, carried, ticket, event, nbytes):
 
 def _carry(lib, handle):
     """A picklable carrier of the handle's fds: the handle is sent into one
-    end of a socket pair, the other end travels as multiprocessing.DupFd."""
+    end of a socket pair, the other end travels to the receiver: through
+    this process's fd courier (xseg_fd_courier: one connection per pair of
+    processes), or, for a child being spawned, as multiprocessing.DupFd,
+    which the child inherits."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         lib.check(lib.c.xseg_ipc_send(ours.fileno(), handle), "xseg_ipc_send")
     finally:
         ours.close()
-    carried = _mp_reduction.DupFd(theirs.fileno())
     if _mp_context.get_spawning_popen() is None:
-        theirs.close()                   # the resource sharer has a dup
-    else:
-        _spawn_fds.append(theirs)        # the child inherits this very fd
+        with theirs:                     # the courier holds a dup
+            return xseg_fd_courier.send(theirs.fileno())
+    carried = _mp_reduction.DupFd(theirs.fileno())
+    _spawn_fds.append(theirs)            # the child inherits this very fd
     return carried
 
 

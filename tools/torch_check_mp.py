@@ -34,7 +34,7 @@ spawn, with xseg installed in each:
 open_close_cost(): a consumer receives n tensors of 1 MiB (separate
 blocks) pickled by ForkingPickler, as mp.Queue does, and drops them: the
 median microseconds of the producer's pickling ("share"), the consumer's
-unpickling ("open": fds from the resource sharer, map, event wait, or
+unpickling ("open": fds from xseg's fd courier, map, event wait; or
 PyTorch's cudaIpcOpenMemHandle) and of dropping it ("close").
 """
 import argparse

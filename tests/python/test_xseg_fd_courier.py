@@ -1,0 +1,150 @@
+"""python/xseg_fd_courier.py between real processes (spawn and fork), with
+no GPU and no torch: the fds it carries arrive and work, many of them over
+one connection per pair of processes, each once; what a forked child
+inherits of its parent's held fds is not sent twice; a process with
+another authkey is refused.
+
+Environment: PYTHONPATH=python/ (set by tests/CMakeLists.txt).
+"""
+import multiprocessing
+import os
+import pickle
+import sys
+from multiprocessing import process as _mp_process
+
+import xseg_fd_courier
+
+TIMEOUT = 60
+N = 50
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAILED:", what, flush=True)
+    return cond
+
+
+def pipe_with(data):
+    """The read end of a pipe that holds `data`."""
+    r, w = os.pipe()
+    os.write(w, data)
+    os.close(w)
+    return r
+
+
+def receiver(inbox, outbox):
+    """Detaches every carrier it gets, reads what its fd holds, tries one
+    carrier twice; reports what it read and how many connections it made."""
+    got, again = [], None
+    carriers = inbox.get(timeout=TIMEOUT)
+    for c in carriers:
+        fd = c.detach()
+        got.append(os.read(fd, 64))
+        os.close(fd)
+    try:
+        carriers[0].detach()
+    except OSError as err:
+        again = str(err)
+    outbox.put((got, again, len(xseg_fd_courier._receivers)))
+
+
+def case_many_fds_one_connection(ctx):
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=receiver, args=(inbox, outbox))
+    p.start()
+    carriers = []
+    for i in range(N):
+        r = pipe_with(b"fd %d" % i)
+        carriers.append(xseg_fd_courier.send(r))
+        os.close(r)                      # the courier keeps its own dup
+    inbox.put(carriers)
+    got, again, connections = outbox.get(timeout=TIMEOUT)
+    p.join(TIMEOUT)
+    expect(p.exitcode == 0, "the receiver exited cleanly")
+    expect(got == [b"fd %d" % i for i in range(N)],
+           "every fd arrived, in order, with its pipe's bytes")
+    expect(again is not None and "already taken" in again,
+           "a carrier detaches once (got %r)" % again)
+    expect(connections == 1, "%d fds over one connection (%d)" %
+           (N, connections))
+    expect(not xseg_fd_courier._sender.held,
+           "the sender holds nothing once every fd was taken")
+
+
+def forked_sender(outbox, inbox):
+    """A forked child's carriers: its own listener, its own fds. Alive
+    until the parent has detached."""
+    r = pipe_with(b"from the child")
+    c = xseg_fd_courier.send(r)
+    os.close(r)
+    outbox.put((pickle.dumps(c), len(xseg_fd_courier._sender.held)))
+    inbox.get(timeout=TIMEOUT)
+
+
+def case_forked_child(ctx_fork):
+    # A fd held here before the fork: the child must not send it.
+    r = pipe_with(b"from the parent")
+    parent_carrier = xseg_fd_courier.send(r)
+    os.close(r)
+    outbox, inbox = ctx_fork.Queue(), ctx_fork.Queue()
+    p = ctx_fork.Process(target=forked_sender, args=(outbox, inbox))
+    p.start()
+    blob, child_held = outbox.get(timeout=TIMEOUT)
+    child_carrier = pickle.loads(blob)
+    expect(child_held == 1, "the child holds its own fd alone (%d)" %
+           child_held)
+    expect(child_carrier.address != parent_carrier.address,
+           "the child listens at an address of its own")
+    fd = child_carrier.detach()
+    expect(os.read(fd, 64) == b"from the child", "the child's fd arrived")
+    os.close(fd)
+    fd = parent_carrier.detach()          # to this very process
+    expect(os.read(fd, 64) == b"from the parent",
+           "the parent's own carrier detaches in the parent")
+    os.close(fd)
+    inbox.put("done")
+    p.join(TIMEOUT)
+    expect(p.exitcode == 0, "the forked child exited cleanly")
+
+
+def stranger(address, ident, outbox):
+    """A process with another authkey."""
+    _mp_process.current_process().authkey = b"not the same key"
+    try:
+        xseg_fd_courier.Carrier(address, ident).detach()
+        outbox.put("sent")
+    except Exception as err:             # refused at the handshake
+        outbox.put(type(err).__name__)
+
+
+def case_other_authkey_refused(ctx):
+    r = pipe_with(b"secret")
+    c = xseg_fd_courier.send(r)
+    os.close(r)
+    outbox = ctx.Queue()
+    p = ctx.Process(target=stranger, args=(c.address, c.ident, outbox))
+    p.start()
+    answer = outbox.get(timeout=TIMEOUT)
+    p.join(TIMEOUT)
+    expect(answer != "sent", "a process with another authkey gets no fd "
+           "(%s)" % answer)
+    fd = c.detach()                       # still held for a rightful one
+    expect(os.read(fd, 64) == b"secret", "the refused fd stays held")
+    os.close(fd)
+
+
+def main():
+    spawn = multiprocessing.get_context("spawn")
+    for case, ctx in ((case_many_fds_one_connection, spawn),
+                      (case_forked_child, multiprocessing.get_context("fork")),
+                      (case_other_authkey_refused, spawn)):
+        print("--", case.__name__, flush=True)
+        case(ctx)
+    print("%d failure(s)" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
