@@ -18,6 +18,9 @@ As with DupFd, the sender holds the fd until a receiver detaches it (an
 unpickled carrier that is never detached, or a sender that exits first,
 leaves it unsent) and must run until then. A carrier detaches once.
 After a fork, a child starts its own listener and its own connections.
+A receiver closes its connections to senders that exited whenever it
+opens a new one, so senders that come and go (a DataLoader's workers,
+epoch after epoch) leave no fds behind.
 """
 
 import itertools
@@ -112,6 +115,24 @@ _receivers_lock = threading.Lock()
 _receivers_pid = [os.getpid()]
 
 
+def _prune_locked():
+    """Closes the connections to senders that went away (a DataLoader's
+    workers come and go with each epoch): a sender never writes unasked,
+    so an idle connection with something to read has reached its end.
+    Connections in use (their lock held) are left alone."""
+    for address, (conn, lock) in list(_receivers.items()):
+        if not lock.acquire(blocking=False):
+            continue
+        try:
+            if conn.poll(0):
+                conn.close()
+                del _receivers[address]
+        except OSError:
+            del _receivers[address]
+        finally:
+            lock.release()
+
+
 def _connection(address):
     with _receivers_lock:
         if _receivers_pid[0] != os.getpid():    # forked: not ours
@@ -119,6 +140,7 @@ def _connection(address):
             _receivers_pid[0] = os.getpid()
         entry = _receivers.get(address)
         if entry is None:
+            _prune_locked()
             conn = _mp_connection.Client(
                 address, authkey=_mp_process.current_process().authkey)
             entry = _receivers[address] = (conn, threading.Lock())

@@ -1,8 +1,9 @@
 """python/xseg_fd_courier.py between real processes (spawn and fork), with
 no GPU and no torch: the fds it carries arrive and work, many of them over
 one connection per pair of processes, each once; what a forked child
-inherits of its parent's held fds is not sent twice; a process with
-another authkey is refused.
+inherits of its parent's held fds is not sent twice; connections to
+senders that exited are closed; a process with another authkey is
+refused.
 
 Environment: PYTHONPATH=python/ (set by tests/CMakeLists.txt).
 """
@@ -109,6 +110,34 @@ def case_forked_child(ctx_fork):
     expect(p.exitcode == 0, "the forked child exited cleanly")
 
 
+def short_lived_sender(outbox):
+    """A sender that exits once its fd was taken (a DataLoader worker)."""
+    r = pipe_with(b"short")
+    outbox.put(xseg_fd_courier.send(r))
+    os.close(r)
+    outbox.get(timeout=TIMEOUT)
+
+
+def case_senders_that_exit_leave_nothing(ctx):
+    """Senders come and go: the receiver here keeps at most the
+    connections of those alive (a pruned one was closed)."""
+    before = len(xseg_fd_courier._receivers)
+    for i in range(5):
+        outbox = ctx.Queue()
+        p = ctx.Process(target=short_lived_sender, args=(outbox,))
+        p.start()
+        carrier = outbox.get(timeout=TIMEOUT)
+        fd = carrier.detach()
+        ok = os.read(fd, 64) == b"short"
+        os.close(fd)
+        outbox.put("done")
+        p.join(TIMEOUT)
+        expect(ok and p.exitcode == 0, "sender %d's fd arrived" % i)
+    expect(len(xseg_fd_courier._receivers) <= before + 1,
+           "connections to exited senders are closed (%d kept)" %
+           (len(xseg_fd_courier._receivers) - before))
+
+
 def stranger(address, ident, outbox):
     """A process with another authkey."""
     _mp_process.current_process().authkey = b"not the same key"
@@ -139,6 +168,7 @@ def main():
     spawn = multiprocessing.get_context("spawn")
     for case, ctx in ((case_many_fds_one_connection, spawn),
                       (case_forked_child, multiprocessing.get_context("fork")),
+                      (case_senders_that_exit_leave_nothing, spawn),
                       (case_other_authkey_refused, spawn)):
         print("--", case.__name__, flush=True)
         case(ctx)
