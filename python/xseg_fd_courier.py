@@ -37,7 +37,6 @@ class _Sender:
     """This process's listener and the fds it holds for receivers."""
 
     def __init__(self):
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.held = {}                    # id -> fd (a dup, ours to close)
         self.ids = itertools.count(1)
@@ -101,9 +100,6 @@ _sender_lock = threading.Lock()
 def _this_sender():
     global _sender
     with _sender_lock:
-        if _sender is not None and _sender.pid != os.getpid():
-            _sender.forget()
-            _sender = None
         if _sender is None:
             _sender = _Sender()
         return _sender
@@ -112,7 +108,25 @@ def _this_sender():
 # The receiving side: one connection per sender's address, per process.
 _receivers = {}
 _receivers_lock = threading.Lock()
-_receivers_pid = [os.getpid()]
+
+
+def _after_fork_in_child():
+    """A forked child starts afresh: the parent's listener thread, its
+    held fds and its connections are the parent's. The locks are new, as
+    another thread may have held one at the fork."""
+    global _sender, _sender_lock, _receivers_lock
+    _sender_lock = threading.Lock()
+    _receivers_lock = threading.Lock()
+    if _sender is not None:
+        _sender.lock = threading.Lock()
+        _sender.forget()
+        _sender = None
+    for conn, _ in _receivers.values():
+        conn.close()
+    _receivers.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _prune_locked():
@@ -135,9 +149,6 @@ def _prune_locked():
 
 def _connection(address):
     with _receivers_lock:
-        if _receivers_pid[0] != os.getpid():    # forked: not ours
-            _receivers.clear()
-            _receivers_pid[0] = os.getpid()
         entry = _receivers.get(address)
         if entry is None:
             _prune_locked()
