@@ -14,15 +14,29 @@ each fd after it is one request and one SCM_RIGHTS message.
     carrier = send(fd)      # picklable; the sender keeps a dup of fd
     fd = carrier.detach()   # in the receiver: its own fd
 
+Where the kernel lets the receiver take the fd itself (pidfd_getfd, Linux
+5.6, allowed by the ptrace rules: the same user, and under Yama's
+ptrace_scope 1 only an ancestor of the sender, as a DataLoader's main
+process of its workers; a container's seccomp profile may refuse it), it
+does: no round trip, and no wait for the sender's thread to get the GIL.
+It then tells the sender, without waiting for an answer, to close its
+dup. The fd taken is checked to be the one the carrier names (its inode),
+so a number the sender reused, or a sender's pid reused by another
+process, is never taken for it. Otherwise, or with XSEG_FD_COURIER_PIDFD=0
+in the receiver's environment, the fd comes through the connection.
+
 As with DupFd, the sender holds the fd until a receiver detaches it (an
 unpickled carrier that is never detached, or a sender that exits first,
-leaves it unsent) and must run until then. A carrier detaches once.
+leaves it unsent) and must run until then. A carrier detaches once
+(two copies unpickled from one pickle may both get the fd while the
+sender has not yet closed its dup after the first took it itself).
 After a fork, a child starts its own listener and its own connections.
 A receiver closes its connections to senders that exited whenever it
 opens a new one, so senders that come and go (a DataLoader's workers,
 epoch after epoch) leave no fds behind.
 """
 
+import ctypes
 import itertools
 import os
 import threading
@@ -47,11 +61,12 @@ class _Sender:
                          name="xseg-fd-courier").start()
 
     def hold(self, fd):
+        """The id and the number of the dup of fd held for a receiver."""
         dup = os.dup(fd)
         with self.lock:
             ident = next(self.ids)
             self.held[ident] = dup
-        return ident
+        return ident, dup
 
     def _accept(self):
         while True:
@@ -66,7 +81,9 @@ class _Sender:
 
     def _serve(self, conn):
         """One receiver: each request an id; each answer whether the fd is
-        held, then the fd (SCM_RIGHTS) when it is."""
+        held, then the fd (SCM_RIGHTS) when it is. A negative id: the
+        receiver took the fd itself (pidfd_getfd); its dup is closed, and
+        nothing is answered."""
         with conn:
             while True:
                 try:
@@ -74,7 +91,11 @@ class _Sender:
                 except (EOFError, OSError, ValueError, TypeError):
                     return
                 with self.lock:
-                    fd = self.held.pop(ident, None)
+                    fd = self.held.pop(abs(ident), None)
+                if ident < 0:
+                    if fd is not None:
+                        os.close(fd)
+                    continue
                 try:
                     conn.send(fd is not None)
                     if fd is not None:
@@ -158,26 +179,87 @@ def _connection(address):
         return entry
 
 
-class Carrier:
-    """A picklable claim on a fd some process holds for its receiver."""
+_SYS_PIDFD_GETFD = 438          # the same number on every architecture
+# How this process's detaches went: taken itself, or sent by the sender.
+counts = {"pidfd": 0, "sent": 0}
+_libc = None
 
-    def __init__(self, address, ident):
+
+def _take_by_pidfd(pid, number, inode):
+    """The sender's fd `number` taken into this process, or None where the
+    kernel does not allow it or it is not the file of that inode."""
+    global _libc
+    if os.environ.get("XSEG_FD_COURIER_PIDFD") == "0" or \
+            not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        fd = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, number, 0)
+    finally:
+        os.close(pidfd)
+    if fd < 0:
+        return None
+    if os.fstat(fd).st_ino != inode:
+        os.close(fd)
+        return None
+    return fd
+
+
+class Carrier:
+    """A picklable claim on a fd some process holds for its receiver: the
+    sender's listener, the fd's id there, and for pidfd_getfd the sender's
+    pid, the fd's number and its inode."""
+
+    def __init__(self, address, ident, pid=None, number=None, inode=None):
         self.address = address
         self.ident = ident
+        self.pid, self.number, self.inode = pid, number, inode
+        self.detached = False
+
+    def __getstate__(self):
+        return (self.address, self.ident, self.pid, self.number, self.inode)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
 
     def detach(self):
+        if self.detached:
+            raise OSError("xseg_fd_courier: fd %d already taken through "
+                          "this carrier" % self.ident)
+        self.detached = True
+        fd = None
+        if self.pid is not None:
+            fd = _take_by_pidfd(self.pid, self.number, self.inode)
+        if fd is not None:
+            counts["pidfd"] += 1
+            try:                                # close your dup; no answer
+                conn, lock = _connection(self.address)
+                with lock:
+                    conn.send(-self.ident)
+            except (OSError, EOFError, _mp_connection.AuthenticationError):
+                pass              # the sender keeps its dup until it exits
+            return fd
         conn, lock = _connection(self.address)
         with lock:
             conn.send(self.ident)
             if not conn.recv():
                 raise OSError("xseg_fd_courier: the sender holds no fd "
                               "%d (already taken)" % self.ident)
-            return _mp_reduction.recv_handle(conn)
+            fd = _mp_reduction.recv_handle(conn)
+            counts["sent"] += 1
+            return fd
 
 
 def send(fd):
     """A Carrier of a dup of fd, which this process holds until a
     receiver detaches it."""
     sender = _this_sender()
-    return Carrier(sender.address, sender.hold(fd))
+    ident, number = sender.hold(fd)
+    return Carrier(sender.address, ident, os.getpid(), number,
+                   os.fstat(number).st_ino)
 

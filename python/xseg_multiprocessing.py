@@ -11,9 +11,10 @@ libraries call directly) with ones that, for a block xseg allocated:
 
 - export it (xseg_ipc_export) and send the handle (xseg_ipc_send) into one
   end of a Unix socket pair, whose other end travels to the receiver
-  (xseg_fd_courier: one connection per pair of processes, where
-  multiprocessing's resource sharer made one per fd; to a child being
-  spawned, in its inherited fd list), so one fd carries all of the
+  (xseg_fd_courier: taken by the receiver itself with pidfd_getfd where
+  the kernel allows it, else over one connection per pair of processes,
+  where multiprocessing's resource sharer made one per fd; to a child
+  being spawned, in its inherited fd list), so one fd carries all of the
   handle's;
 - take a ticket (xseg_ipc_ticket_take): the block stays pending after the
   producer frees it until the consumer has it open;

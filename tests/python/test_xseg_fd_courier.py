@@ -1,6 +1,8 @@
 """python/xseg_fd_courier.py between real processes (spawn and fork), with
 no GPU and no torch: the fds it carries arrive and work, many of them over
-one connection per pair of processes, each once; what a forked child
+one connection per pair of processes, each once, taken by the receiver
+itself (pidfd_getfd) where the kernel allows it and sent otherwise (also
+forced, XSEG_FD_COURIER_PIDFD=0); what a forked child
 inherits of its parent's held fds is not sent twice; connections to
 senders that exited are closed; a process with another authkey is
 refused.
@@ -11,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import sys
+import time
 from multiprocessing import process as _mp_process
 
 import xseg_fd_courier
@@ -35,9 +38,12 @@ def pipe_with(data):
     return r
 
 
-def receiver(inbox, outbox):
+def receiver(inbox, outbox, pidfd):
     """Detaches every carrier it gets, reads what its fd holds, tries one
-    carrier twice; reports what it read and how many connections it made."""
+    carrier twice; reports what it read, how many connections it made and
+    how its fds came. `pidfd` "0": the fds come through the connection."""
+    if pidfd is not None:
+        os.environ["XSEG_FD_COURIER_PIDFD"] = pidfd
     got, again = [], None
     carriers = inbox.get(timeout=TIMEOUT)
     for c in carriers:
@@ -48,12 +54,13 @@ def receiver(inbox, outbox):
         carriers[0].detach()
     except OSError as err:
         again = str(err)
-    outbox.put((got, again, len(xseg_fd_courier._receivers)))
+    outbox.put((got, again, len(xseg_fd_courier._receivers),
+                dict(xseg_fd_courier.counts)))
 
 
-def case_many_fds_one_connection(ctx):
+def many_fds_one_connection(ctx, pidfd):
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=receiver, args=(inbox, outbox))
+    p = ctx.Process(target=receiver, args=(inbox, outbox, pidfd))
     p.start()
     carriers = []
     for i in range(N):
@@ -61,7 +68,7 @@ def case_many_fds_one_connection(ctx):
         carriers.append(xseg_fd_courier.send(r))
         os.close(r)                      # the courier keeps its own dup
     inbox.put(carriers)
-    got, again, connections = outbox.get(timeout=TIMEOUT)
+    got, again, connections, counts = outbox.get(timeout=TIMEOUT)
     p.join(TIMEOUT)
     expect(p.exitcode == 0, "the receiver exited cleanly")
     expect(got == [b"fd %d" % i for i in range(N)],
@@ -70,8 +77,33 @@ def case_many_fds_one_connection(ctx):
            "a carrier detaches once (got %r)" % again)
     expect(connections == 1, "%d fds over one connection (%d)" %
            (N, connections))
+    # The receiver's notices that it took an fd itself come unanswered:
+    # the sender closes its dups a moment later.
+    for _ in range(100):
+        if not xseg_fd_courier._sender.held:
+            break
+        time.sleep(0.05)
     expect(not xseg_fd_courier._sender.held,
            "the sender holds nothing once every fd was taken")
+    expect(counts["pidfd"] + counts["sent"] == N, "every fd counted once")
+    if pidfd == "0":
+        expect(counts["pidfd"] == 0, "XSEG_FD_COURIER_PIDFD=0: every fd "
+               "sent (%r)" % counts)
+    else:
+        # Taken by pidfd_getfd where the kernel allows it (this spawned
+        # child from its parent: not under Yama's ptrace_scope 1, nor under
+        # a seccomp profile that refuses it), else all sent.
+        expect(counts["pidfd"] in (0, N), "one way for all (%r)" % counts)
+    print("   fds taken by pidfd_getfd: %d, sent: %d" %
+          (counts["pidfd"], counts["sent"]), flush=True)
+
+
+def case_many_fds_one_connection(ctx):
+    many_fds_one_connection(ctx, None)
+
+
+def case_many_fds_one_connection_sent(ctx):
+    many_fds_one_connection(ctx, "0")
 
 
 def forked_sender(outbox, inbox):
@@ -139,7 +171,10 @@ def case_senders_that_exit_leave_nothing(ctx):
 
 
 def stranger(address, ident, outbox):
-    """A process with another authkey."""
+    """A process with another authkey, asking through the connection (one
+    that may take the sender's fds with pidfd_getfd may read its memory
+    too: the authkey keeps out only those that may not)."""
+    os.environ["XSEG_FD_COURIER_PIDFD"] = "0"
     _mp_process.current_process().authkey = b"not the same key"
     try:
         xseg_fd_courier.Carrier(address, ident).detach()
@@ -167,6 +202,7 @@ def case_other_authkey_refused(ctx):
 def main():
     spawn = multiprocessing.get_context("spawn")
     for case, ctx in ((case_many_fds_one_connection, spawn),
+                      (case_many_fds_one_connection_sent, spawn),
                       (case_forked_child, multiprocessing.get_context("fork")),
                       (case_senders_that_exit_leave_nothing, spawn),
                       (case_other_authkey_refused, spawn)):
