@@ -8,7 +8,7 @@ failures = []
 def expect(cond, what):
     if not cond:
         failures.append(what)
-        print("FAILED:", what)
+        print("FAILED:", what, flush=True)
 
 
 def finish(name):

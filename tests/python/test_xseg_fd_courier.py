@@ -17,17 +17,10 @@ import time
 from multiprocessing import process as _mp_process
 
 import xseg_fd_courier
+from expect import expect, failures
 
 TIMEOUT = 60
 N = 50
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return cond
 
 
 def pipe_with(data):

@@ -26,16 +26,9 @@ import sys
 
 import torch
 import xseg_multiprocessing
+from expect import expect, failures
 
 TIMEOUT = 60
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what, flush=True)
-    return cond
 
 
 # ---- helpers shared by every process ----------------------------------------
