@@ -208,6 +208,7 @@ bool xb_micro_threads(xb_micro *m, xb_threads_row *row) {
        scaling beyond the cores anyway). */
     int n = pin_cpus(pins, XB_THREADS_MAX);
     for (int i = n; i < XB_THREADS_MAX; i++) pins[i] = n > 0 ? pins[i % n] : -1;
+    row->pinned = n > 0;             /* no CPU set to read: none pinned */
   }
   xseg_allocator *a = NULL;
   bool ok = true;
