@@ -89,18 +89,6 @@ static xseg_status cache_forget_refusal_locked(xseg_allocator *a,
   return XSEG_OK;
 }
 
-/* After the blocking release, nothing of the stream may remain: its own
-   pair without memory, and no released private pair of it left. */
-static bool cache_stream_holds_nothing_locked(xseg_allocator *a,
-                                              struct CUstream_st *stream) {
-  for (const xs_pair *p = a->streams; p != NULL; p = p->next)
-    if (p->stream == stream &&
-        (p->private_id != 0 || p->pool[0].segments != NULL ||
-         p->pool[1].segments != NULL))
-      return false;
-  return true;
-}
-
 xseg_status xseg_forget_stream(xseg_allocator *a,
                                struct CUstream_st *stream) {
   if (a == NULL || stream == NULL)
@@ -118,7 +106,10 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
        own pair keeps no segment. Other streams keep their caches, and
        their work is not waited for (reclaim.h says when it is). */
     st = xs_alloc_release_stream_locked(a, stream);
-    if (st == XSEG_OK && !cache_stream_holds_nothing_locked(a, stream))
+    /* Nothing of the stream may remain: its own pair without memory, and
+       no private pair of it (unreleased ones were refused, and the
+       release drops the released ones that hold nothing). */
+    if (st == XSEG_OK && xs_alloc_stream_holds_memory_locked(a, stream))
       st = xs_error(XSEG_ERR_DRIVER, "xseg_forget_stream(stream %p): memory "
                     "cached for it could not all be given back; it is not "
                     "forgotten", (void *)stream);

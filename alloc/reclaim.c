@@ -103,9 +103,8 @@ static xseg_status reclaim_stream_pools_locked(xseg_allocator *a,
   return first;
 }
 
-/* Whether any pair of `stream` still has a segment. */
-static bool reclaim_stream_mapped(const xseg_allocator *a,
-                                  const struct CUstream_st *stream) {
+bool xs_alloc_stream_holds_memory_locked(const xseg_allocator *a,
+                                         const struct CUstream_st *stream) {
   for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     if (pair->stream == stream &&
         (pair->pool[0].segments != NULL || pair->pool[1].segments != NULL))
@@ -136,7 +135,7 @@ xseg_status xs_alloc_release_stream_locked(xseg_allocator *a,
      stream's old mapping of it lasts (an alias, retiring behind its own
      guard, segments/release.c): the guards of the pairs with retiring
      aliases are waited for, those alone, and the pools released again. */
-  if (first == XSEG_OK && reclaim_stream_mapped(a, stream)) {
+  if (first == XSEG_OK && xs_alloc_stream_holds_memory_locked(a, stream)) {
     for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
       if (pair->stream == stream || !xs_pools_reclaimable(pair) ||
           pair->pool[0].n_retiring + pair->pool[1].n_retiring == 0)

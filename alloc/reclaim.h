@@ -45,5 +45,9 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
    must be current. */
 xseg_status xs_alloc_release_stream_locked(xseg_allocator *a,
                                            struct CUstream_st *stream);
+/* Whether any pair of `stream` (its own, or a private pool begun on it)
+   still has a segment. */
+bool xs_alloc_stream_holds_memory_locked(const xseg_allocator *a,
+                                         const struct CUstream_st *stream);
 
 #endif /* XS_ALLOC_RECLAIM_H */
