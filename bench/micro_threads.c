@@ -57,28 +57,31 @@ static long cpu_core(int cpu) {
 }
 
 /* --pin's CPUs: the lowest CPU of each core this process may run on, in
-   order, at most `max`; how many there are. */
+   order, at most `max` (<= XB_THREADS_MAX); how many there are. */
 static int pin_cpus(int *out, int max) {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return 0;
+  long cores[XB_THREADS_MAX];              /* out[j]'s core */
   int n = 0;
   for (int cpu = 0; cpu < CPU_SETSIZE && n < max; cpu++) {
     if (!CPU_ISSET(cpu, &allowed)) continue;
     long core = cpu_core(cpu);
     bool seen = false;
-    for (int j = 0; j < n && !seen; j++) seen = core >= 0 && cpu_core(out[j]) == core;
-    if (!seen) out[n++] = cpu;
+    for (int j = 0; j < n && !seen; j++) seen = core >= 0 && cores[j] == core;
+    if (!seen) cores[n] = core, out[n++] = cpu;
   }
   return n;
 }
 
-/* Whether two of the n CPUs are one core's hardware threads. */
+/* Whether two of the n (<= XB_THREADS_MAX) CPUs are one core's hardware
+   threads; a CPU of -1 is unknown. */
 static bool cpus_share_a_core(const int *cpus, int n) {
+  long cores[XB_THREADS_MAX];
+  for (int i = 0; i < n; i++) cores[i] = cpus[i] >= 0 ? cpu_core(cpus[i]) : -1;
   for (int i = 0; i < n; i++)
-    for (int j = i + 1; j < n; j++) {
-      long a = cpus[i] >= 0 ? cpu_core(cpus[i]) : -1;
-      if (a >= 0 && cpus[i] != cpus[j] && a == cpu_core(cpus[j])) return true;
-    }
+    for (int j = i + 1; j < n; j++)
+      if (cores[i] >= 0 && cpus[i] != cpus[j] && cores[i] == cores[j])
+        return true;
   return false;
 }
 
