@@ -307,9 +307,9 @@ def _receive(path, device, carried, ticket, event, nbytes):
 def _carry(lib, handle):
     """A picklable carrier of the handle's fds: the handle is sent into one
     end of a socket pair, the other end travels to the receiver: through
-    this process's fd courier (xseg_fd_courier: one connection per pair of
-    processes), or, for a child being spawned, as multiprocessing.DupFd,
-    which the child inherits."""
+    this process's fd courier (xseg_fd_courier: pidfd_getfd, else one
+    connection per pair of processes), or, for a child being spawned, as
+    multiprocessing.DupFd, which the child inherits."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         lib.check(lib.c.xseg_ipc_send(ours.fileno(), handle), "xseg_ipc_send")
