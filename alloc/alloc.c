@@ -92,11 +92,11 @@ static xseg_status alloc_pools_locked(xseg_allocator *a,
   return XSEG_OK;
 }
 
-/* A block just taken from pool p (of `kind`, given apart so that a
-   caller that knows it at compile time folds it) becomes the caller's,
-   its entry in the pair's pointer table already there (a parked block
-   keeps its own). `pending`: a free is pending (xs_alloc_has_pending, read
-   once by the caller). */
+/* Pair lock held: a block just taken from pool p (of `kind`, given apart so
+   that a caller that knows it at compile time folds it) becomes the caller's,
+   its entry in the pair's pointer table already there (a parked block keeps
+   its own). `pending`: a free is pending (xs_alloc_has_pending, read once by
+   the caller). */
 static inline __attribute__((always_inline)) void alloc_hand_out_listed(
     xseg_allocator *a, xs_pair *pair, xs_pool *p, xs_pool_kind kind,
     xs_block *b, size_t size, struct CUstream_st *stream, bool slow,
@@ -114,8 +114,8 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
     xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
 }
 
-/* The same for a block taken from the free tree: its entry goes in (room
-   in the pair's pointer table was reserved). */
+/* Pair lock held: the same for a block taken from the free tree, its
+   entry put in (room in the pair's pointer table was reserved). */
 static inline void alloc_hand_out(xseg_allocator *a, xs_pair *pair,
                                   xs_pool *p, xs_block *b, size_t size,
                                   struct CUstream_st *stream, bool slow,
@@ -171,18 +171,18 @@ static inline __attribute__((always_inline)) bool alloc_retake_fits(
   return alloc_retake_policy(a, p, kind, rounded) && xs_pool_retake_fits(p);
 }
 
-/* The refill: a malloc that takes back the newest held-back park, the
-   top of pool `kind`, for the same requested size as its free (a layer's
-   tensors allocated again in the order of the batch before, as models
-   do), when settling the run and taking the best fit would hand out
-   exactly that block and no threshold is passed on the way. Free,
-   merges, split and malloc together then leave every gauge where it is
-   (inactive_split_bytes rising by the held-back merges in between, which
-   stay under their thresholds), so only the totals of increases move and
-   nothing is called: xseg_malloc gets there without the cached path's
-   frame. In two steps: the checks (false, nothing changed, when it does
-   not apply; the cached path, alloc_retake, then pays what is held back
-   and retakes, with the same result), then the moves. Pair lock held. */
+/* Pair lock held: the refill, a malloc that takes back the newest held-back
+   park, the top of pool `kind`, for the same requested size as its free (a
+   layer's tensors allocated again in the order of the batch before, as models
+   do), when settling the run and taking the best fit would hand out exactly
+   that block and no threshold is passed on the way. Free, merges, split and
+   malloc together then leave every gauge where it is (inactive_split_bytes
+   rising by the held-back merges in between, which stay under their
+   thresholds), so only the totals of increases move and nothing is called:
+   xseg_malloc gets there without the cached path's frame. In two steps: the
+   checks (false, nothing changed, when it does not apply; the cached path,
+   alloc_retake, then pays what is held back and retakes, with the same
+   result), then the moves. */
 static inline __attribute__((always_inline)) bool alloc_refill_fits(
     const xseg_allocator *a, const xs_pair *pair, xs_pool_kind kind,
     size_t size, size_t rounded) {
@@ -366,16 +366,15 @@ static __attribute__((noinline)) xseg_status alloc_malloc_slow(
   return st;
 }
 
-/* The repeated size's malloc: the parked block of the small pool taken
-   back, its retake known to fit (the pool keeps the answer), for the same
-   requested size as its free, whose stats and merge are still held back
-   (park_stats): free, merge, split and malloc together pass no peak and
-   leave every gauge at or under its threshold, so only totals of
-   increases move. Pair lock held. Any other case (the park counted
-   already, another requested size, more parks held back) is the
-   refill's or the cached path's (alloc_malloc_refill).
-   In two steps: the checks (false, nothing changed, when it does not
-   apply), then the moves. Neither calls anything. */
+/* Pair lock held: the repeated size's malloc, the parked block of the small
+   pool taken back, its retake known to fit (the pool keeps the answer), for
+   the same requested size as its free, whose stats and merge are still held
+   back (park_stats): free, merge, split and malloc together pass no peak and
+   leave every gauge at or under its threshold, so only totals of increases
+   move. Any other case (the park counted already, another
+   requested size, more parks held back) is the refill's or the cached path's
+   (alloc_malloc_refill). In two steps: the checks (false, nothing changed,
+   when it does not apply), then the moves. Neither calls anything. */
 static inline __attribute__((always_inline)) bool alloc_retake_repeated_fits(
     const xseg_allocator *a, xs_pair *pair, size_t size) {
   const xs_pool_kind k = XS_POOL_SMALL;
@@ -467,10 +466,11 @@ static __attribute__((noinline)) xseg_status alloc_malloc_refill(
   return XSEG_OK;
 }
 
-/* xseg_malloc's every case but the repeated size's: the request checked
-   and rounded, the stream's pair found in the stream index, then its
-   refill or cached path, else every lock (alloc_malloc_slow). */
-static __attribute__((noinline)) xseg_status alloc_malloc_find_pair(
+/* No lock held: xseg_malloc's every case but the repeated size's, the
+   request checked and rounded, the stream's pair found in the stream
+   index and its lock taken, then its refill or cached path, else every
+   lock (alloc_malloc_slow). */
+static __attribute__((noinline)) xseg_status alloc_malloc_by_stream(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0))
     return alloc_malloc_refused(a, size, ptr);
@@ -495,16 +495,16 @@ static __attribute__((noinline)) xseg_status alloc_malloc_find_pair(
 /* A size on the thread's last stream, its pair lock free: the repeated
    size's retake (alloc_retake_repeated), else the refill or the cached path
    with that lock (alloc_malloc_refill); anything else is
-   alloc_malloc_find_pair's. */
+   alloc_malloc_by_stream's. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr) {
   /* One test each: joined by ||, the compiler computes them as flags. */
   if (__builtin_expect(a == NULL, 0))
-    return alloc_malloc_find_pair(a, size, stream, ptr);
+    return alloc_malloc_by_stream(a, size, stream, ptr);
   if (__builtin_expect(ptr == NULL, 0))
-    return alloc_malloc_find_pair(a, size, stream, ptr);
+    return alloc_malloc_by_stream(a, size, stream, ptr);
   if (__builtin_expect(!alloc_rounds_plain(&a->cfg, size), 0))
-    return alloc_malloc_find_pair(a, size, stream, ptr);
+    return alloc_malloc_by_stream(a, size, stream, ptr);
   /* One thread-local access: the use is counted first (a count that a
      fallback counts again only needs to grow). */
   xs_pairs_thread *t = xs_pairs_self();
@@ -512,7 +512,7 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
   xs_pair *pair = t->pair;
   if (__builtin_expect(t->id != a->id || t->stream != stream, 0) ||
       !xs_pair_try(pair))
-    return alloc_malloc_find_pair(a, size, stream, ptr);
+    return alloc_malloc_by_stream(a, size, stream, ptr);
   pair->used_at = use;
   if (__builtin_expect(!xs_pair_cached_on(a, pair), 0))
     return alloc_malloc_pair(a, size, stream, ptr, pair,

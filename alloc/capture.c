@@ -32,16 +32,16 @@
 /* A private pool keeps a pair per stream (see xseg.h): a block that one
    stream freed may still be used by work that stream queued, which another
    stream's allocation would not wait for. */
-static xs_pair *capture_pair_find(xseg_allocator *a, xseg_pool_id id,
-                                  struct CUstream_st *stream) {
+static xs_pair *capture_pair_find_locked(xseg_allocator *a, xseg_pool_id id,
+                                         struct CUstream_st *stream) {
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     if (pair->private_id == id && pair->stream == stream && !pair->released)
       return pair;
   return NULL;
 }
 
-static xs_capture *capture_of_stream(xseg_allocator *a,
-                                     struct CUstream_st *stream) {
+static xs_capture *capture_of_stream_locked(xseg_allocator *a,
+                                            struct CUstream_st *stream) {
   for (size_t i = 0; i < a->n_captures; i++)
     if (a->captures[i].stream == stream) return &a->captures[i];
   return NULL;
@@ -49,8 +49,8 @@ static xs_capture *capture_of_stream(xseg_allocator *a,
 
 xs_pair *xs_capture_pools_locked(xseg_allocator *a,
                                  struct CUstream_st *stream) {
-  xs_capture *c = capture_of_stream(a, stream);
-  return c != NULL ? capture_pair_find(a, c->pool, stream) : NULL;
+  xs_capture *c = capture_of_stream_locked(a, stream);
+  return c != NULL ? capture_pair_find_locked(a, c->pool, stream) : NULL;
 }
 
 /* A new entry; its private pair is found or created. */
@@ -58,7 +58,7 @@ static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
                                       xs_pair **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
     goto oom;
-  xs_pair *pair = capture_pair_find(a, c.pool, c.stream);
+  xs_pair *pair = capture_pair_find_locked(a, c.pool, c.stream);
   if (pair == NULL && (pair = xs_pairs_new_locked(a, c.stream, c.pool)) == NULL)
     goto oom;
   a->captures[a->n_captures++] = c;
@@ -71,7 +71,7 @@ oom:
                   (unsigned long long)c.pool);
 }
 
-static void capture_remove(xseg_allocator *a, size_t i) {
+static void capture_remove_locked(xseg_allocator *a, size_t i) {
   assert(i < a->n_captures);
   a->n_implicit -= a->captures[i].implicit;
   a->captures[i] = a->captures[--a->n_captures];
@@ -155,7 +155,7 @@ xseg_status xs_capture_refresh_locked(xseg_allocator *a) {
     if (active && (!id_known || id == c->capture_id))
       i++;
     else
-      capture_remove(a, i);     /* ended: its pool stays private */
+      capture_remove_locked(a, i);     /* ended: its pool stays private */
   }
   return XSEG_OK;
 }
@@ -165,7 +165,7 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
   for (xs_pair *pair = a->streams; st == XSEG_OK && pair != NULL;
        pair = pair->next) {
     if (pair->private_id != 0 || pair->forgotten ||
-        capture_of_stream(a, pair->stream) != NULL)
+        capture_of_stream_locked(a, pair->stream) != NULL)
       continue;
     bool active = false, id_known = false;
     uint64_t id = 0;
@@ -192,7 +192,7 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                     (unsigned long long)pool, (void *)stream,
                     a == NULL ? "allocator is NULL" : "pool id 0 is no pool");
   xs_alloc_enter(a);
-  xs_capture *c = capture_of_stream(a, stream);
+  xs_capture *c = capture_of_stream_locked(a, stream);
   xseg_status st;
   if (c != NULL && !c->implicit)
     st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
@@ -200,7 +200,7 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                   "already allocates to pool %llu", (unsigned long long)pool,
                   (void *)stream, (unsigned long long)c->pool);
   else {
-    if (c != NULL) capture_remove(a, (size_t)(c - a->captures));
+    if (c != NULL) capture_remove_locked(a, (size_t)(c - a->captures));
     st = capture_add_locked(a, (xs_capture){.stream = stream, .pool = pool},
                             NULL);
   }
@@ -217,7 +217,7 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
   size_t ended = 0;
   for (size_t i = 0; i < a->n_captures;)
     if (a->captures[i].pool == pool && !a->captures[i].implicit)
-      capture_remove(a, i), ended++;
+      capture_remove_locked(a, i), ended++;
     else
       i++;
   xs_alloc_leave(a);
@@ -228,13 +228,15 @@ xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool) {
   return XSEG_OK;
 }
 
-static bool capture_pool_exists(const xseg_allocator *a, xseg_pool_id pool) {
+static bool capture_pool_exists_locked(const xseg_allocator *a,
+                                       xseg_pool_id pool) {
   for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     if (pair->private_id == pool && !pair->released) return true;
   return false;
 }
 
-static bool capture_pool_in_use(const xseg_allocator *a, xseg_pool_id pool) {
+static bool capture_pool_in_use_locked(const xseg_allocator *a,
+                                       xseg_pool_id pool) {
   for (size_t i = 0; i < a->n_captures; i++)
     if (a->captures[i].pool == pool) return true;
   return false;
@@ -247,11 +249,11 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
                     (unsigned long long)pool);
   xs_alloc_enter(a);
   xseg_status st = XSEG_OK;
-  if (!capture_pool_exists(a, pool))
+  if (!capture_pool_exists_locked(a, pool))
     st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
                   "xseg_release_pool(%llu): no such private pool (never "
                   "used, or already released)", (unsigned long long)pool);
-  else if (capture_pool_in_use(a, pool))
+  else if (capture_pool_in_use_locked(a, pool))
     st = xs_error(XSEG_ERR_CAPTURE,
                   "xseg_release_pool(%llu): a stream still allocates to it "
                   "(xseg_end_allocate_to_pool first)",

@@ -130,7 +130,7 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
    itself idle, streams/guard.h). A guard that cannot be advanced leaves
    the whole context to wait for. Captures are over: a dying allocator
    serves none. */
-static void destroy_guards(xseg_allocator *a) {
+static void destroy_guards_locked(xseg_allocator *a) {
   bool failed = false;
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     if (pair->guard.safe >= pair->clock) continue;
@@ -161,7 +161,7 @@ void xseg_destroy(xseg_allocator *a) {
   CUcontext saved;
   bool entered = xs_vmm_ctx_enter(&a->vmm, &saved) == XSEG_OK;
   destroy_pending_locked(a, entered);
-  if (entered) destroy_guards(a);
+  if (entered) destroy_guards_locked(a);
   xs_ipc_destroy_locked(a, entered);
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     for (int k = 0; k < 2; k++) xs_pool_destroy(&pair->pool[k]);

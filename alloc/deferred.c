@@ -45,23 +45,23 @@
 #include "vmm/array.h"
 #include "vmm/error.h"
 
-/* Records `stream` as a user of live block b (its own stream orders
-   itself): its free is no repeated size's park any more. */
+/* Pair lock held: records `stream` as a user of live block b (its own
+   stream orders itself); its free is no repeated size's park any more. */
 static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
   if (stream == b->stream) return XSEG_OK;
   xs_pool_forget_retake(b->seg->pool, b);
   return xs_stream_set_add(&b->uses, stream);
 }
 
-/* xseg_record_stream under the block's pair lock alone: a live block's
-   recorded streams are read and written only by operations that hold its
-   pair's lock (every slow path holds all of them), and recording one
-   changes nothing outside the block. False when the range table does not
-   lead to a live block (a new range, a dead pair, or a block freed and
-   parked, whose entry stays in the pair's table until it settles): the
-   caller looks for it under every lock, which settles parked blocks. */
-static bool record_in_pair(xseg_allocator *a, uint64_t addr,
-                           struct CUstream_st *stream, xseg_status *st) {
+/* No lock held: xseg_record_stream under the block's pair lock alone, which
+   it takes. A live block's recorded streams are read and written only by
+   operations that hold its pair's lock (every slow path holds all of them),
+   and recording one changes nothing outside the block. False when the range
+   table does not lead to a live block (a new range, a dead pair, or a block
+   freed and parked, whose entry stays in the pair's table until it settles):
+   the caller looks for it under every lock, which settles parked blocks. */
+static bool record_cached(xseg_allocator *a, uint64_t addr,
+                          struct CUstream_st *stream, xseg_status *st) {
   xs_pair *pair = xs_ranges_find(a, addr);
   if (pair == NULL) return false;
   xs_pair_take(pair);
@@ -81,7 +81,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
   xseg_status st = XSEG_OK;
-  if (record_in_pair(a, addr, stream, &st)) return st;
+  if (record_cached(a, addr, stream, &st)) return st;
   xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
@@ -114,8 +114,8 @@ static void deferred_fired(void *ctx, void *block) {
   if (--b->pending_events == 0) deferred_complete(ctx, b);
 }
 
-/* Drops from b's recorded streams those the caller has destroyed: no
-   event can be recorded on them, and their work is over
+/* Pair lock held: drops from b's recorded streams those the caller has
+   destroyed: no event can be recorded on them, and their work is over
    (streams/stream_query.h). True when any went. */
 static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
   xs_stream_set alive = {0};
@@ -139,10 +139,10 @@ static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
   return true;
 }
 
-/* Queues the events of b (pending) on its recorded streams; none when
-   every one of them has been destroyed (pending_events 0: the caller
-   completes the free). *later, nothing done, when one of them captures:
-   the events wait until it no longer does. */
+/* Pair lock held: queues the events of b (pending) on its recorded streams;
+   none when every one of them has been destroyed (pending_events 0: the
+   caller completes the free). *later, nothing done, when one of them
+   captures: the events wait until it no longer does. */
 static xseg_status deferred_record(xseg_allocator *a, xs_block *b,
                                    bool *later) {
   xseg_status st = xs_capture_any_on(a, &b->uses, later);
@@ -156,7 +156,8 @@ static xseg_status deferred_record(xseg_allocator *a, xs_block *b,
 }
 
 /* Lists pending block b in a->deferred, its events still to record. */
-static xseg_status deferred_add_unrecorded(xseg_allocator *a, xs_block *b) {
+static xseg_status deferred_add_unrecorded_locked(xseg_allocator *a,
+                                                  xs_block *b) {
   if (!XS_ARRAY_RESERVE(a->deferred, a->cap_deferred, a->n_deferred + 1, 16))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory deferring the free of %p",
@@ -165,8 +166,8 @@ static xseg_status deferred_add_unrecorded(xseg_allocator *a, xs_block *b) {
   return XSEG_OK;
 }
 
-/* b, whose events were recorded (or whose streams are all gone), becomes
-   pending: no longer the caller's, still active. */
+/* Pair lock held: b, whose events were recorded (or whose streams are
+   all gone), becomes pending: no longer the caller's, still active. */
 static void deferred_begin(xseg_allocator *a, xs_block *b) {
   xs_pool_forget_retake(b->seg->pool, b);
   b->pending = true;
@@ -200,7 +201,7 @@ xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
     xseg_status st = xs_alloc_defer_free_pair(a, b, &later);
     if (st != XSEG_OK || !later) return st;
   }
-  xseg_status st = deferred_add_unrecorded(a, b);
+  xseg_status st = deferred_add_unrecorded_locked(a, b);
   if (st == XSEG_OK) deferred_begin(a, b);
   return st;
 }
@@ -208,7 +209,7 @@ xseg_status xs_alloc_defer_free_locked(xseg_allocator *a, xs_block *b) {
 /* Records the events of frees made during a capture. One that fails, or
    one of whose streams captures, stays unrecorded, listed for the next
    call; the first failure is returned. */
-static xseg_status deferred_record_unrecorded(xseg_allocator *a) {
+static xseg_status deferred_record_unrecorded_locked(xseg_allocator *a) {
   xseg_status first = XSEG_OK;
   size_t kept = 0;
   for (size_t i = 0; i < a->n_deferred; i++) {
@@ -226,7 +227,7 @@ static xseg_status deferred_record_unrecorded(xseg_allocator *a) {
 xseg_status xs_alloc_defer_unrecorded_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   assert(b->pending && b->pending_events == 0 && b->uses.n > 0);
-  return deferred_add_unrecorded(a, b);
+  return deferred_add_unrecorded_locked(a, b);
 }
 
 xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
@@ -247,7 +248,7 @@ xseg_status xs_alloc_process_pending_locked(xseg_allocator *a, bool wait) {
     xs_vmm_ctx_leave(&a->vmm, saved);
     return st;
   }
-  if (a->n_deferred != 0) st = deferred_record_unrecorded(a);
+  if (a->n_deferred != 0) st = deferred_record_unrecorded_locked(a);
   xseg_status qs = XSEG_OK;
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     if (pair->pending.entries == 0) continue;

@@ -90,7 +90,7 @@ xs_flow_plan xs_flow_plan_for(const xseg_allocator *a, const xs_place *pl) {
    bundled traces, 8 MiB handles lift cnn_infer's 106 MiB from 1.029 to
    1.048 times its peak, and bounding them by 1/32 of what is mapped keeps
    it at 1.029 while bert_infer still maps 8 MiB handles). */
-static size_t flow_handle_most(const xseg_allocator *a, size_t g) {
+static size_t flow_handle_most_locked(const xseg_allocator *a, size_t g) {
   size_t most = a->cfg.handle_max != 0 ? a->cfg.handle_max / g : SIZE_MAX;
   if (a->cfg.handle_max_part != 0) {
     size_t reserved =
@@ -102,10 +102,10 @@ static size_t flow_handle_most(const xseg_allocator *a, size_t g) {
 }
 
 /* The size in granules of the next fresh handle for `left` granules of
-   `g` bytes: the handle policy's, within flow_handle_most. */
-static size_t flow_handle_size(const xseg_allocator *a, size_t g,
-                               size_t left) {
-  size_t most = flow_handle_most(a, g);
+   `g` bytes: the handle policy's, within flow_handle_most_locked. */
+static size_t flow_handle_size_locked(const xseg_allocator *a, size_t g,
+                                      size_t left) {
+  size_t most = flow_handle_most_locked(a, g);
   if (left > most) left = most;
   switch (a->cfg.handle_policy) {
     case XS_HANDLES_GRANULE: return 1;
@@ -119,12 +119,12 @@ static size_t flow_handle_size(const xseg_allocator *a, size_t g,
 
 /* 4: fresh handles for handles[*have .. want), each handle's value
    repeated over its granules. */
-static xseg_status flow_create(xseg_allocator *a, size_t g, size_t want,
-                               uint64_t *handles, size_t *have) {
+static xseg_status flow_create_locked(xseg_allocator *a, size_t g, size_t want,
+                                      uint64_t *handles, size_t *have) {
   while (*have < want) {
-    size_t k = flow_handle_size(a, g, want - *have);
+    size_t k = flow_handle_size_locked(a, g, want - *have);
     uint64_t h;
-    xseg_status st = xs_phys_create(a, k * g, &h);
+    xseg_status st = xs_phys_create_locked(a, k * g, &h);
     if (st != XSEG_OK) return st;
     for (size_t i = 0; i < k; i++) handles[(*have)++] = h;
   }
@@ -146,8 +146,8 @@ static size_t flow_own_locked(xseg_allocator *a, xs_pool *p, const xs_place *pl,
 /* The pair used just less recently than `pair` (NULL: the least recently
    used one; the list is most recently used first). Quadratic in the
    streams, which are few. */
-static xs_pair *flow_before(const xseg_allocator *a,
-                            const xs_pair *pair) {
+static xs_pair *flow_before_locked(const xseg_allocator *a,
+                                   const xs_pair *pair) {
   if (a->streams == pair) return NULL;
   xs_pair *q = a->streams;
   while (q->next != pair) q = q->next;
@@ -164,9 +164,9 @@ static bool flow_donor_quiet_locked(const xseg_allocator *a,
 
 /* The steal rule (top): the pools of donor thief may steal from, as a
    bit mask (0: none). */
-static unsigned flow_may_steal(const xseg_allocator *a,
-                               const xs_pair *thief,
-                               xs_pair *donor, size_t granule) {
+static unsigned flow_may_steal_locked(const xseg_allocator *a,
+                                      const xs_pair *thief,
+                                      xs_pair *donor, size_t granule) {
   if (thief->private_id != 0) return 0;
   unsigned pools = 0;
   for (int k = 0; k < 2; k++) {
@@ -186,8 +186,8 @@ static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
   xseg_status st = xs_capture_sweep_locked(a);
   if (st != XSEG_OK || xs_alloc_capturing(a)) return 0;
   xs_alloc_complete_frees_locked(a, false);
-  for (xs_pair *pair = flow_before(a, NULL); pair != NULL && got < want;
-       pair = flow_before(a, pair)) {
+  for (xs_pair *pair = flow_before_locked(a, NULL); pair != NULL && got < want;
+       pair = flow_before_locked(a, pair)) {
     if (pair == own || !xs_pools_reclaimable(pair) ||
         !flow_donor_quiet_locked(a, pair))
       continue;
@@ -198,12 +198,12 @@ static size_t flow_others_locked(xseg_allocator *a, xs_pool *p, size_t granule,
     got += xs_phys_take_locked(a, pair, NULL, granule, want - got,
                                max - got, NULL, 0, handles + got);
   }
-  for (xs_pair *pair = flow_before(a, NULL); pair != NULL && got < want;
-       pair = flow_before(a, pair)) {
+  for (xs_pair *pair = flow_before_locked(a, NULL); pair != NULL && got < want;
+       pair = flow_before_locked(a, pair)) {
     if (pair == own || !xs_pools_reclaimable(pair) ||
         !flow_donor_quiet_locked(a, pair))
       continue;
-    unsigned pools = flow_may_steal(a, own, pair, granule);
+    unsigned pools = flow_may_steal_locked(a, own, pair, granule);
     if (pools != 0)
       got += xs_phys_steal_locked(a, own, pair, pools, granule, want - got,
                                   max - got, handles + got);
@@ -230,5 +230,5 @@ xseg_status xs_flow_collect_locked(xseg_allocator *a, xs_pool *p,
   if (!xs_flow_within_cap(a, fresh * g)) fresh = n;
   if (!xs_flow_within_cap(a, n * g))
     return xs_flow_cap_error(a, (n - *have) * g);
-  return flow_create(a, g, fresh, handles, have);
+  return flow_create_locked(a, g, fresh, handles, have);
 }

@@ -65,9 +65,11 @@ size_t xs_phys_steal_locked(xseg_allocator *a, xs_pair *thief,
                             size_t granule, size_t want, size_t max,
                             uint64_t *handles);
 /* One fresh handle of `bytes` (cuMemCreate). */
-xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out);
+xseg_status xs_phys_create_locked(xseg_allocator *a, size_t bytes,
+                                  uint64_t *out);
 /* Releases handles[0..n) (after a failed growth): one call per handle; a
    handle an alias still maps becomes its orphan instead (vmm/aliases.c). */
-void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n);
+void xs_phys_release_locked(xseg_allocator *a, const uint64_t *handles,
+                            size_t n);
 
 #endif /* XS_ALLOC_FLOW_H */

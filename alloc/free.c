@@ -262,10 +262,11 @@ static inline __attribute__((always_inline)) xseg_status alloc_free_pair(
   return alloc_free_slow(a, ptr);
 }
 
-/* xseg_free's every case but the repeated size's: the block's pair found
-   by its address in the range table, then its cached path
-   (alloc_free_pair), else every lock (alloc_free_slow). */
-static __attribute__((noinline)) xseg_status alloc_free_find_pair(
+/* No lock held: xseg_free's every case but the repeated size's, the
+   block's pair found by its address in the range table and its lock
+   taken, then its cached path (alloc_free_pair), else every lock
+   (alloc_free_slow). */
+static __attribute__((noinline)) xseg_status alloc_free_by_range(
     xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0)) {
     if (a == NULL)
@@ -301,7 +302,7 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
 
 /* A free with `pair`'s lock held, `pair` the thread's last (not the
    repeated size's): alloc_free_pair when the block is one of the pair's,
-   else the range table decides (alloc_free_find_pair). Out of line:
+   else the range table decides (alloc_free_by_range). Out of line:
    xseg_free then makes no call but tail calls, and keeps its values in
    scratch registers (its arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_last_pair(
@@ -328,13 +329,13 @@ static __attribute__((noinline)) xseg_status alloc_free_last_pair(
     return alloc_free_pair(a, t, pair, ptr, slot);
   /* Another pair's block, or none. */
   xs_pair_drop(pair);
-  return alloc_free_find_pair(a, ptr);
+  return alloc_free_by_range(a, ptr);
 }
 
 /* The pair of the thread's last malloc first (the block's, when a stream
    frees what it allocated), its lock free: the repeated size's park
    (alloc_park_repeated), else alloc_free_last_pair with that lock.
-   Anything else goes by the range table (alloc_free_find_pair). */
+   Anything else goes by the range table (alloc_free_by_range). */
 xseg_status xseg_free(xseg_allocator *a, void *ptr) {
   if (__builtin_expect(a != NULL && ptr != NULL, 1)) {
     xs_pairs_thread *t = xs_pairs_self();
@@ -354,5 +355,5 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr) {
       return XSEG_OK;
     }
   }
-  return alloc_free_find_pair(a, ptr);
+  return alloc_free_by_range(a, ptr);
 }

@@ -70,7 +70,7 @@ static xseg_status grow_at_locked(xseg_allocator *a, xs_pool *p,
     xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, addr, have * plan.g,
                     p->stream);
   }
-  if (st != XSEG_OK) xs_phys_release(a, handles, have);
+  if (st != XSEG_OK) xs_phys_release_locked(a, handles, have);
   free(handles);
   return st;
 }
@@ -100,19 +100,19 @@ static xseg_status grow_expandable_locked(xseg_allocator *a, xs_pool *p,
   return grow_at_locked(a, p, &pl, out);
 }
 
-static xseg_status grow_classic(xseg_allocator *a, xs_pool *p, size_t rounded,
-                                xs_block **out) {
+static xseg_status grow_classic_locked(xseg_allocator *a, xs_pool *p,
+                                       size_t rounded, xs_block **out) {
   size_t size = xs_alloc_classic_size(a, rounded);
   if (!xs_flow_within_cap(a, size)) return xs_flow_cap_error(a, size);
   xs_segment *s;
   xseg_status st = xs_pool_add_segment(p, size, size, &s);
   if (st != XSEG_OK) return st;
   uint64_t handle;
-  st = xs_phys_create(a, size, &handle);
+  st = xs_phys_create_locked(a, size, &handle);
   if (st == XSEG_OK) {
     xs_place pl = {.seg = s, .hole = s->first, .keep = NULL, .n = 1};
     st = xs_pool_map(p, &pl, &handle, out);
-    if (st != XSEG_OK) xs_phys_release(a, &handle, 1);
+    if (st != XSEG_OK) xs_phys_release_locked(a, &handle, 1);
     else xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, s->base, size,
                          p->stream);
   }
@@ -130,7 +130,7 @@ static xseg_status grow_once_locked(xseg_allocator *a, xs_pool *p,
 #endif
   xseg_status st = a->cfg.expandable_segments
                        ? grow_expandable_locked(a, p, rounded, out)
-                       : grow_classic(a, p, rounded, out);
+                       : grow_classic_locked(a, p, rounded, out);
   size_t after = (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   assert((after <= a->cap || after <= before) && "growth passed the cap");
   if (after <= a->cap) a->cap_over = 0;
@@ -141,8 +141,8 @@ static xseg_status grow_once_locked(xseg_allocator *a, xs_pool *p,
    and the failure that ended the last try. */
 /* The out-of-memory error; *dev_free is the device's free memory (0 when
    unknown), which the oom trace entry keeps as PyTorch's does. */
-static xseg_status grow_oom(xseg_allocator *a, size_t requested,
-                            size_t *dev_free_out) {
+static xseg_status grow_oom_locked(xseg_allocator *a, size_t requested,
+                                   size_t *dev_free_out) {
   char cause[256], want[32], total[32], free_b[32], alloc_b[32], unused[32],
       cap[32];
   snprintf(cause, sizeof cause, "%s", xseg_last_error());
@@ -236,7 +236,7 @@ xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
     }
     if (st == XSEG_ERR_OUT_OF_MEMORY) {
       size_t dev_free;
-      st = grow_oom(a, requested, &dev_free);
+      st = grow_oom_locked(a, requested, &dev_free);
       xs_trace_record(&a->trace, XS_TRACE_OOM, dev_free, requested, stream);
     }
   }

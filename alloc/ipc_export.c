@@ -40,30 +40,30 @@ xs_ipc *xs_ipc_get_locked(xseg_allocator *a) {
   return a->ipc;
 }
 
-static size_t export_find(const xs_ipc *ipc, const xs_block *b) {
+static size_t export_find_locked(const xs_ipc *ipc, const xs_block *b) {
   for (size_t i = 0; i < ipc->n_exports; i++)
     if (ipc->exports[i].block == b) return i;
   return SIZE_MAX;
 }
 
-static void export_drop(xs_ipc *ipc, size_t i) {
+static void export_drop_locked(xs_ipc *ipc, size_t i) {
   ipc->exports[i] = ipc->exports[--ipc->n_exports];
 }
 
 /* Empties record i's table slot and drops it. */
-static void export_forget(xs_ipc *ipc, size_t i) {
+static void export_forget_locked(xs_ipc *ipc, size_t i) {
   xs_ipc_export_slot *s =
       &ipc->table->exports[ipc->exports[i].id % XS_IPC_EXPORTS];
   atomic_store(&s->id, 0);
   atomic_store(&s->state, XS_IPC_EMPTY);
-  export_drop(ipc, i);
+  export_drop_locked(ipc, i);
 }
 
 /* The export record of b, made (with a table slot) if it has none:
    *fresh says so. */
-static xseg_status export_record(xs_ipc *ipc, xs_block *b,
-                                 xs_ipc_export **out, bool *fresh) {
-  size_t i = export_find(ipc, b);
+static xseg_status export_record_locked(xs_ipc *ipc, xs_block *b,
+                                        xs_ipc_export **out, bool *fresh) {
+  size_t i = export_find_locked(ipc, b);
   *fresh = i == SIZE_MAX;
   if (i != SIZE_MAX) return *out = &ipc->exports[i], XSEG_OK;
   if (ipc->table == NULL) {
@@ -144,7 +144,7 @@ static xseg_status export_locked(xseg_allocator *a, void *ptr,
   xseg_status st = export_handles(b, &h->wire, handles);
   xs_ipc_export *rec = NULL;
   bool fresh = false;
-  if (st == XSEG_OK) st = export_record(ipc, b, &rec, &fresh);
+  if (st == XSEG_OK) st = export_record_locked(ipc, b, &rec, &fresh);
   if (st != XSEG_OK) return st;
   h->table_fd = fcntl(ipc->table_fd, F_DUPFD_CLOEXEC, 0);
   if (h->table_fd < 0)
@@ -154,7 +154,7 @@ static xseg_status export_locked(xseg_allocator *a, void *ptr,
   if (st != XSEG_OK) {
     if (h->table_fd >= 0) close(h->table_fd);
     /* A first export that failed leaves no trace: nobody can hold it. */
-    if (fresh) export_forget(ipc, (size_t)(rec - ipc->exports));
+    if (fresh) export_forget_locked(ipc, (size_t)(rec - ipc->exports));
     return st;
   }
   memcpy(h->wire.magic, XS_IPC_MAGIC, sizeof h->wire.magic);
@@ -195,11 +195,11 @@ xseg_status xseg_ipc_export(xseg_allocator *a, void *ptr,
 bool xs_ipc_hold_free_locked(xseg_allocator *a, xs_block *b) {
   XS_ASSERT_LOCKED(a);
   xs_ipc *ipc = a->ipc;
-  size_t i = export_find(ipc, b);
+  size_t i = export_find_locked(ipc, b);
   if (i == SIZE_MAX) return false;
   assert(!ipc->exports[i].free_held && "a held free is not live");
   if (xs_ipc_table_try_close(ipc->table, ipc->exports[i].id)) {
-    export_drop(ipc, i);
+    export_drop_locked(ipc, i);
     return false;              /* nobody holds it: an ordinary free */
   }
   /* Pending, as a free waiting on recorded streams: not the caller's any
@@ -248,14 +248,14 @@ void xs_ipc_reap_locked(xseg_allocator *a) {
       continue;
     }
     a->ipc_held_frees--;
-    export_drop(ipc, i);
+    export_drop_locked(ipc, i);
   }
 }
 
 const char *xs_ipc_block_mark_locked(xseg_allocator *a, const xs_block *b) {
   xs_ipc *ipc = a->ipc;
   if (ipc == NULL || ipc->n_exports == 0) return NULL;
-  size_t i = export_find(ipc, b);
+  size_t i = export_find_locked(ipc, b);
   if (i == SIZE_MAX) return NULL;
   return xs_ipc_table_holders(ipc->table, ipc->exports[i].id) != 0
              ? "open_by_others"
@@ -293,7 +293,7 @@ xseg_status xseg_ipc_get_stats(xseg_allocator *a, xseg_ipc_stats *out) {
 void xs_ipc_withdraw_locked(xs_ipc *ipc) {
   xs_ipc_alive_clear(&ipc->alive);
   if (ipc->table == NULL) return;
-  while (ipc->n_exports != 0) export_forget(ipc, ipc->n_exports - 1);
+  while (ipc->n_exports != 0) export_forget_locked(ipc, ipc->n_exports - 1);
   free(ipc->exports);
   ipc->exports = NULL;
   xs_ipc_table_unmap(ipc->table);

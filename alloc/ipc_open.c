@@ -30,7 +30,7 @@ static bool open_peer_is(const xs_ipc_peer *p, const xs_ipc_wire *w) {
 
 /* The mapping of the block h names, if this allocator has it open: block
    ids are the producer's table's, so the table must match too. */
-static xs_ipc_mapping *open_find(xs_ipc *ipc, const xs_ipc_wire *w) {
+static xs_ipc_mapping *open_find_locked(xs_ipc *ipc, const xs_ipc_wire *w) {
   for (xs_ipc_mapping *m = ipc->mappings; m != NULL; m = m->next)
     if (m->id == w->block_id && open_peer_is(m->peer, w)) return m;
   return NULL;
@@ -206,7 +206,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
   xseg_status st = XSEG_OK;
   xs_alloc_enter(a);
   xs_ipc *ipc = xs_ipc_get_locked(a);
-  xs_ipc_mapping *m = ipc != NULL ? open_find(ipc, &h->wire) : NULL;
+  xs_ipc_mapping *m = ipc != NULL ? open_find_locked(ipc, &h->wire) : NULL;
   if (ipc == NULL)
     st = XSEG_ERR_OUT_OF_MEMORY;
   else if (m != NULL)
@@ -219,8 +219,8 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
 }
 
 /* Unmaps m, releases its handles and its hold, and forgets it. */
-static xseg_status close_mapping(xseg_allocator *a, xs_ipc *ipc,
-                                 xs_ipc_mapping *m, bool entered) {
+static xseg_status close_mapping_locked(xseg_allocator *a, xs_ipc *ipc,
+                                        xs_ipc_mapping *m, bool entered) {
   xs_vmm *v = &a->vmm;
   xseg_status st = XSEG_OK;
   if (entered) {
@@ -262,7 +262,8 @@ xseg_status xseg_ipc_close(xseg_allocator *a, void *ptr) {
     if (st != XSEG_OK) {
       m->refs = 1;
     } else {
-      st = close_mapping(a, ipc, m, true);   /* m is gone unless unmap failed */
+      /* m is gone unless unmap failed */
+      st = close_mapping_locked(a, ipc, m, true);
       xs_vmm_ctx_leave(&a->vmm, saved);
     }
   }
@@ -281,8 +282,9 @@ void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
   }
   while (ipc->mappings != NULL) {
     xs_ipc_mapping *m = ipc->mappings;
-    if (close_mapping(a, ipc, m, entered) != XSEG_OK && ipc->mappings == m)
-      close_mapping(a, ipc, m, false);       /* forget what cannot go */
+    if (close_mapping_locked(a, ipc, m, entered) != XSEG_OK &&
+        ipc->mappings == m)
+      close_mapping_locked(a, ipc, m, false);       /* forget what cannot go */
   }
   xs_ipc_events_destroy_locked(a, entered);
   xs_ipc_withdraw_locked(ipc);

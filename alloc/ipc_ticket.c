@@ -43,8 +43,8 @@ static const xs_ipc_export *ticket_export(const xs_ipc *ipc, uint64_t addr) {
 
 /* The table and block id that `ptr` names here: a block of another process
    opened at ptr, else one this allocator exported at ptr. */
-static bool ticket_block(xs_ipc *ipc, uint64_t ptr, xs_ipc_table **table,
-                         uint64_t *id) {
+static bool ticket_block_locked(xs_ipc *ipc, uint64_t ptr,
+                                xs_ipc_table **table, uint64_t *id) {
   for (xs_ipc_mapping *m = ipc != NULL ? ipc->mappings : NULL; m != NULL;
        m = m->next)
     if (m->ptr == ptr) return *table = m->peer->table, *id = m->id, true;
@@ -64,7 +64,7 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
   xs_ipc_table *t = NULL;
   /* A block exported here must still be live (not a free held by
      others); one opened here is held by this very process. */
-  bool found = ticket_block(a->ipc, addr, &t, &id) &&
+  bool found = ticket_block_locked(a->ipc, addr, &t, &id) &&
                (t != a->ipc->table ||
                 xs_alloc_find_live_locked(a, addr, &where) != NULL);
   xseg_status st =
@@ -102,7 +102,7 @@ xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
   xs_ipc_table *table = NULL;
   uint64_t id = 0;
   xseg_status st = XSEG_OK;
-  if (!ticket_block(a->ipc, (uint64_t)(uintptr_t)ptr, &table, &id))
+  if (!ticket_block_locked(a->ipc, (uint64_t)(uintptr_t)ptr, &table, &id))
     st = xs_error(XSEG_ERR_UNKNOWN_POINTER,
                   "xseg_ipc_ticket_give(%p): neither a block opened with "
                   "xseg_ipc_open nor one exported by the allocator of "

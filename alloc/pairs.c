@@ -99,7 +99,7 @@ xs_pair *xs_pairs_find_stream(xseg_allocator *a,
 
 /* Adds a stream's pair to the stream index; false on host OOM (nothing
    changed). */
-static bool pairs_index_stream(xseg_allocator *a, xs_pair *pair) {
+static bool pairs_index_stream_locked(xseg_allocator *a, xs_pair *pair) {
   xs_stream_index *x =
       atomic_load_explicit(&a->stream_index, memory_order_relaxed);
   size_t n = x != NULL ? atomic_load_explicit(&x->n, memory_order_relaxed)
@@ -127,7 +127,7 @@ _Static_assert(offsetof(xs_pair, lock) == 0 &&
                    offsetof(xs_pair, dead) >= sizeof(xs_lock),
                "a spare pair's reset keeps its lock: the lock comes first");
 
-static xs_pair *pairs_memory(xseg_allocator *a) {
+static xs_pair *pairs_memory_locked(xseg_allocator *a) {
   xs_pair *pair = a->spare;
   if (pair != NULL) {
     assert(pair->dead);
@@ -145,8 +145,8 @@ static xs_pair *pairs_memory(xseg_allocator *a) {
   return pair;
 }
 
-/* Gives back what pairs_memory gave when the pair could not be made. */
-static void pairs_memory_back(xseg_allocator *a, xs_pair *pair) {
+/* Gives back what pairs_memory_locked gave when the pair could not be made. */
+static void pairs_memory_back_locked(xseg_allocator *a, xs_pair *pair) {
   pair->dead = true;
   pair->next = a->spare;
   a->spare = pair;
@@ -159,18 +159,18 @@ xs_pair *xs_pairs_new_locked(xseg_allocator *a,
   XS_ASSERT_LOCKED(a);
   if (!XS_ARRAY_RESERVE(a->order, a->order_cap, a->n_order + 1, 8))
     return NULL;
-  xs_pair *pair = pairs_memory(a);
+  xs_pair *pair = pairs_memory_locked(a);
   if (pair == NULL) return NULL;
   /* Born locked: dropped with the others at xs_alloc_leave. */
   pair->stream = stream;
   pair->private_id = private_id;
   if (!xs_ptrtable_init(&pair->live)) {
-    pairs_memory_back(a, pair);
+    pairs_memory_back_locked(a, pair);
     return NULL;
   }
-  if (private_id == 0 && !pairs_index_stream(a, pair)) {
+  if (private_id == 0 && !pairs_index_stream_locked(a, pair)) {
     xs_ptrtable_destroy(&pair->live);
-    pairs_memory_back(a, pair);
+    pairs_memory_back_locked(a, pair);
     return NULL;
   }
   pair->order = ++a->next_order;
@@ -298,16 +298,14 @@ size_t xs_alloc_live_count_locked(const xseg_allocator *a) {
   return n;
 }
 
-static inline void pairs_settle(xseg_allocator *a) {
+void xs_pairs_settle_all_locked(xseg_allocator *a) {
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     xs_park_settle_pair(pair);
 }
 
-void xs_pairs_settle_all_locked(xseg_allocator *a) { pairs_settle(a); }
-
-/* The held-back parks of pool p (of `kind`, a constant in each copy:
-   the stats' offsets fold), oldest first: each one's free, then its
-   merge, as they would have counted at once. */
+/* Pair lock held: the held-back parks of pool p (of `kind`, a constant
+   in each copy: the stats' offsets fold), oldest first, each one's free,
+   then its merge, as they would have counted at once. */
 static inline __attribute__((always_inline)) void pairs_pay_pool(
     xs_pair *pair, xs_pool *p, xs_pool_kind kind) {
   const xs_block *last = p->park_rest;

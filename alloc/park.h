@@ -1,7 +1,8 @@
 /* park.h: lazy merging's other half (segments/pool.h parks): the
  * statistics a park owes and the merge of parked blocks, inline because
  * the cached malloc and free run them. Every function here needs the
- * pair's lock (pairs.h).
+ * pair's lock (pairs.h), but xs_pairs_settle_all_locked, which needs
+ * every lock.
  *
  * Two words, one meaning each:
  *   - a park *owes* the statistics of its free and of the merge it put
@@ -197,7 +198,7 @@ static inline void xs_park_settle_pair(xs_pair *pair) {
   xs_park_owed_pay(pair);
   for (int k = 0; k < 2; k++) xs_park_settle_pool(&pair->pool[k]);
 }
-/* Settles every parked block of every pair (pairs.c). */
+/* Every lock held: settles every parked block of every pair (pairs.c). */
 void xs_pairs_settle_all_locked(xseg_allocator *a);
 
 #endif /* XS_ALLOC_PARK_H */

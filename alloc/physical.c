@@ -92,13 +92,15 @@ size_t xs_phys_steal_locked(xseg_allocator *a, xs_pair *thief,
   return got;
 }
 
-xseg_status xs_phys_create(xseg_allocator *a, size_t bytes, uint64_t *out) {
+xseg_status xs_phys_create_locked(xseg_allocator *a, size_t bytes,
+                                  uint64_t *out) {
   xseg_status st = xs_vmm_handle_create(&a->vmm, bytes, false, out);
   if (st == XSEG_OK) a->shared_stats.counter[XS_COUNTER_num_device_alloc]++;
   return st;
 }
 
-void xs_phys_release(xseg_allocator *a, const uint64_t *handles, size_t n) {
+void xs_phys_release_locked(xseg_allocator *a, const uint64_t *handles,
+                            size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (i > 0 && handles[i] == handles[i - 1]) continue;
     /* Lent (or taken from a mapping it was lent from): an alias still maps

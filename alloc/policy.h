@@ -24,7 +24,8 @@ static inline bool xs_alloc_fit_takes(const xseg_allocator *a, size_t size,
   return size - rounded < a->cfg.max_non_split_rounding;
 }
 
-/* get_free_block: the best fit, if xs_alloc_fit_takes it. */
+/* Pair lock held: get_free_block, the best fit if xs_alloc_fit_takes
+   it. */
 static inline xs_block *xs_alloc_find_free(const xseg_allocator *a,
                                            xs_pool *p, size_t rounded) {
   xs_block *b = xs_freetree_best_fit(&p->free, rounded);

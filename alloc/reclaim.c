@@ -166,7 +166,7 @@ static int gc_older(const void *x, const void *y) {
 
 /* Every releasable free block of every reclaimable pool; NULL when there
    are none or host memory ran out. */
-static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
+static gc_candidate *gc_candidates_locked(xseg_allocator *a, size_t *n) {
   size_t cap = 0;
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     cap += pair->pool[0].free.count + pair->pool[1].free.count;
@@ -188,7 +188,7 @@ static gc_candidate *gc_candidates(xseg_allocator *a, size_t *n) {
    candidates (free mapped blocks) stay valid. */
 static size_t gc_release_oldest_locked(xseg_allocator *a, size_t goal) {
   size_t n, done = 0;
-  gc_candidate *c = gc_candidates(a, &n);
+  gc_candidate *c = gc_candidates_locked(a, &n);
   if (n > 0) qsort(c, n, sizeof *c, gc_older);   /* never qsort(NULL) */
   for (size_t i = 0; i < n && done < goal; i++) {
     size_t g = c[i].block->seg->granule;

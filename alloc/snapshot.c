@@ -12,7 +12,7 @@
  * (freed, waiting on work recorded on other streams) or inactive (free).
  * device_traces is the allocator's ring (alloc/trace.c), oldest first,
  * empty unless xseg_record_memory_history (here too) turned it on. Written
- * under the allocator's mutex: a consistent picture, while other calls wait.
+ * with every lock held: a consistent picture, while other calls wait.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -63,10 +63,10 @@ static void snapshot_blocks_locked(FILE *out, xseg_allocator *a,
 }
 
 /* A segment entry's fields up to its blocks' list. */
-static void snapshot_segment_head(FILE *out, xseg_allocator *a,
-                                  uint64_t addr, const snapshot_sums *s,
-                                  const void *stream, xs_pool_kind kind,
-                                  xseg_pool_id private_id, bool *first) {
+static void snapshot_segment_head_locked(
+    FILE *out, xseg_allocator *a, uint64_t addr, const snapshot_sums *s,
+    const void *stream, xs_pool_kind kind, xseg_pool_id private_id,
+    bool *first) {
   fprintf(out,
           "%s\n  {\"device\": %d, \"address\": %" PRIu64 ", \"total_size\": "
           "%" PRIu64 ", \"allocated_size\": %" PRIu64 ", \"active_size\": "
@@ -85,17 +85,17 @@ static void snapshot_run_locked(FILE *out, xseg_allocator *a,
                                 const xs_pair *pair, const xs_pool *p,
                                 const xs_block *b, bool *first) {
   snapshot_sums s = snapshot_run_sums(b);
-  snapshot_segment_head(out, a, b->addr, &s, p->stream, p->kind,
-                        pair->private_id, first);
+  snapshot_segment_head_locked(out, a, b->addr, &s, p->stream, p->kind,
+                               pair->private_id, first);
   snapshot_blocks_locked(out, a, b);
   fputs("]}", out);
 }
 
 /* The pool whose retiring block holds address addr (an alias lies in the
    block its handles were lent from), and its pair; false if none does. */
-static bool snapshot_retiring_pool(xseg_allocator *a, uint64_t addr,
-                                   const xs_pair **pair_out,
-                                   const xs_pool **p_out) {
+static bool snapshot_retiring_pool_locked(xseg_allocator *a, uint64_t addr,
+                                          const xs_pair **pair_out,
+                                          const xs_pool **p_out) {
   for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
       for (const xs_block *r = pair->pool[k].retiring; r != NULL;
@@ -110,7 +110,8 @@ static bool snapshot_retiring_pool(xseg_allocator *a, uint64_t addr,
 
 /* One segment per orphan handle (see the top), at its first alias: the
    one its bytes are counted for (vmm/aliases.c). */
-static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
+static void snapshot_orphans_locked(FILE *out, xseg_allocator *a,
+                                    bool *first) {
   const xs_vmm *v = &a->vmm;
   for (size_t i = 0; i < v->n_aliases; i++) {
     const xs_vmm_alias *e = &v->aliases[i];
@@ -120,11 +121,11 @@ static void snapshot_orphans(FILE *out, xseg_allocator *a, bool *first) {
     if (!counted) continue;
     const xs_pair *pair = NULL;
     const xs_pool *p = NULL;
-    bool known = snapshot_retiring_pool(a, e->addr, &pair, &p);
+    bool known = snapshot_retiring_pool_locked(a, e->addr, &pair, &p);
     snapshot_sums s = {.total = e->size};
-    snapshot_segment_head(out, a, e->addr, &s, known ? p->stream : NULL,
-                          known ? p->kind : (xs_pool_kind)e->tag,
-                          known ? pair->private_id : 0, first);
+    snapshot_segment_head_locked(out, a, e->addr, &s, known ? p->stream : NULL,
+                                 known ? p->kind : (xs_pool_kind)e->tag,
+                                 known ? pair->private_id : 0, first);
     fprintf(out,
             "\n      {\"address\": %" PRIu64 ", \"size\": %zu, "
             "\"requested_size\": 0, \"state\": \"inactive\", "
@@ -143,7 +144,7 @@ static void snapshot_segments_locked(FILE *out, xseg_allocator *a) {
         for (const xs_block *b = s->first; b != NULL; b = b->next)
           if (b->mapped && (b->prev == NULL || !b->prev->mapped))
             snapshot_run_locked(out, a, pair, &pair->pool[k], b, &first);
-  snapshot_orphans(out, a, &first);
+  snapshot_orphans_locked(out, a, &first);
   fputs("\n],\n", out);
 }
 

@@ -60,6 +60,7 @@ static xseg_pool_id pool_id(const torch_pool *p) {
   return id != 0 ? id : 1;
 }
 
+/* pools_lock held: the open pool (first, second) of `device`, or NULL. */
 static torch_pool *pool_find(int device, unsigned long long first,
                              unsigned long long second) {
   for (size_t i = 0; i < n_pools; i++)
@@ -69,24 +70,27 @@ static torch_pool *pool_find(int device, unsigned long long first,
   return NULL;
 }
 
+/* pools_lock held: p's stream filter dropped (its context freed). */
 static void pool_drop_filter(torch_pool *p) {
   if (p->ctx_free != NULL) p->ctx_free(p->ctx);
   p->filter = NULL, p->ctx = NULL, p->ctx_free = NULL;
 }
 
+/* pools_lock held: p's filter and streams gone, its slot given up. */
 static void pool_forget(torch_pool *p) {
   pool_drop_filter(p);
   free(p->streams);
   *p = pools[--n_pools];
 }
 
+/* pools_lock held: whether `s` allocates to p. */
 static bool pool_has_stream(const torch_pool *p, struct CUstream_st *s) {
   for (size_t i = 0; i < p->n_streams; i++)
     if (p->streams[i] == s) return true;
   return false;
 }
 
-/* Announces `stream` to the core as allocating to p. */
+/* pools_lock held: announces `stream` to the core as allocating to p. */
 static bool pool_announce(torch_pool *p, xseg_allocator *a,
                           struct CUstream_st *stream, const char *fn) {
   if (!XS_ARRAY_RESERVE(p->streams, p->cap_streams, p->n_streams + 1, 4)) {

@@ -1,7 +1,7 @@
 /* trace.h: the allocator's recent history, PyTorch's device_traces.
  *
  * A bounded ring of (action, address, size, stream, time) entries, the
- * newest overwriting the oldest, written under the allocator's mutex and
+ * newest overwriting the oldest, written with every lock held and
  * read by xseg_snapshot_json. Off (capacity 0) until
  * xseg_record_memory_history turns it on: then every malloc and free pays
  * for one clock read and one entry, and nothing otherwise.
