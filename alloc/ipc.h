@@ -215,14 +215,19 @@ typedef struct xs_ipc_mapping {
 } xs_ipc_mapping;
 
 /* A producer's table (one allocator of that process) that this allocator
-   has mapped. */
+   has mapped. It stays mapped while nothing of it is open (idle), at most
+   XS_IPC_IDLE_PEERS of them, so that blocks a producer sends one after
+   another (a DataLoader's batches) map its table once (ipc_open.c). */
+enum { XS_IPC_IDLE_PEERS = 8 };
 typedef struct xs_ipc_peer {
   pid_t pid;
   uint64_t start;
   uint64_t table_id;
   xs_ipc_table *table;
+  uint64_t dev, ino;           /* the table's memfd: a handle's table fd
+                                  must be this file */
   size_t mappings;             /* xs_ipc_mapping's on it */
-  struct xs_ipc_peer *next;
+  struct xs_ipc_peer *next;    /* most recently used first */
 } xs_ipc_peer;
 
 typedef struct xs_ipc {

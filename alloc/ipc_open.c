@@ -7,12 +7,18 @@
  * of the device's size. Before anything is imported the consumer
  * registers in the producer's table (ipc_table.c), so the producer keeps
  * the block from the moment the open can succeed until the close, or until
- * this process dies.
+ * this process dies. A producer's table stays mapped between opens (up
+ * to XS_IPC_IDLE_PEERS idle ones), and its liveness is a poll of a pidfd
+ * kept for it (xs_ipc_alive), so an open after the first reads no /proc
+ * file and maps nothing but the block.
  */
 #define _GNU_SOURCE
+#include <assert.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "alloc/enter.h"
@@ -36,37 +42,97 @@ static xs_ipc_mapping *open_find_locked(xs_ipc *ipc, const xs_ipc_wire *w) {
   return NULL;
 }
 
-/* The producer's table, mapped on its first block. */
-static xseg_status open_peer(xs_ipc *ipc, const xseg_ipc_handle *h,
-                             xs_ipc_peer **out) {
+/* Unlinks p from the peers and unmaps its table. */
+static void open_peer_drop_locked(xs_ipc *ipc, xs_ipc_peer *p) {
+  assert(p->mappings == 0 && "a peer goes once nothing of it is open");
+  xs_ipc_peer **link = &ipc->peers;
+  while (*link != p) link = &(*link)->next;
+  *link = p->next;
+  xs_ipc_table_unmap(p->table);
+  free(p);
+}
+
+/* Unmaps the tables of idle peers whose producer has exited: nothing of
+   theirs can be opened again. */
+static void open_peers_prune_locked(xs_ipc *ipc) {
+  for (xs_ipc_peer *p = ipc->peers, *next; p != NULL; p = next) {
+    next = p->next;
+    if (p->mappings == 0 && !xs_ipc_alive_check(&ipc->alive, p->pid, p->start))
+      open_peer_drop_locked(ipc, p);
+  }
+}
+
+/* Whether the handle's table fd is the file p mapped: a mapped peer is
+   not mapped again, so a forged or mixed-up fd is told by its inode. */
+static xseg_status open_peer_same_table(const xs_ipc_peer *p,
+                                        const xseg_ipc_handle *h) {
+  struct stat st;
+  if (fstat(h->table_fd, &st) == 0 && (uint64_t)st.st_dev == p->dev &&
+      (uint64_t)st.st_ino == p->ino)
+    return XSEG_OK;
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_ipc_open: block %llu's handle names reference table "
+                  "%016llx of producer pid %d, but its table fd %d is "
+                  "another file (another allocator's table, or none: a "
+                  "forged or mixed-up handle)",
+                  (unsigned long long)h->wire.block_id,
+                  (unsigned long long)h->wire.table_id, (int)p->pid,
+                  h->table_fd);
+}
+
+/* The producer's table: the one mapped already (moved to the front),
+   else mapped now, on its first block. */
+static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
+                                    xs_ipc_peer **out) {
   const xs_ipc_wire *w = &h->wire;
-  for (xs_ipc_peer *p = ipc->peers; p != NULL; p = p->next)
-    if (open_peer_is(p, w)) return *out = p, XSEG_OK;
+  for (xs_ipc_peer **link = &ipc->peers; *link != NULL;
+       link = &(*link)->next) {
+    xs_ipc_peer *p = *link;
+    if (!open_peer_is(p, w)) continue;
+    xseg_status st = open_peer_same_table(p, h);
+    if (st != XSEG_OK) return st;
+    *link = p->next;
+    p->next = ipc->peers;
+    ipc->peers = p;
+    return *out = p, XSEG_OK;
+  }
+  open_peers_prune_locked(ipc);
   xs_ipc_peer *p = calloc(1, sizeof *p);
   if (p == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
                     "memory");
-  xseg_status st = xs_ipc_table_map(h->table_fd, w, &p->table);
-  if (st != XSEG_OK) {
+  struct stat st;
+  xseg_status st_map = xs_ipc_table_map(h->table_fd, w, &p->table);
+  if (st_map == XSEG_OK && fstat(h->table_fd, &st) != 0) {
+    xs_ipc_table_unmap(p->table);
+    st_map = xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: fstat of "
+                      "the handle's table fd %d failed: %s", h->table_fd,
+                      strerror(errno));
+  }
+  if (st_map != XSEG_OK) {
     free(p);
-    return st;
+    return st_map;
   }
   p->pid = w->producer_pid;
   p->start = w->producer_start;
   p->table_id = w->table_id;
+  p->dev = (uint64_t)st.st_dev;
+  p->ino = (uint64_t)st.st_ino;
   p->next = ipc->peers;
   ipc->peers = p;
   *out = p;
   return XSEG_OK;
 }
 
-static void open_peer_put(xs_ipc *ipc, xs_ipc_peer *p) {
+/* p's last mapping closed: it stays mapped, idle, unless more than
+   XS_IPC_IDLE_PEERS are; then the least recently used idle one goes. */
+static void open_peer_put_locked(xs_ipc *ipc, xs_ipc_peer *p) {
   if (p->mappings != 0) return;
-  xs_ipc_peer **link = &ipc->peers;
-  while (*link != p) link = &(*link)->next;
-  *link = p->next;
-  xs_ipc_table_unmap(p->table);
-  free(p);
+  size_t idle = 0;
+  xs_ipc_peer *oldest = NULL;
+  for (xs_ipc_peer *q = ipc->peers; q != NULL; q = q->next)
+    if (q->mappings == 0) idle++, oldest = q;
+  if (idle > XS_IPC_IDLE_PEERS) open_peer_drop_locked(ipc, oldest);
 }
 
 /* Imports the handles of h into m (m->n of them on return, all or those
@@ -129,9 +195,11 @@ static xseg_status open_driver(xs_vmm *v, const xseg_ipc_handle *h,
   return st;
 }
 
-/* Why this allocator cannot open h at all, or XSEG_OK. */
-static xseg_status open_check(const xseg_allocator *a,
-                              const xseg_ipc_handle *h) {
+/* Why this allocator cannot open h at all, or XSEG_OK. The producer's
+   liveness is a poll of the pidfd `alive` keeps for it, once seen alive. */
+static xseg_status open_check_locked(const xseg_allocator *a,
+                                     xs_ipc_alive *alive,
+                                     const xseg_ipc_handle *h) {
   const xs_ipc_wire *w = &h->wire;
   if (w->device != a->vmm.device)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
@@ -149,7 +217,7 @@ static xseg_status open_check(const xseg_allocator *a,
                     "tell whether the other is alive",
                     (unsigned long long)w->block_id, (int)w->producer_pid,
                     (unsigned long long)w->pid_ns, (unsigned long long)ns);
-  if (!xs_ipc_process_alive(w->producer_pid, w->producer_start))
+  if (!xs_ipc_alive_check(alive, w->producer_pid, w->producer_start))
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_ipc_open: the producer of block %llu (pid %d) has "
                     "exited; its blocks cannot be opened",
@@ -169,7 +237,7 @@ static xseg_status open_new(xseg_allocator *a, xs_ipc *ipc,
                     "memory");
   }
   m->handles = handles;
-  xseg_status st = open_peer(ipc, h, &m->peer);
+  xseg_status st = open_peer_locked(ipc, h, &m->peer);
   if (st == XSEG_OK) {
     m->peer->mappings++;
     st = xs_ipc_table_hold(m->peer->table, h->wire.block_id, &m->holder);
@@ -179,7 +247,7 @@ static xseg_status open_new(xseg_allocator *a, xs_ipc *ipc,
     }
     if (st != XSEG_OK) {
       m->peer->mappings--;
-      open_peer_put(ipc, m->peer);
+      open_peer_put_locked(ipc, m->peer);
     }
   }
   if (st != XSEG_OK) {
@@ -211,7 +279,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
     st = XSEG_ERR_OUT_OF_MEMORY;
   else if (m != NULL)
     m->refs++;               /* the same block again: the same mapping */
-  else if ((st = open_check(a, h)) == XSEG_OK)
+  else if ((st = open_check_locked(a, &ipc->alive, h)) == XSEG_OK)
     st = open_new(a, ipc, h, &m);
   if (st == XSEG_OK) *ptr = (void *)(uintptr_t)m->ptr;
   xs_alloc_leave(a);
@@ -234,7 +302,7 @@ static xseg_status close_mapping_locked(xseg_allocator *a, xs_ipc *ipc,
   }
   xs_ipc_table_unhold(m->peer->table, m->holder);
   m->peer->mappings--;
-  open_peer_put(ipc, m->peer);
+  open_peer_put_locked(ipc, m->peer);
   xs_ipc_mapping **link = &ipc->mappings;
   while (*link != m) link = &(*link)->next;
   *link = m->next;
@@ -286,6 +354,7 @@ void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
         ipc->mappings == m)
       close_mapping_locked(a, ipc, m, false);       /* forget what cannot go */
   }
+  while (ipc->peers != NULL) open_peer_drop_locked(ipc, ipc->peers);
   xs_ipc_events_destroy_locked(a, entered);
   xs_ipc_withdraw_locked(ipc);
   free(ipc);

@@ -66,16 +66,40 @@ static bool table_proc_stat(pid_t pid, char *state, uint64_t *start) {
 
 pid_t xs_ipc_self_pid(void) { return getpid(); }
 
+/* This process's start time and PID namespace do not change while it
+   runs, so each is read from /proc once (every open and hold asked for
+   them: four system calls a time) and kept in one word with the pid it
+   belongs to, so that a forked child, whose pid differs, reads its own.
+   One atomic word each: threads that race both store the same value, and
+   no lock is held across a fork. */
+static _Atomic uint64_t self_start_word;  /* pid << 40 | start, 0: unread */
+static _Atomic uint64_t self_ns_word;     /* pid << 32 | inode, 0: unread */
+
 uint64_t xs_ipc_self_start(void) {
+  uint64_t pid = (uint64_t)getpid() & 0x3fffff;
+  uint64_t w = atomic_load_explicit(&self_start_word, memory_order_relaxed);
+  if (w != 0 && w >> 40 == pid) return w & XS_IPC_START_MASK;
   char state;
   uint64_t start = 0;
-  if (!table_proc_stat(getpid(), &state, &start)) return 0;
+  if (!table_proc_stat((pid_t)pid, &state, &start)) return 0;
+  start &= XS_IPC_START_MASK;      /* compared under the mask everywhere */
+  atomic_store_explicit(&self_start_word, pid << 40 | start,
+                        memory_order_relaxed);
   return start;
 }
 
 uint64_t xs_ipc_self_pid_ns(void) {
+  uint64_t pid = (uint64_t)getpid() & 0x3fffff;
+  uint64_t w = atomic_load_explicit(&self_ns_word, memory_order_relaxed);
+  if (w != 0 && w >> 32 == pid) return w & UINT32_MAX;
   struct stat st;
-  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  uint64_t ns = (uint64_t)st.st_ino;
+  /* nsfs inodes are 32-bit; a larger one is read again each time. */
+  if (ns != 0 && ns <= UINT32_MAX)
+    atomic_store_explicit(&self_ns_word, pid << 32 | ns,
+                          memory_order_relaxed);
+  return ns;
 }
 
 bool xs_ipc_process_alive(pid_t pid, uint64_t start) {
