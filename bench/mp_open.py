@@ -16,10 +16,15 @@ calls (import, map, set access, event open) add their own cost.
 """
 import collections
 import os
-import pickle
 import statistics
 import sys
 import time
+
+# The GPU check's own timing loop (tools/torch_check_mp.py), so that the
+# two measure alike.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tools"))
+import torch_check_mp  # noqa: E402
 
 MiB = 1 << 20
 
@@ -61,15 +66,7 @@ def _consumer(conn, n):
     for name in PARTS:
         setattr(lib.c, name, timed(name, getattr(lib.c, name)))
     torch.empty(16, dtype=torch.uint8)            # the allocator made
-    opens, closes = [], []
-    for _ in range(n):
-        msg = conn.recv_bytes()
-        t0 = time.perf_counter()
-        t = pickle.loads(msg)
-        t1 = time.perf_counter()
-        del t
-        closes.append(time.perf_counter() - t1)
-        opens.append(t1 - t0)
+    opens, closes = torch_check_mp.time_opens(conn, n)
     us = lambda v: round(statistics.median(v) * 1e6, 1)  # noqa: E731
     conn.send({"open": us(opens), "close": us(closes),
                **{k: us(v) for k, v in took.items()}})

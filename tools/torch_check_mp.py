@@ -163,8 +163,10 @@ def _third_consumer(use_xseg, onward, outbox, inbox):
     outbox.put(("closed",))
 
 
-def _cost_consumer(use_xseg, conn, n):
-    torch = _setup(use_xseg)
+def time_opens(conn, n):
+    """Seconds each of n tensors received on conn took to open (unpickle)
+    and to close (drop), one at a time: (opens, closes). bench/mp_open.py
+    times the same on the emulator."""
     opens, closes = [], []
     for _ in range(n):
         msg = conn.recv_bytes()
@@ -175,6 +177,12 @@ def _cost_consumer(use_xseg, conn, n):
         t2 = time.perf_counter()
         opens.append(t1 - t0)
         closes.append(t2 - t1)
+    return opens, closes
+
+
+def _cost_consumer(use_xseg, conn, n):
+    torch = _setup(use_xseg)
+    opens, closes = time_opens(conn, n)
     torch.cuda.synchronize()
     conn.send((opens, closes))
 
