@@ -64,11 +64,11 @@ static void open_peers_prune_locked(xs_ipc *ipc) {
 
 /* Whether the handle's table fd is the file p mapped: a mapped peer is
    not mapped again, so a forged or mixed-up fd is told by its inode. */
-static xseg_status open_peer_same_table(const xs_ipc_peer *p,
-                                        const xseg_ipc_handle *h) {
-  struct stat st;
-  if (fstat(h->table_fd, &st) == 0 && (uint64_t)st.st_dev == p->dev &&
-      (uint64_t)st.st_ino == p->ino)
+static xseg_status open_peer_same_table_locked(const xs_ipc_peer *p,
+                                               const xseg_ipc_handle *h) {
+  struct stat file;
+  if (fstat(h->table_fd, &file) == 0 && (uint64_t)file.st_dev == p->dev &&
+      (uint64_t)file.st_ino == p->ino)
     return XSEG_OK;
   return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                   "xseg_ipc_open: block %llu's handle names reference table "
@@ -89,7 +89,7 @@ static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
        link = &(*link)->next) {
     xs_ipc_peer *p = *link;
     if (!open_peer_is(p, w)) continue;
-    xseg_status st = open_peer_same_table(p, h);
+    xseg_status st = open_peer_same_table_locked(p, h);
     if (st != XSEG_OK) return st;
     *link = p->next;
     p->next = ipc->peers;
@@ -101,23 +101,23 @@ static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
   if (p == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
                     "memory");
-  struct stat st;
-  xseg_status st_map = xs_ipc_table_map(h->table_fd, w, &p->table);
-  if (st_map == XSEG_OK && fstat(h->table_fd, &st) != 0) {
+  struct stat file;
+  xseg_status st = xs_ipc_table_map(h->table_fd, w, &p->table);
+  if (st == XSEG_OK && fstat(h->table_fd, &file) != 0) {
     xs_ipc_table_unmap(p->table);
-    st_map = xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: fstat of "
-                      "the handle's table fd %d failed: %s", h->table_fd,
-                      strerror(errno));
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: fstat of the "
+                  "handle's table fd %d failed: %s", h->table_fd,
+                  strerror(errno));
   }
-  if (st_map != XSEG_OK) {
+  if (st != XSEG_OK) {
     free(p);
-    return st_map;
+    return st;
   }
   p->pid = w->producer_pid;
   p->start = w->producer_start;
   p->table_id = w->table_id;
-  p->dev = (uint64_t)st.st_dev;
-  p->ino = (uint64_t)st.st_ino;
+  p->dev = (uint64_t)file.st_dev;
+  p->ino = (uint64_t)file.st_ino;
   p->next = ipc->peers;
   ipc->peers = p;
   *out = p;
