@@ -46,10 +46,10 @@ static inline bool xs_alloc_pending_all_pair(const xseg_allocator *a,
   return atomic_load_explicit(&a->pending_blocks, memory_order_relaxed) ==
          atomic_load_explicit(&pair->n_pending, memory_order_relaxed);
 }
-/* The cached malloc's share of PyTorch's process_events for the other
-   streams' pairs, `pair`'s lock held (deferred.c): each one with pending
-   frees is taken by a try of its lock (never a wait, so the lock order
-   holds) and polls its own. True when every pending block is then
+/* `pair`'s lock held: the cached malloc's share of PyTorch's
+   process_events for the other streams' pairs (deferred.c). Each one with
+   pending frees is taken by a try of its lock (never a wait, so the lock
+   order holds) and polls its own. True when every pending block is then
    accounted for, each still waiting on its events; false (the malloc
    takes every lock and completes them all) when a pair was busy, or
    pending blocks sit in pairs the stream index lacks (private pools). */

@@ -18,7 +18,13 @@ call, a variable, a thread-local), and fails when
     lock (xs_alloc_enter), and its first comment line does not say
     "every lock". Read from the objects' code (`objdump -dr`), so only
     calls that are out of line in that build count: a Debug build sees
-    every static helper, an optimised one fewer.
+    every static helper, an optimised one fewer;
+  - a function of alloc/ asserts a lock its name and its first comment
+    line (or its prototype's) do not name: XS_ASSERT_LOCKED (every lock)
+    outside a `_locked` function whose first line does not say "every
+    lock", or XS_ASSERT_PAIR_LOCKED outside a function named `_locked`,
+    `_pair`, `xs_pair_*` or `xs_park_*` whose first line names no lock.
+    Read from the sources, so it holds in every build.
 
 An inline function of a header counts where it lands: a call it makes that
 the compiler leaves out of line is the including file's. That is the point:
@@ -254,20 +260,28 @@ def calls(obj):
 def first_comment_line(path, name):
     """The first line of the comment just above the definition of `name`
     in source file `path`, or in a header beside it (an inline function
-    left out of line); "" when there is none."""
+    left out of line), or, when the definition has none, above its
+    prototype in such a header (where a function's comment lives when
+    other files call it); "" when there is none."""
     folder = os.path.dirname(path)
     headers = sorted(os.path.join(folder, h) for h in os.listdir(folder)
                      if h.endswith(".h"))
     for source in [path] + headers:
         line = comment_above(source, name)
         if line is not None:
+            break
+    if line:
+        return line
+    for header in headers:
+        line = comment_above(header, name, prototype=True)
+        if line:
             return line
     return ""
 
 
-def comment_above(path, name):
+def comment_above(path, name, prototype=False):
     """first_comment_line in one file: None when `name` is not defined
-    there."""
+    there (not declared, with `prototype`)."""
     with open(path, errors="replace") as f:
         lines = f.read().splitlines()
     for i, line in enumerate(lines):
@@ -276,15 +290,76 @@ def comment_above(path, name):
             continue
         rest = " ".join(lines[i:i + 12])
         body, decl = rest.find("{"), rest.find(";")
-        if body < 0 or (0 <= decl < body):
+        if prototype:
+            if decl < 0 or (0 <= body < decl):
+                continue                        # a definition or a call
+        elif body < 0 or (0 <= decl < body):
             continue                            # a prototype or a call
         j = i - 1
+        # A head on several lines: its return type above its name.
+        while j >= 0 and lines[j].strip() and \
+                not lines[j].rstrip().endswith(("*/", ";", "}", "{")) and \
+                not lines[j].startswith("#"):
+            j -= 1
         if j < 0 or not lines[j].rstrip().endswith("*/"):
             return ""
         while j >= 0 and not lines[j].lstrip().startswith("/*"):
             j -= 1
         return lines[j] if j >= 0 else ""
     return None
+
+
+# __attribute__((...)) in a function's head, which comes before its name.
+ATTRIBUTE = re.compile(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)")
+
+
+def enclosing_function(text, at):
+    """The name of the function whose body holds offset `at` of a C
+    source, or None: the first head at column 0 after the previous
+    function's closing brace."""
+    start = text.rfind("\n}", 0, at)
+    start = 0 if start < 0 else start + 2
+    for m in re.finditer(r"^[A-Za-z_][^;{}#]*?\(", text[start:at], re.M):
+        head = text[start + m.start():at]
+        brace = head.find("{")
+        if brace < 0:
+            continue
+        head = ATTRIBUTE.sub("", head[:brace])
+        names = re.findall(r"[A-Za-z_]\w*", head[:head.find("(")])
+        return names[-1] if names else None
+    return None
+
+
+def assert_problems():
+    """Lines about functions of alloc/ that assert a lock their name and
+    first comment line do not name (the lock rule, from the sources)."""
+    out = []
+    folder = os.path.join(REPO, "alloc")
+    if not os.path.isdir(folder):
+        return out
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith((".c", ".h")):
+            continue
+        path = os.path.join(folder, name)
+        with open(path, errors="replace") as f:
+            text = f.read()
+        for m in re.finditer(r"^[ \t]+XS_ASSERT_(PAIR_)?LOCKED\(", text,
+                             re.M):
+            fn = enclosing_function(text, m.start())
+            if fn is None:
+                continue
+            pair = m.group(1) is not None
+            first = first_comment_line(path, fn).lower()
+            if fn.endswith("_locked") or "every lock" in first:
+                continue
+            if pair and (fn.endswith("_pair") or
+                         fn.startswith(("xs_pair_", "xs_park_")) or
+                         "lock" in first):
+                continue
+            what = "its pair's lock" if pair else "every lock"
+            out.append(f"lock rule: alloc/{name} {fn} asserts {what}: name "
+                       f"it or say so on its first comment line")
+    return out
 
 
 def lock_problems(objs):
@@ -339,7 +414,7 @@ def main(argv):
     for line in include_problems():
         print(line)
         bad += 1
-    for line in lock_problems(objs):
+    for line in lock_problems(objs) + assert_problems():
         print(line)
         bad += 1
     for comp in circles(objs.keys(), edges):

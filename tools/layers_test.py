@@ -5,9 +5,11 @@ Builds a small tree of objects laid out as CMake lays out the library's
 (BUILD/CMakeFiles/xseg_<layer>.dir/<layer>/<file>.c.o) with one call up
 the layers (vmm -> segments), one circle between two files of alloc/, one
 call up alloc/'s rooms (base -> entry), one file of alloc/ in no room,
-one include of a higher room's header (pairs -> growth) and one function
+one include of a higher room's header (pairs -> growth), one function
 that calls a `_locked` function without every lock by its name, its act
-or its first comment line, and checks that layers.py reports each one and fails; then that a clean
+or its first comment line, and two that assert a lock (every lock, a
+pair's) that neither their names nor their first comment lines name, and
+checks that layers.py reports each one and fails; then that a clean
 tree passes. Usage: tools/layers_test.py [CC]
 """
 import os
@@ -18,6 +20,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 CC = sys.argv[1] if len(sys.argv) > 1 else "cc"
 
+ASSERTS = ("#define XS_ASSERT_LOCKED(a) (void)(a)\n"
+           "#define XS_ASSERT_PAIR_LOCKED(a, p) (void)(a)\n")
 BAD = {
     "vmm/low.c": "int seg_high(void); int vmm_low(void) { return seg_high(); }",
     "segments/high.c": "int seg_high(void) { return 1; }",
@@ -31,6 +35,15 @@ BAD = {
     "alloc/grow.c": "int xs_g_locked(void);\n"
                     "/* A helper. */\n"
                     "int grow_helper(void) { return xs_g_locked(); }",
+    "alloc/deferred.c": ASSERTS +
+                        "/* A helper. */\n"
+                        "static int deferred_all(int a) {\n"
+                        "  XS_ASSERT_LOCKED(a);\n  return a;\n}\n"
+                        "static __attribute__((noinline)) int\n"
+                        "deferred_some(int a) {\n"
+                        "  XS_ASSERT_PAIR_LOCKED(a, a);\n"
+                        "  return deferred_all(a);\n}\n"
+                        "int deferred_entry(int a) { return deferred_some(a); }",
 }
 GOOD = {
     "vmm/low.c": "int vmm_low(void) { return 1; }",
@@ -44,6 +57,22 @@ GOOD = {
                     "int grow_named_locked(void) { return xs_g_locked(); }\n"
                     "int grow_entry(void) { xs_alloc_enter(); "
                     "return xs_g_locked(); }",
+    "alloc/deferred.c": ASSERTS +
+                        "int deferred_all_locked(int a) {\n"
+                        "  XS_ASSERT_LOCKED(a);\n  return a;\n}\n"
+                        "/* Every lock held: a helper. */\n"
+                        "static __attribute__((noinline)) int\n"
+                        "deferred_helper(int a) {\n"
+                        "  XS_ASSERT_LOCKED(a);\n"
+                        "  return deferred_all_locked(a);\n}\n"
+                        "/* Pair lock held: another. */\n"
+                        "static int deferred_some(int a) {\n"
+                        "  XS_ASSERT_PAIR_LOCKED(a, a);\n  return a;\n}\n"
+                        "int xs_pair_thing(int a) {\n"
+                        "  XS_ASSERT_PAIR_LOCKED(a, a);\n"
+                        "  return deferred_some(a);\n}\n"
+                        "int deferred_entry_locked(int a) {\n"
+                        "  return deferred_helper(a) + xs_pair_thing(a);\n}",
 }
 
 
@@ -80,7 +109,11 @@ def main():
                  "alloc/nowhere.c: in no room of alloc/",
                  "upward include: alloc/ranges.c (pairs) -> alloc/grow.h "
                  "(growth)",
-                 "lock rule: alloc/grow.c grow_helper calls xs_g_locked"]:
+                 "lock rule: alloc/grow.c grow_helper calls xs_g_locked",
+                 "lock rule: alloc/deferred.c deferred_all asserts every "
+                 "lock",
+                 "lock rule: alloc/deferred.c deferred_some asserts its "
+                 "pair's lock"]:
         if want not in out:
             print(f"layers_test: missing: {want}")
             failed += 1
