@@ -226,8 +226,9 @@ static xseg_status open_check_locked(const xseg_allocator *a,
 }
 
 /* A new mapping of h: registered as a holder, imported and mapped. */
-static xseg_status open_new(xseg_allocator *a, xs_ipc *ipc,
-                            const xseg_ipc_handle *h, xs_ipc_mapping **out) {
+static xseg_status open_new_locked(xseg_allocator *a, xs_ipc *ipc,
+                                   const xseg_ipc_handle *h,
+                                   xs_ipc_mapping **out) {
   xs_ipc_mapping *m = calloc(1, sizeof *m);
   uint64_t *handles = calloc(h->wire.n_handles, sizeof *handles);
   if (m == NULL || handles == NULL) {
@@ -280,7 +281,7 @@ xseg_status xseg_ipc_open(xseg_allocator *a, const xseg_ipc_handle *h,
   else if (m != NULL)
     m->refs++;               /* the same block again: the same mapping */
   else if ((st = open_check_locked(a, &ipc->alive, h)) == XSEG_OK)
-    st = open_new(a, ipc, h, &m);
+    st = open_new_locked(a, ipc, h, &m);
   if (st == XSEG_OK) *ptr = (void *)(uintptr_t)m->ptr;
   xs_alloc_leave(a);
   return st;
