@@ -227,6 +227,8 @@ typedef struct xs_ipc_peer {
   uint64_t dev, ino;           /* the table's memfd: a handle's table fd
                                   must be this file */
   size_t mappings;             /* xs_ipc_mapping's on it */
+  bool held;                   /* a hold was published in it: the table
+                                  its producer's blocks really name */
   struct xs_ipc_peer *next;    /* most recently used first */
 } xs_ipc_peer;
 

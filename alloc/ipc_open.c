@@ -124,10 +124,22 @@ static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
   return XSEG_OK;
 }
 
-/* p's last mapping closed: it stays mapped, idle, unless more than
-   XS_IPC_IDLE_PEERS are; then the least recently used idle one goes. */
+/* p's last mapping closed (or its first open failed): it stays mapped,
+   idle and most recently used, unless more than XS_IPC_IDLE_PEERS are
+   (then the least recently used idle one goes) or no hold was ever
+   published in it (a table that only claims to be its producer's, whose
+   inode would refuse the real one's handles: it goes at once). */
 static void open_peer_put_locked(xs_ipc *ipc, xs_ipc_peer *p) {
   if (p->mappings != 0) return;
+  if (!p->held) {
+    open_peer_drop_locked(ipc, p);
+    return;
+  }
+  xs_ipc_peer **link = &ipc->peers;
+  while (*link != p) link = &(*link)->next;
+  *link = p->next;
+  p->next = ipc->peers;
+  ipc->peers = p;
   size_t idle = 0;
   xs_ipc_peer *oldest = NULL;
   for (xs_ipc_peer *q = ipc->peers; q != NULL; q = q->next)
@@ -243,6 +255,7 @@ static xseg_status open_new_locked(xseg_allocator *a, xs_ipc *ipc,
     m->peer->mappings++;
     st = xs_ipc_table_hold(m->peer->table, h->wire.block_id, &m->holder);
     if (st == XSEG_OK) {
+      m->peer->held = true;
       st = open_driver(&a->vmm, h, m);
       if (st != XSEG_OK) xs_ipc_table_unhold(m->peer->table, m->holder);
     }

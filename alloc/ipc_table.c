@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/syscall.h>
@@ -71,11 +72,21 @@ pid_t xs_ipc_self_pid(void) { return getpid(); }
    them: four system calls a time) and kept in one word with the pid it
    belongs to, so that a forked child, whose pid differs, reads its own.
    One atomic word each: threads that race both store the same value, and
-   no lock is held across a fork. */
+   no lock is held across a fork. A fork's child forgets both (its pid
+   alone could name a process that had exited, reused by a grandchild);
+   the pid key stays for a child made by clone() without fork's hooks. */
 static _Atomic uint64_t self_start_word;  /* pid << 40 | start, 0: unread */
 static _Atomic uint64_t self_ns_word;     /* pid << 32 | inode, 0: unread */
+static pthread_once_t self_once = PTHREAD_ONCE_INIT;
+
+static void self_forget(void) {
+  atomic_store_explicit(&self_start_word, 0, memory_order_relaxed);
+  atomic_store_explicit(&self_ns_word, 0, memory_order_relaxed);
+}
+static void self_watch_forks(void) { pthread_atfork(NULL, NULL, self_forget); }
 
 uint64_t xs_ipc_self_start(void) {
+  pthread_once(&self_once, self_watch_forks);
   uint64_t pid = (uint64_t)getpid() & 0x3fffff;
   uint64_t w = atomic_load_explicit(&self_start_word, memory_order_relaxed);
   if (w != 0 && w >> 40 == pid) return w & XS_IPC_START_MASK;
@@ -89,6 +100,7 @@ uint64_t xs_ipc_self_start(void) {
 }
 
 uint64_t xs_ipc_self_pid_ns(void) {
+  pthread_once(&self_once, self_watch_forks);
   uint64_t pid = (uint64_t)getpid() & 0x3fffff;
   uint64_t w = atomic_load_explicit(&self_ns_word, memory_order_relaxed);
   if (w != 0 && w >> 32 == pid) return w & UINT32_MAX;

@@ -8,9 +8,12 @@
  * so these run on a GPU as well.
  */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "alloc/ipc.h"
 #include "alloc_helpers.h"
@@ -66,34 +69,53 @@ static void producers_end(producers *s) {
 
 /* b opens block i, checks its bytes and closes it. */
 static bool open_close(xseg_allocator *b, producers *s, int i) {
+  /* Used by the tests of refusals and of exited producers. */
   void *q = NULL;
   return XT_OK(xseg_ipc_open(b, s->h[i], &q)) &&
          XSEG_EXPECT_TRUE(ipc_same(q, 1 * MiB, (unsigned)i + 1)) &&
          XT_OK(xseg_ipc_close(b, q));
 }
 
-/* Opening a producer's blocks again maps its table once; ten producers
-   leave the eight used last mapped; destroy unmaps them all. */
+/* b opens block i and, while it is open, counts the tables mapped in
+   this process; then closes it. -1 on a failure. */
+static int open_count_close(xseg_allocator *b, producers *s, int i) {
+  void *q = NULL;
+  if (!XT_OK(xseg_ipc_open(b, s->h[i], &q))) return -1;
+  int n = tables_mapped();
+  if (!XSEG_EXPECT_TRUE(ipc_same(q, 1 * MiB, (unsigned)i + 1)) ||
+      !XT_OK(xseg_ipc_close(b, q)))
+    return -1;
+  return n;
+}
+
+/* Opening a producer's blocks again maps its table once; of ten
+   producers, the eight whose blocks closed last stay mapped, the least
+   recently used going first; destroy unmaps them all. */
 XSEG_TEST(ipc_peers, a_producers_table_stays_mapped_between_opens) {
   producers s;
   xseg_allocator *b = at_create(NULL);
   XSEG_ASSERT_TRUE(b != NULL && producers_make(&s));
   int own = tables_mapped();                 /* the producers' own */
   XSEG_EXPECT_EQ(own, PRODUCERS);
-  XSEG_EXPECT_TRUE(open_close(b, &s, 0));
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 0), own + 1);
   XSEG_EXPECT_EQ(tables_mapped(), own + 1);  /* kept, idle */
-  XSEG_EXPECT_TRUE(open_close(b, &s, 0));
-  XSEG_EXPECT_EQ(tables_mapped(), own + 1);  /* not mapped again */
-  for (int i = 1; i < PRODUCERS; i++) XSEG_EXPECT_TRUE(open_close(b, &s, i));
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 0), own + 1);   /* not mapped again */
+  for (int i = 1; i < PRODUCERS; i++) {
+    int idle = i < XS_IPC_IDLE_PEERS ? i : XS_IPC_IDLE_PEERS;
+    XSEG_EXPECT_EQ(open_count_close(b, &s, i), own + idle + 1);
+  }
+  /* Closed last to first: 9 8 7 6 5 4 3 2 (0 and 1 went). */
   XSEG_EXPECT_EQ(tables_mapped(), own + XS_IPC_IDLE_PEERS);
-  /* The least recently used went: 0 and 1. Block 9's table is kept (no
-     new mapping), block 0's is mapped again and pushes out 2's. */
-  XSEG_EXPECT_TRUE(open_close(b, &s, PRODUCERS - 1));
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 9), own + XS_IPC_IDLE_PEERS);
+  /* 0 is mapped again; its close pushes out the least recently used: 2. */
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 0), own + XS_IPC_IDLE_PEERS + 1);
   XSEG_EXPECT_EQ(tables_mapped(), own + XS_IPC_IDLE_PEERS);
-  XSEG_EXPECT_TRUE(open_close(b, &s, 0));
-  XSEG_EXPECT_EQ(tables_mapped(), own + XS_IPC_IDLE_PEERS);
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 2), own + XS_IPC_IDLE_PEERS + 1);
+  /* Now 2 0 9 8 7 6 5 4 (3 went): 4, the oldest, is still mapped. */
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 4), own + XS_IPC_IDLE_PEERS);
+  XSEG_EXPECT_EQ(open_count_close(b, &s, 3), own + XS_IPC_IDLE_PEERS + 1);
   XSEG_EXPECT_EQ(ipc_stats(b).opened_blocks, 0);
-  XSEG_EXPECT_EQ(ipc_stats(b).opened_total, PRODUCERS + 3);
+  XSEG_EXPECT_EQ(ipc_stats(b).opened_total, PRODUCERS + 6);
   for (int i = 0; i < PRODUCERS; i++)
     XSEG_EXPECT_EQ(ipc_stats(s.a[i]).open_by_others, 0);
   XT_OK(xseg_check(b));
@@ -123,7 +145,8 @@ XSEG_TEST(ipc_peers, a_table_fd_that_is_not_the_mapped_table_is_refused) {
     if (xt_have_sim()) xsim_get_live(&before);
     q = (void *)1;
     XSEG_EXPECT_EQ(xseg_ipc_open(b, s.h[0], &q), XSEG_ERR_INVALID_ARGUMENT);
-    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another allocator") != NULL);
+    /* The inode's refusal (the table's own says "another allocator's"). */
+    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another file") != NULL);
     XSEG_EXPECT_TRUE(q == NULL);
     if (xt_have_sim()) xsim_get_live(&now);
     XSEG_EXPECT_EQ(now.handles, before.handles);
@@ -168,4 +191,36 @@ XSEG_TEST(ipc_peers, an_exited_producers_table_goes_at_the_next_producer) {
   xseg_destroy(b);
   producers_end(&s);
   XSEG_EXPECT_EQ(tables_mapped(), before);
+}
+
+/* A table that only claims to be producer 0's (its header copied into
+   another memfd, no block exported in it) fails its open and is not
+   kept, so producer 0's own handles still open. */
+XSEG_TEST(ipc_peers, a_table_no_hold_was_published_in_is_not_kept) {
+  producers s;
+  xseg_allocator *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(b != NULL && producers_make(&s));
+  int fake = memfd_create("copied-table", MFD_CLOEXEC);
+  XSEG_ASSERT_TRUE(fake >= 0);
+  XSEG_ASSERT_EQ(ftruncate(fake, sizeof(xs_ipc_table)), 0);
+  xs_ipc_table *real = mmap(NULL, sizeof *real, PROT_READ, MAP_SHARED,
+                            s.h[0]->table_fd, 0);
+  xs_ipc_table *copy = mmap(NULL, sizeof *copy, PROT_READ | PROT_WRITE,
+                            MAP_SHARED, fake, 0);
+  XSEG_ASSERT_TRUE(real != MAP_FAILED && copy != MAP_FAILED);
+  memcpy(copy, real, offsetof(xs_ipc_table, exports));   /* header only */
+  int table = s.h[0]->table_fd;
+  s.h[0]->table_fd = fake;
+  void *q = (void *)1;
+  XSEG_EXPECT_NE(xseg_ipc_open(b, s.h[0], &q), XSEG_OK);
+  XSEG_EXPECT_TRUE(q == NULL);
+  s.h[0]->table_fd = table;
+  XSEG_EXPECT_TRUE(open_close(b, &s, 0));
+  XSEG_EXPECT_EQ(ipc_stats(s.a[0]).open_by_others, 0);
+  munmap(real, sizeof *real);
+  munmap(copy, sizeof *copy);
+  close(fake);
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  producers_end(&s);
 }
