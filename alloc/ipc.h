@@ -138,9 +138,11 @@ typedef struct xs_ipc_table {
 /* A new table in a memfd, mapped shared; XSEG_ERR_* with a message. */
 xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd);
 /* Maps the table behind fd and checks its header against the producer and
-   the table id the message names. */
+   the table id the message names. `file` (or NULL) gets fd's fstat, which
+   names the table's memfd. */
+struct stat;
 xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
-                             xs_ipc_table **out);
+                             xs_ipc_table **out, struct stat *file);
 void xs_ipc_table_unmap(xs_ipc_table *t);
 
 /* This process's identity: pid and start time; and its PID namespace

@@ -14,7 +14,6 @@
  */
 #define _GNU_SOURCE
 #include <assert.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,12 +41,23 @@ static xs_ipc_mapping *open_find_locked(xs_ipc *ipc, const xs_ipc_wire *w) {
   return NULL;
 }
 
-/* Unlinks p from the peers and unmaps its table. */
-static void open_peer_drop_locked(xs_ipc *ipc, xs_ipc_peer *p) {
-  assert(p->mappings == 0 && "a peer goes once nothing of it is open");
+/* Takes p out of the list of peers. */
+static void open_peer_unlink_locked(xs_ipc *ipc, xs_ipc_peer *p) {
   xs_ipc_peer **link = &ipc->peers;
   while (*link != p) link = &(*link)->next;
   *link = p->next;
+}
+
+/* Puts p first in the list of peers: the most recently used. */
+static void open_peer_push_locked(xs_ipc *ipc, xs_ipc_peer *p) {
+  p->next = ipc->peers;
+  ipc->peers = p;
+}
+
+/* Unlinks p from the peers and unmaps its table. */
+static void open_peer_drop_locked(xs_ipc *ipc, xs_ipc_peer *p) {
+  assert(p->mappings == 0 && "a peer goes once nothing of it is open");
+  open_peer_unlink_locked(ipc, p);
   xs_ipc_table_unmap(p->table);
   free(p);
 }
@@ -80,35 +90,25 @@ static xseg_status open_peer_same_table_locked(const xs_ipc_peer *p,
                   h->table_fd);
 }
 
-/* The producer's table: the one mapped already (moved to the front),
-   else mapped now, on its first block. */
+/* The producer's table: the one mapped already, else mapped now, on its
+   first block. (Recency moves at the close: only idle peers are ever
+   dropped, open_peer_put_locked.) */
 static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
                                     xs_ipc_peer **out) {
   const xs_ipc_wire *w = &h->wire;
-  for (xs_ipc_peer **link = &ipc->peers; *link != NULL;
-       link = &(*link)->next) {
-    xs_ipc_peer *p = *link;
-    if (!open_peer_is(p, w)) continue;
-    xseg_status st = open_peer_same_table_locked(p, h);
-    if (st != XSEG_OK) return st;
-    *link = p->next;
-    p->next = ipc->peers;
-    ipc->peers = p;
-    return *out = p, XSEG_OK;
-  }
+  for (xs_ipc_peer *p = ipc->peers; p != NULL; p = p->next)
+    if (open_peer_is(p, w)) {
+      xseg_status st = open_peer_same_table_locked(p, h);
+      if (st == XSEG_OK) *out = p;
+      return st;
+    }
   open_peers_prune_locked(ipc);
   xs_ipc_peer *p = calloc(1, sizeof *p);
   if (p == NULL)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY, "xseg_ipc_open: out of host "
                     "memory");
   struct stat file;
-  xseg_status st = xs_ipc_table_map(h->table_fd, w, &p->table);
-  if (st == XSEG_OK && fstat(h->table_fd, &file) != 0) {
-    xs_ipc_table_unmap(p->table);
-    st = xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_ipc_open: fstat of the "
-                  "handle's table fd %d failed: %s", h->table_fd,
-                  strerror(errno));
-  }
+  xseg_status st = xs_ipc_table_map(h->table_fd, w, &p->table, &file);
   if (st != XSEG_OK) {
     free(p);
     return st;
@@ -118,8 +118,7 @@ static xseg_status open_peer_locked(xs_ipc *ipc, const xseg_ipc_handle *h,
   p->table_id = w->table_id;
   p->dev = (uint64_t)file.st_dev;
   p->ino = (uint64_t)file.st_ino;
-  p->next = ipc->peers;
-  ipc->peers = p;
+  open_peer_push_locked(ipc, p);
   *out = p;
   return XSEG_OK;
 }
@@ -135,11 +134,8 @@ static void open_peer_put_locked(xs_ipc *ipc, xs_ipc_peer *p) {
     open_peer_drop_locked(ipc, p);
     return;
   }
-  xs_ipc_peer **link = &ipc->peers;
-  while (*link != p) link = &(*link)->next;
-  *link = p->next;
-  p->next = ipc->peers;
-  ipc->peers = p;
+  open_peer_unlink_locked(ipc, p);
+  open_peer_push_locked(ipc, p);
   size_t idle = 0;
   xs_ipc_peer *oldest = NULL;
   for (xs_ipc_peer *q = ipc->peers; q != NULL; q = q->next)

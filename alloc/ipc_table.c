@@ -77,6 +77,8 @@ pid_t xs_ipc_self_pid(void) { return getpid(); }
    the pid key stays for a child made by clone() without fork's hooks. */
 static _Atomic uint64_t self_start_word;  /* pid << 40 | start, 0: unread */
 static _Atomic uint64_t self_ns_word;     /* pid << 32 | inode, 0: unread */
+_Static_assert(XS_IPC_START_MASK == (UINT64_C(1) << 40) - 1,
+               "the start word keeps the 40 bits start times compare in");
 static pthread_once_t self_once = PTHREAD_ONCE_INIT;
 
 static void self_forget(void) {
@@ -85,33 +87,41 @@ static void self_forget(void) {
 }
 static void self_watch_forks(void) { pthread_atfork(NULL, NULL, self_forget); }
 
-uint64_t xs_ipc_self_start(void) {
+/* The value `word` keeps for this process in its low `bits` bits, the pid
+   above them; read(pid) when it keeps none for this pid. A value read
+   that is 0 (unknown) or does not fit is returned, not kept. */
+static uint64_t self_cached(_Atomic uint64_t *word, unsigned bits,
+                            uint64_t (*read)(pid_t)) {
   pthread_once(&self_once, self_watch_forks);
   uint64_t pid = (uint64_t)getpid() & 0x3fffff;
-  uint64_t w = atomic_load_explicit(&self_start_word, memory_order_relaxed);
-  if (w != 0 && w >> 40 == pid) return w & XS_IPC_START_MASK;
+  uint64_t w = atomic_load_explicit(word, memory_order_relaxed);
+  if (w != 0 && w >> bits == pid) return w & ((UINT64_C(1) << bits) - 1);
+  uint64_t value = read((pid_t)pid);
+  if (value != 0 && value >> bits == 0)
+    atomic_store_explicit(word, pid << bits | value, memory_order_relaxed);
+  return value;
+}
+
+static uint64_t self_read_start(pid_t pid) {
   char state;
   uint64_t start = 0;
-  if (!table_proc_stat((pid_t)pid, &state, &start)) return 0;
-  start &= XS_IPC_START_MASK;      /* compared under the mask everywhere */
-  atomic_store_explicit(&self_start_word, pid << 40 | start,
-                        memory_order_relaxed);
-  return start;
+  if (!table_proc_stat(pid, &state, &start)) return 0;
+  return start & XS_IPC_START_MASK;   /* compared under the mask everywhere */
+}
+
+/* nsfs inodes are 32-bit; a larger one is read again each time. */
+static uint64_t self_read_pid_ns(pid_t pid) {
+  (void)pid;
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+uint64_t xs_ipc_self_start(void) {
+  return self_cached(&self_start_word, 40, self_read_start);
 }
 
 uint64_t xs_ipc_self_pid_ns(void) {
-  pthread_once(&self_once, self_watch_forks);
-  uint64_t pid = (uint64_t)getpid() & 0x3fffff;
-  uint64_t w = atomic_load_explicit(&self_ns_word, memory_order_relaxed);
-  if (w != 0 && w >> 32 == pid) return w & UINT32_MAX;
-  struct stat st;
-  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
-  uint64_t ns = (uint64_t)st.st_ino;
-  /* nsfs inodes are 32-bit; a larger one is read again each time. */
-  if (ns != 0 && ns <= UINT32_MAX)
-    atomic_store_explicit(&self_ns_word, pid << 32 | ns,
-                          memory_order_relaxed);
-  return ns;
+  return self_cached(&self_ns_word, 32, self_read_pid_ns);
 }
 
 bool xs_ipc_process_alive(pid_t pid, uint64_t start) {
@@ -211,7 +221,7 @@ xseg_status xs_ipc_table_create(xs_ipc_table **out, int *fd) {
 }
 
 xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
-                             xs_ipc_table **out) {
+                             xs_ipc_table **out, struct stat *file) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
       (size_t)st.st_size != sizeof(xs_ipc_table))
@@ -246,6 +256,7 @@ xseg_status xs_ipc_table_map(int fd, const xs_ipc_wire *w,
                     (unsigned long long)w->table_id, (int)w->producer_pid,
                     (unsigned long long)found);
   }
+  if (file != NULL) *file = st;
   *out = t;
   return XSEG_OK;
 }

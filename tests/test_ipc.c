@@ -301,7 +301,8 @@ static bool ipc_slots_setup(ipc_slots *f) {
   if (!XT_OK(xseg_malloc(f->a, 1 * MiB, NULL, &f->p)) ||
       !XT_OK(xseg_ipc_export(f->a, f->p, &f->h)))
     return false;
-  return XT_OK(xs_ipc_table_map(f->h->table_fd, &f->h->wire, &f->t));
+  return XT_OK(xs_ipc_table_map(f->h->table_fd, &f->h->wire, &f->t,
+                                 NULL));
 }
 
 /* Frees p (unless the test did), checks a, and destroys both. */
