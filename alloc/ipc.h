@@ -118,7 +118,11 @@ static inline uint64_t xs_ipc_holder_start(uint64_t w) { return w >> 24; }
 typedef struct xs_ipc_holder {
   _Atomic uint64_t word;
   _Atomic uint64_t id;
-  uint64_t pad[2];
+  /* A ticket's number while the hold is a ticket's (ipc_ticket.c), else
+     0: cleared by every claim before the hold is published, so that a
+     ticket given back twice cannot match the next hold of its slot. */
+  _Atomic uint64_t tag;
+  uint64_t pad;
 } xs_ipc_holder;
 
 typedef struct xs_ipc_table {
@@ -188,9 +192,11 @@ bool xs_ipc_table_try_close(xs_ipc_table *t, uint64_t id);
    error with a message. */
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot);
 /* The same in the name of process (pid, start), e.g. a ticket's hold
-   (ipc_ticket.c), which names the producer: never reaped while it runs. */
+   (ipc_ticket.c), which names the producer: never reaped while it runs.
+   `caller` names the public function in the error messages. */
 xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
-                                 uint64_t start, size_t *slot);
+                                 uint64_t start, const char *caller,
+                                 size_t *slot);
 void xs_ipc_table_unhold(xs_ipc_table *t, size_t slot);
 
 /* ---- the allocator's side ---------------------------------------------- */

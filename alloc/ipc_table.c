@@ -356,21 +356,26 @@ static size_t table_claim(xs_ipc_table *t, uint64_t mine) {
 
 xseg_status xs_ipc_table_hold(xs_ipc_table *t, uint64_t id, size_t *slot) {
   return xs_ipc_table_hold_as(t, id, xs_ipc_self_pid(), xs_ipc_self_start(),
-                              slot);
+                              "xseg_ipc_open", slot);
 }
 
 xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
-                                 uint64_t start, size_t *slot) {
+                                 uint64_t start, const char *caller,
+                                 size_t *slot) {
   assert(pid == xs_ipc_holder_pid(xs_ipc_holder_word(0, pid, 0)) &&
          "a Linux pid fits the holder word");
   size_t i =
       table_claim(t, xs_ipc_holder_word(XS_IPC_HOLDER_CLAIMING, pid, start));
   if (i == SIZE_MAX)
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                    "xseg_ipc_open: producer pid %d's reference table is "
-                    "full (%d holds)", (int)t->producer_pid, XS_IPC_HOLDERS);
+                    "%s: producer pid %d's reference table is full (%d "
+                    "holds)", caller, (int)t->producer_pid, XS_IPC_HOLDERS);
   xs_ipc_holder *h = &t->holders[i];
   atomic_store_explicit(&h->id, id, memory_order_relaxed);
+  /* A ticket's tag left by the slot's last hold goes before this hold is
+     published: with the same word (the producer's process holding as a
+     ticket does), it would let that old ticket free this hold. */
+  atomic_store_explicit(&h->tag, 0, memory_order_relaxed);
   atomic_store(&h->word, xs_ipc_holder_word(XS_IPC_HOLDER_HELD, pid, start));
   xs_ipc_export_slot *e = table_export(t, id);
   uint32_t state = atomic_load(&e->state);
@@ -378,8 +383,8 @@ xseg_status xs_ipc_table_hold_as(xs_ipc_table *t, uint64_t id, pid_t pid,
       (state != XS_IPC_LIVE && state != XS_IPC_FREE_HELD)) {
     xs_ipc_table_unhold(t, i);
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                    "xseg_ipc_open: block %llu is no longer exported by "
-                    "producer pid %d (freed, or the handle is forged)",
+                    "%s: block %llu is no longer exported by producer pid "
+                    "%d (freed, or the handle is forged)", caller,
                     (unsigned long long)id, (int)t->producer_pid);
   }
   *slot = i;

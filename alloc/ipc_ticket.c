@@ -6,7 +6,8 @@
  * back before the consumer can open it. A ticket is a holder slot of the
  * producer's reference table claimed in the producer's own name (its pid
  * and start time: alive as long as the producer is, so never reaped), and
- * tagged with a number unique to it in the slot's spare word:
+ * tagged with a number unique to it in the slot's tag (which every claim
+ * of a slot clears before publishing its hold):
  *
  *     ticket = serial * XS_IPC_HOLDERS + slot
  *
@@ -69,14 +70,14 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
                 xs_alloc_find_live_locked(a, addr, &where) != NULL);
   xseg_status st =
       found ? xs_ipc_table_hold_as(t, id, t->producer_pid, t->producer_start,
-                                   &slot)
+                                   "xseg_ipc_ticket_take", &slot)
             : xs_error(XSEG_ERR_UNKNOWN_POINTER,
                        "xseg_ipc_ticket_take(%p): neither a live block of "
                        "device %d exported with xseg_ipc_export nor one "
                        "opened with xseg_ipc_open", ptr, a->vmm.device);
   if (st == XSEG_OK) {
     *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
-    t->holders[slot].pad[0] = *ticket;
+    atomic_store(&t->holders[slot].tag, *ticket);
   }
   xs_alloc_leave(a);
   return st;
@@ -88,7 +89,7 @@ static bool ticket_release(xs_ipc_table *t, uint64_t id, uint64_t ticket) {
   uint64_t held = xs_ipc_holder_word(XS_IPC_HOLDER_HELD, t->producer_pid,
                                      t->producer_start);
   if (atomic_load(&h->word) != held || atomic_load(&h->id) != id ||
-      h->pad[0] != ticket)
+      atomic_load(&h->tag) != ticket)
     return false;
   return atomic_compare_exchange_strong(&h->word, &held, XS_IPC_HOLDER_FREE);
 }

@@ -100,6 +100,69 @@ XSEG_TEST(ipc_queue, producer_gives_back_an_unsent_ticket) {
   xseg_destroy(a);
 }
 
+/* A ticket given back twice, after its slot went to an open of the block
+   by another allocator of the producer's process (as a tensor sent back to
+   its producer is opened there): the second give is refused and the open's
+   hold stays, so the block stays pending when freed and is not handed out
+   again while it is open. (The hold of that open has the ticket's own
+   word, the producer's pid and start time; only the tag tells them
+   apart.) */
+XSEG_TEST(ipc_queue, ticket_given_back_twice_frees_no_other_hold) {
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL && b != NULL);
+  void *p = NULL, *q = NULL, *r = NULL;
+  XT_OK(xseg_malloc(a, 4 * MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  uint64_t t = 0;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  XT_OK(xseg_ipc_ticket_take(a, p, &t));
+  XT_OK(xseg_ipc_ticket_give(a, p, t));
+  XT_OK(xseg_ipc_open(b, h, &q));               /* the slot the ticket had */
+  XSEG_EXPECT_EQ(qt_ipc(a).open_by_others, 1);
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_give(a, p, t), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "is no hold on this block") !=
+                   NULL);
+  XSEG_EXPECT_EQ(qt_ipc(a).open_by_others, 1);
+  XT_OK(xseg_free(a, p));
+  XT_OK(xseg_malloc(a, 4 * MiB, NULL, &r));
+  XSEG_EXPECT_NE(r, p);
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, (int64_t)(4 * MiB));
+  XT_OK(xseg_ipc_close(b, q));
+  XT_OK(xseg_free(a, r));
+  qt_expect_given_back(a);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
+/* A table full of tickets: the next take is refused naming the call that
+   was made (the table's claim serves opens too), and nothing leaks. */
+XSEG_TEST(ipc_queue, ticket_take_on_a_full_table_names_itself) {
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  void *p = NULL;
+  XT_OK(xseg_malloc(a, MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  static uint64_t tickets[XS_IPC_HOLDERS];
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
+    XSEG_ASSERT_OK(xseg_ipc_ticket_take(a, p, &tickets[i]));
+  uint64_t more = 0;
+  XSEG_EXPECT_EQ(xseg_ipc_ticket_take(a, p, &more), XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(),
+                          "xseg_ipc_ticket_take: producer pid") != NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "is full") != NULL);
+  for (size_t i = 0; i < XS_IPC_HOLDERS; i++)
+    XT_OK(xseg_ipc_ticket_give(a, p, tickets[i]));
+  XT_OK(xseg_free(a, p));
+  qt_expect_given_back(a);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
 /* A consumer sends the block on: its ticket, taken in the producer's
    table, keeps the block after the consumer closed and the producer freed
    it, until a third consumer opens it and gives the ticket back. */
