@@ -263,6 +263,10 @@ def _receive(path, device, carried, ticket, event, nbytes):
     producer's work on it."""
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
+    if carried is None:                  # empty (_share): nothing was sent
+        return torch.empty((0,), dtype=torch.uint8,
+                           device=torch.device("cuda", device)
+                           ).untyped_storage()
     lib = _lib_at(path)
     a = lib.allocator(device)
     fd = carried.detach()
@@ -331,9 +335,17 @@ def _share(storage):
     or None to leave it to torch."""
     ptr, nbytes = storage.data_ptr(), storage.nbytes()
     device = storage.device.index
-    if ptr == 0 or nbytes == 0 or _lib is None:
+    if ptr == 0 or _lib is None:
         return None
     lib = _lib
+    if nbytes == 0:
+        # PyTorch asks a pluggable allocator even for 0 bytes
+        # (CUDAPluggableAllocator::allocate), and xseg gives each such
+        # request a block of its own, so torch's way would ask the
+        # allocator for an IPC handle and be refused. Nothing to share: the
+        # receiver makes an empty storage of its own, as torch's
+        # rebuild_cuda_tensor does for a storage sent without a handle.
+        return (lib.path, device, None, 0, b"", 0)
     imp = _import_of(ptr)
     if imp is not None:                  # received here: send it on
         a, handle, own = imp.allocator, imp.handle, False
@@ -388,8 +400,11 @@ def _rebuild_tensor(tensor_cls, size, stride, offset, dtype, requires_grad,
 def _xseg_storage(tensor):
     """The untyped CUDA storage of a strided tensor we may share, else None
     (sparse and nested tensors keep torch's reductions, which take them
-    apart into strided ones)."""
-    if tensor.is_nested or getattr(tensor, "is_sparse", False) or \
+    apart into strided ones). The layout decides, as in torch's
+    reduce_tensor: is_sparse is true of the COO layout alone, and the
+    compressed ones (CSR, CSC, BSR, BSC) have no storage to ask for."""
+    import torch
+    if tensor.is_nested or tensor.layout != torch.strided or \
             tensor.device.type != "cuda":
         return None
     return tensor.untyped_storage()

@@ -7,8 +7,9 @@ Cases: a round trip whose consumer first waits, on its stream, for work
 the producer queued behind a held stream; several dtypes and views of one
 storage (one open in the consumer); the producer deleting its tensor
 before the consumer received it; a consumer killed by SIGKILL; a consumer
-that sends the tensor on to a third process; a storage sent alone; and a
-tensor that xseg did not allocate, which keeps torch's own reduction.
+that sends the tensor on to a third process; a storage sent alone; an
+empty tensor; a compressed sparse tensor, and a tensor that xseg did not
+allocate, which keep torch's own reductions.
 Each checks bytes, the producer's pending bytes and the holds on its
 blocks.
 
@@ -179,6 +180,15 @@ def storage_consumer(inbox, outbox):
     outbox.put(("closed",))
 
 
+def empty_consumer(inbox, outbox):
+    setup()
+    t = inbox.get(timeout=TIMEOUT)
+    outbox.put(("empty", t.size(), t.dtype.name, t.untyped_storage().nbytes(),
+                t.device.type, stats()["opened_blocks"]))
+    del t
+    gc.collect()
+
+
 # ---- the producer's cases ---------------------------------------------------
 
 def start(ctx, target, *args):
@@ -337,6 +347,49 @@ def case_storage(ctx):
     expect(p.exitcode == 0, "storage consumer exit %r" % p.exitcode)
 
 
+def case_empty(ctx):
+    """An empty tensor: PyTorch asks a pluggable allocator even for 0 bytes,
+    so its storage is an xseg block of its own, which torch's reduction
+    would ask an IPC handle of (refused). It arrives as an empty tensor of
+    the consumer's own, nothing exported or opened."""
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = start(ctx, empty_consumer, inbox, outbox)
+    t = torch.empty(0, dtype=torch.float32)
+    expect(t.data_ptr() != 0, "0 bytes asked of the allocator, as torch does")
+    inbox.put(t)
+    _, size, dt, nbytes, dev, opened = get(outbox, "empty")
+    expect((size, dt, nbytes, dev, opened) == ((0,), "float32", 0, "cuda", 0),
+           "an empty CUDA tensor arrives: %r" % ((size, dt, nbytes, dev,
+                                                  opened),))
+    expect(stats()["exported_blocks"] == 0, "nothing exported for it")
+    p.join(TIMEOUT)
+    expect(p.exitcode == 0, "empty consumer exit %r" % p.exitcode)
+    del t
+
+
+def case_sparse():
+    """A compressed sparse tensor (CSR here), of which is_sparse is false
+    and whose storage cannot be asked for (SparseCsrTensorImpl throws),
+    keeps torch's reduction, which takes it apart by its layout."""
+    from torch.multiprocessing import reductions
+    t = torch.empty(16, dtype=torch.float32)
+    t.layout = torch.sparse_csr
+
+    def no_storage():
+        raise NotImplementedError("Cannot access storage of "
+                                  "SparseCsrTensorImpl")
+    t.untyped_storage = no_storage
+    try:
+        rebuild, args = reductions.reduce_tensor(t)
+        expect(rebuild is reductions.rebuild_sparse_tensor and
+               args == ("sparse_csr",),
+               "torch's sparse reduction ran: %r %r" % (rebuild, args))
+    except NotImplementedError as err:
+        expect(False, "a CSR tensor's storage was asked for: %s" % err)
+    expect(hasattr(reductions.reduce_tensor, "xseg_wraps"),
+           "xseg's reduction was the one called")
+
+
 def case_not_xseg():
     """A storage that is no xseg block (here: inside one) keeps torch's own
     reduction, which refuses for a pluggable allocator."""
@@ -360,6 +413,9 @@ def main():
                  case_consumer_killed, case_relay, case_storage):
         print("--", case.__name__, flush=True)
         case(ctx)
+    print("-- case_empty", flush=True)
+    case_empty(ctx)
+    case_sparse()
     case_not_xseg()
     settle()
     s = stats()

@@ -23,7 +23,8 @@ __version__ = os.environ.get("XSEG_STANDIN_TORCH_VERSION", "2.9.1+standin")
 from . import _C  # noqa: E402
 from ._tensor import (Tensor, UntypedStorage, device, dtype, empty,  # noqa
                       uint8, int16, int32, int64, float16, bfloat16, float32,
-                      float64)
+                      float64, layout, strided, sparse_coo, sparse_csr,
+                      sparse_csc, sparse_bsr, sparse_bsc)
 from . import cuda, nn, utils  # noqa: E402,F401
 
 OutOfMemoryError = _C.OutOfMemoryError

@@ -22,6 +22,19 @@ float16, bfloat16, float32, float64 = (dtype("float16", 2),
                                        dtype("float64", 8))
 
 
+class layout:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return "torch." + self.name
+
+
+strided, sparse_coo, sparse_csr, sparse_csc, sparse_bsr, sparse_bsc = (
+    layout(name) for name in ("strided", "sparse_coo", "sparse_csr",
+                              "sparse_csc", "sparse_bsr", "sparse_bsc"))
+
+
 class device:
     def __init__(self, spec, index=None):
         if isinstance(spec, device):
@@ -102,6 +115,7 @@ class Tensor:
         self.requires_grad = False
         self.is_leaf = True
         self.is_nested = False
+        self.layout = strided
 
     @property
     def device(self):
@@ -182,15 +196,15 @@ def empty(size, dtype=float32, device="cuda"):
     for s in size:
         n *= s
     nbytes = n * dtype.itemsize
-    if nbytes == 0:
-        storage = UntypedStorage(0, 0, dev)
-    else:
-        stream = cuda.current_stream(dev.index).cuda_stream
-        lib = _Xseg.get()
-        ptr = lib.xseg_torch_malloc(nbytes, dev.index, stream)
-        if not ptr:
-            raise RuntimeError("CUDA out of memory (stand-in)")
-        storage = UntypedStorage(
-            ptr, nbytes, dev,
-            lambda: lib.xseg_torch_free(ptr, nbytes, dev.index, stream))
+    # CUDAPluggableAllocator::allocate asks the allocator for every size,
+    # 0 bytes included (PyTorch's own caching allocator answers 0 with NULL
+    # itself; a pluggable one is asked).
+    stream = cuda.current_stream(dev.index).cuda_stream
+    lib = _Xseg.get()
+    ptr = lib.xseg_torch_malloc(nbytes, dev.index, stream)
+    if not ptr:
+        raise RuntimeError("CUDA out of memory (stand-in)")
+    storage = UntypedStorage(
+        ptr, nbytes, dev,
+        lambda: lib.xseg_torch_free(ptr, nbytes, dev.index, stream))
     return Tensor(storage, dtype, size, _contiguous_strides(size), 0)

@@ -1,6 +1,7 @@
 """torch/multiprocessing/reductions.py's parts for CUDA tensors and
-storages: reduce_tensor reaches storage._share_cuda_() (refused for a
-pluggable allocator), reduce_storage refuses CUDA storages, and
+storages: reduce_tensor takes sparse layouts apart first (here: a marker
+rebuild naming the layout), else reaches storage._share_cuda_() (refused
+for a pluggable allocator), reduce_storage refuses CUDA storages, and
 init_reductions registers them on ForkingPickler as torch does."""
 from multiprocessing.reduction import ForkingPickler
 
@@ -21,6 +22,16 @@ class StorageWeakRef:
         self._free_weak_ref(self.cdata)
 
 
+def rebuild_sparse_tensor(layout_name):
+    raise NotImplementedError("stand-in: sparse tensors are not modelled")
+
+
+def reduce_sparse_tensor(tensor):
+    """torch's own takes the tensor apart into its strided index and value
+    tensors; the stand-in only names the layout it was given."""
+    return (rebuild_sparse_tensor, (tensor.layout.name,))
+
+
 def reduce_tensor(tensor):
     if tensor.requires_grad and not tensor.is_leaf:
         raise RuntimeError(
@@ -29,6 +40,10 @@ def reduce_tensor(tensor):
             "boundaries.  If you just want to transfer the data, call "
             "detach() on the tensor before serializing (e.g., putting it on "
             "the queue).")
+    if tensor.layout in (torch.sparse_coo, torch.sparse_csr,
+                         torch.sparse_bsr, torch.sparse_csc,
+                         torch.sparse_bsc):
+        return reduce_sparse_tensor(tensor)
     storage = tensor.untyped_storage()
     if storage.device.type == "cuda":
         storage._share_cuda_()
