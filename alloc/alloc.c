@@ -1,5 +1,6 @@
-/* alloc.c: the public entry point xseg_malloc, its cached path and its
- * slow path (free is free.c's; an allocator's creation, destruction and
+/* alloc.c: the public entry points xseg_malloc, its cached path and its
+ * slow path, and xseg_malloc_from_pool, the slow path from the pools its
+ * caller chose (free is free.c's; an allocator's creation, destruction and
  * check are create.c's).
  *
  * The cached path (a free block fits) makes no driver call and no heap
@@ -124,19 +125,43 @@ static inline void alloc_hand_out(xseg_allocator *a, xs_pair *pair,
   alloc_hand_out_listed(a, pair, p, p->kind, b, size, stream, slow, pending);
 }
 
+/* The pools the caller of xseg_malloc_from_pool chose: the stream's own
+   (pool 0), else the stream's pair of private pool `pool`, whatever the
+   stream is announced to. */
+static xseg_status alloc_chosen_pools_locked(xseg_allocator *a,
+                                             struct CUstream_st *stream,
+                                             xseg_pool_id pool,
+                                             xs_pair **out) {
+  if (pool == 0) return xs_pairs_lookup_locked(a, stream, out);
+  *out = xs_capture_private_pair_locked(a, pool, stream);
+  if (*out != NULL) return XSEG_OK;
+  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                  "out of host memory for private pool %llu",
+                  (unsigned long long)pool);
+}
+
+/* `chosen`: the pools xseg_malloc_from_pool named, or NULL: where the
+   stream sends the request (its announced or detected capture's pool,
+   else its own). */
 static xseg_status alloc_block_locked(xseg_allocator *a, size_t size,
                                       size_t rounded,
                                       struct CUstream_st *stream,
-                                      xs_pair *own, xs_block **out) {
+                                      xs_pair *own,
+                                      const xseg_pool_id *chosen,
+                                      xs_block **out) {
   xs_pair *pair;
-  xseg_status st = alloc_pools_locked(a, stream, own, &pair);
+  xseg_status st =
+      chosen != NULL ? alloc_chosen_pools_locked(a, stream, *chosen, &pair)
+                     : alloc_pools_locked(a, stream, own, &pair);
   if (st != XSEG_OK) return st;
   if (!xs_ptrtable_reserve(&pair->live))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for the pointer table");
   xs_pool *p = &pair->pool[xs_alloc_kind(rounded)];
   xs_block *b = xs_alloc_find_free(a, p, rounded);
-  if (b == NULL) st = xs_alloc_grow_locked(a, &p, stream, rounded, size, &b);
+  if (b == NULL)
+    st = xs_alloc_grow_locked(a, &p, stream, rounded, size, chosen == NULL,
+                              &b);
   if (st != XSEG_OK) return st;
   /* An unannounced capture found while growing moved the request to a
      private pair: room in its table too. */
@@ -335,24 +360,27 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
                                      : xs_config_round_size(c, size);
 }
 
-/* xseg_malloc's refusals: *ptr NULL (when there is one). */
+/* The refusals of `fn` (xseg_malloc or xseg_malloc_from_pool): *ptr NULL
+   (when there is one). */
 static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
-    xseg_allocator *a, size_t size, void **ptr) {
+    const char *fn, xseg_allocator *a, size_t size, void **ptr) {
   if (ptr != NULL) *ptr = NULL;
   if (a == NULL || ptr == NULL)
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "xseg_malloc(%zu bytes): %s",
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%s(%zu bytes): %s", fn,
                     size, a == NULL ? "allocator is NULL" : "ptr is NULL");
   return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                  "xseg_malloc(%zu bytes): the size overflows when rounded "
-                  "to blocks and granules", size);
+                  "%s(%zu bytes): the size overflows when rounded to blocks "
+                  "and granules", fn, size);
 }
 
 /* xseg_malloc's slow path, no lock held: takes every lock (after a miss
    of the cached path, or when it may not run). `own`: the stream's own
-   pair when the caller found it (it never goes away), else NULL. */
+   pair when the caller found it (it never goes away), else NULL;
+   `chosen` as alloc_block_locked's. */
 static __attribute__((noinline)) xseg_status alloc_malloc_slow(
     xseg_allocator *a, size_t size, size_t rounded,
-    struct CUstream_st *stream, xs_pair *own, void **ptr) {
+    struct CUstream_st *stream, xs_pair *own, const xseg_pool_id *chosen,
+    void **ptr) {
   xs_block *b = NULL;
   xs_alloc_enter(a);
   /* Frees waiting on other streams are completed first, as PyTorch's
@@ -360,7 +388,8 @@ static __attribute__((noinline)) xseg_status alloc_malloc_slow(
      leaves them waiting: the allocation goes on. */
   if (__builtin_expect(xs_alloc_has_pending(a), 0))
     xs_alloc_complete_frees_locked(a, false);
-  xseg_status st = alloc_block_locked(a, size, rounded, stream, own, &b);
+  xseg_status st =
+      alloc_block_locked(a, size, rounded, stream, own, chosen, &b);
   xs_alloc_leave(a);
   *ptr = st == XSEG_OK ? (void *)(uintptr_t)b->addr : NULL;
   return st;
@@ -432,7 +461,7 @@ static __attribute__((noinline)) xseg_status alloc_malloc_pair(
     *ptr = (void *)(uintptr_t)b->addr;
     return XSEG_OK;
   }
-  return alloc_malloc_slow(a, size, rounded, stream, pair, ptr);
+  return alloc_malloc_slow(a, size, rounded, stream, pair, NULL, ptr);
 }
 
 /* A malloc of a valid size (`rounded`) with `pair`'s lock held and its
@@ -473,17 +502,17 @@ static __attribute__((noinline)) xseg_status alloc_malloc_refill(
 static __attribute__((noinline)) xseg_status alloc_malloc_by_stream(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
   if (__builtin_expect(a == NULL || ptr == NULL, 0))
-    return alloc_malloc_refused(a, size, ptr);
+    return alloc_malloc_refused("xseg_malloc", a, size, ptr);
   size_t rounded = alloc_round(&a->cfg, size);
   /* 0 (overflow) wraps above the limit too. */
   if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
-    return alloc_malloc_refused(a, size, ptr);
+    return alloc_malloc_refused("xseg_malloc", a, size, ptr);
   xs_pair *pair = xs_pairs_of_stream(a, stream);
   /* No pair yet, or the slow flag up (a hint, read without the lock):
      every lock at once, not the pair's first. */
   if (__builtin_expect(pair == NULL || xs_alloc_slow_hint(a), 0)) {
     xs_pairs_use();                       /* as with the pair lock */
-    return alloc_malloc_slow(a, size, rounded, stream, pair, ptr);
+    return alloc_malloc_slow(a, size, rounded, stream, pair, NULL, ptr);
   }
   xs_pair_take(pair);
   pair->used_at = xs_pairs_use();
@@ -527,4 +556,17 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
     return xs_alloc_wake_after_cached(a, pair);
   xs_alloc_debug_after_cached(a);
   return XSEG_OK;
+}
+
+/* Every lock, as the slow path, with the pools the caller chose. */
+xseg_status xseg_malloc_from_pool(xseg_allocator *a, size_t size,
+                                  struct CUstream_st *stream,
+                                  xseg_pool_id pool, void **ptr) {
+  if (__builtin_expect(a == NULL || ptr == NULL, 0))
+    return alloc_malloc_refused("xseg_malloc_from_pool", a, size, ptr);
+  size_t rounded = alloc_round(&a->cfg, size);
+  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+    return alloc_malloc_refused("xseg_malloc_from_pool", a, size, ptr);
+  xs_pairs_use();                               /* as xseg_malloc's */
+  return alloc_malloc_slow(a, size, rounded, stream, NULL, &pool, ptr);
 }

@@ -53,14 +53,19 @@ xs_pair *xs_capture_pools_locked(xseg_allocator *a,
   return c != NULL ? capture_pair_find_locked(a, c->pool, stream) : NULL;
 }
 
+xs_pair *xs_capture_private_pair_locked(xseg_allocator *a, xseg_pool_id pool,
+                                        struct CUstream_st *stream) {
+  xs_pair *pair = capture_pair_find_locked(a, pool, stream);
+  return pair != NULL ? pair : xs_pairs_new_locked(a, stream, pool);
+}
+
 /* A new entry; its private pair is found or created. */
 static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
                                       xs_pair **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
     goto oom;
-  xs_pair *pair = capture_pair_find_locked(a, c.pool, c.stream);
-  if (pair == NULL && (pair = xs_pairs_new_locked(a, c.stream, c.pool)) == NULL)
-    goto oom;
+  xs_pair *pair = xs_capture_private_pair_locked(a, c.pool, c.stream);
+  if (pair == NULL) goto oom;
   a->captures[a->n_captures++] = c;
   a->n_implicit += c.implicit;
   if (out != NULL) *out = pair;

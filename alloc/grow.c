@@ -216,12 +216,14 @@ static xseg_status grow_retry_locked(xseg_allocator *a, xs_pool *p,
 
 xseg_status xs_alloc_grow_locked(xseg_allocator *a, xs_pool **p,
                                  struct CUstream_st *stream, size_t rounded,
-                                 size_t requested, xs_block **out) {
+                                 size_t requested, bool detect,
+                                 xs_block **out) {
   XS_ASSERT_LOCKED(a);
   CUcontext saved;
+  *out = NULL;
   xseg_status st = xs_vmm_ctx_enter(&a->vmm, &saved);
   if (st != XSEG_OK) return st;
-  st = grow_route_locked(a, p, stream, rounded, out);
+  if (detect) st = grow_route_locked(a, p, stream, rounded, out);
   if (st == XSEG_OK && *out == NULL) {
     if (rounded > a->cap) {
       /* More than the device (or the fraction) holds: refused before a

@@ -6,12 +6,18 @@
  * endAllocateToPool, an allocation on a stream for which filter(stream) is
  * true comes from the private pool. The filter is how torch.cuda.graph
  * names the streams of its capture (cudaStreamGetCaptureInfo gives this
- * capture's id) and how a MemPool names its thread or stream. A stream may
- * join a capture after the begin (a side stream forked from the capturing
- * one), so a stream the filter refused is asked again at its next
- * allocation, as PyTorch's own allocator does; a stream it claims is
- * announced once to the core (xseg_begin_allocate_to_pool) and stays in
- * the pool until the end.
+ * capture's id) and how a MemPool names its thread
+ * (_cuda_beginAllocateCurrentThreadToPool, torch.cuda.use_mem_pool: the
+ * calling thread's id, whatever the stream). So, as PyTorch's own
+ * allocator does (get_pool), every allocation while a pool of the device
+ * is open asks the open pools' filters, the first that claims it wins:
+ * a stream may join a capture after the begin, and on one stream the
+ * pool's thread allocates to the pool while other threads do not. A
+ * claimed stream is announced to the core (xseg_begin_allocate_to_pool:
+ * what the core routes by, and what tells it that a capture may be under
+ * way), until the end; an allocation that its stream's announcement would
+ * send elsewhere than the filters say names its pools itself
+ * (xseg_malloc_from_pool).
  *
  * Pools are counted as PyTorch counts its private pools: every begin of a
  * pool id takes a use (graphs may share a pool), every releasePool drops
@@ -20,6 +26,7 @@
  * allocated never reached the core and releases nothing.
  *
  *   begin(id, filter) ──► open, uses+1 ──malloc on s, filter(s)──► s announced
+ *                         (or, announced to another pool, this one named)
  *   end(id)           ──► closed (core: end of every announced stream)
  *   release(id)       ──► uses-1; at 0: core release (if any stream was
  *                         announced), entry forgotten
@@ -109,15 +116,17 @@ static bool pool_announce(torch_pool *p, xseg_allocator *a,
   return true;
 }
 
-/* pools_lock held: which open pool of `device` claims `stream`: 1 found
-   (*out), 0 none, -1 a filter failed (the failure kept). */
+/* pools_lock held: which open pool of `device` claims this allocation on
+   `stream`, asked now: 1 found (*out), 0 none, -1 a filter failed (the
+   failure kept). A pool begun on one stream, without a filter, claims
+   that stream. */
 static int pools_claim(int device, struct CUstream_st *stream,
                        torch_pool **out) {
   for (size_t i = 0; i < n_pools; i++) {
     torch_pool *p = &pools[i];
     if (!p->open || p->device != device) continue;
-    if (pool_has_stream(p, stream)) return 0;     /* announced already */
-    int claim = p->filter != NULL ? p->filter(p->ctx, stream) : 0;
+    int claim = p->filter != NULL ? p->filter(p->ctx, stream)
+                                  : pool_has_stream(p, stream);
     if (claim < 0) {
       xs_torch_error("xseg_torch_malloc", XSEG_ERR_INVALID_ARGUMENT,
                      "the stream filter of pool (%llu, %llu) failed on "
@@ -132,17 +141,41 @@ static int pools_claim(int device, struct CUstream_st *stream,
   return 0;
 }
 
-bool xs_torch_pools_route(xseg_allocator *a, int device,
-                          struct CUstream_st *stream) {
+/* pools_lock held: the open pool of `device` that `stream` is announced
+   to (what the core sends its allocations to), or NULL. */
+static torch_pool *pools_announced(int device, struct CUstream_st *stream) {
+  for (size_t i = 0; i < n_pools; i++)
+    if (pools[i].open && pools[i].device == device &&
+        pool_has_stream(&pools[i], stream))
+      return &pools[i];
+  return NULL;
+}
+
+xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
+                                    struct CUstream_st *stream,
+                                    xseg_pool_id *chosen) {
   if (atomic_load_explicit(&pools_open[device], memory_order_acquire) == 0)
-    return true;
+    return XS_TORCH_BY_STREAM;
   pthread_mutex_lock(&pools_lock);
-  torch_pool *p = NULL;
-  int claim = pools_claim(device, stream, &p);
-  bool ok = claim >= 0 &&
-            (claim == 0 || pool_announce(p, a, stream, "xseg_torch_malloc"));
+  torch_pool *claimed = NULL;
+  xs_torch_route route = XS_TORCH_BY_STREAM;
+  if (pools_claim(device, stream, &claimed) < 0) {
+    route = XS_TORCH_ROUTE_FAILED;
+  } else {
+    torch_pool *announced = pools_announced(device, stream);
+    if (claimed != NULL && announced == NULL) {
+      if (!pool_announce(claimed, a, stream, "xseg_torch_malloc"))
+        route = XS_TORCH_ROUTE_FAILED;
+    } else if (claimed != announced) {
+      /* Not where the core would send it: another pool's thread on the
+         same stream, or no pool's. */
+      route = XS_TORCH_CHOSEN;
+      *chosen = claimed != NULL ? pool_id(claimed) : 0;
+      if (claimed != NULL) claimed->in_core = true;
+    }
+  }
   pthread_mutex_unlock(&pools_lock);
-  return ok;
+  return route;
 }
 
 /* pools_lock held: a pool opened for `device`, its use taken; NULL with

@@ -165,6 +165,17 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                                         struct CUstream_st *stream);
 xseg_status xseg_end_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool);
 xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool);
+/* xseg_malloc from the pools the caller names, whatever `stream` is
+   announced to: private pool `pool`'s blocks for `stream` (its pools made
+   if need be; xseg_release_pool releases them as any), or with `pool` 0
+   the stream's own pools. For a caller that chooses the pool at every
+   allocation, as PyTorch's allocator asks each open pool's filter at
+   every one (a MemPool of one thread, on a stream that other threads use
+   too). No capture is detected here: the caller decides. Every lock, as
+   xseg_malloc's slow path. */
+xseg_status xseg_malloc_from_pool(xseg_allocator *a, size_t size,
+                                  struct CUstream_st *stream,
+                                  xseg_pool_id pool, void **ptr);
 
 /* Records the last `max_entries` allocator events (alloc, free_requested,
    free_completed, segment_map, segment_unmap, oom) for the snapshot's
@@ -193,9 +204,11 @@ void  xseg_torch_init(int device_count);
 /* Graph pools, named by PyTorch's MempoolId_t {first, second}. From the
    begin to the end, an allocation of `device` on a stream for which
    filter(ctx, stream) returns 1 comes from the pool (0: not this stream;
-   -1: the filter failed, and so does the allocation). A refused stream is
-   asked again at its next allocation (it may join the capture later); a
-   claimed one stays in the pool until the end. ctx_free(ctx), if not NULL,
+   -1: the filter failed, and so does the allocation). As PyTorch's own
+   allocator, every allocation while a pool of the device is open asks the
+   open pools' filters, and the first that claims it wins: a stream may
+   join a capture later, and a filter may claim a thread rather than a
+   stream (torch.cuda.use_mem_pool's). ctx_free(ctx), if not NULL,
    runs at the end (or at once if the begin fails). Each begin of an id
    takes a use of the pool, each release drops one; the last returns the
    pool's free memory to the cache (empty_cache then unmaps it). */

@@ -277,6 +277,50 @@ XSEG_TEST(streams_capture, pool_calls_check_their_arguments) {
   XSEG_EXPECT_CU(cuStreamDestroy(s));
 }
 
+/* xseg_malloc_from_pool: the caller's choice wins over the stream's
+   announcement. On a stream announced to pool 1, pool 0 names the stream's
+   own pools (the block, freed, is taken back by a plain malloc after the
+   end); pool 2, never announced, gets a pair for the stream, whose block
+   is not handed to the stream until pool 2 is released; bad arguments are
+   refused naming the call. */
+XSEG_TEST(streams_capture, malloc_from_pool_takes_the_pools_it_names) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new();
+  enum { SIZE = 3 * 1024 * 1024 };
+  void *in_1, *own, *in_2, *plain, *again;
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 1, s));
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &in_1));
+  XSEG_ASSERT_OK(xseg_malloc_from_pool(a, SIZE, s, 0, &own));
+  XSEG_ASSERT_OK(xseg_malloc_from_pool(a, SIZE, s, 2, &in_2));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 1));
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, in_1));
+  XSEG_ASSERT_OK(xseg_free(a, own));
+  XSEG_ASSERT_OK(xseg_free(a, in_2));
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &plain));
+  XSEG_EXPECT_TRUE(plain == own);
+  XSEG_ASSERT_OK(xseg_malloc(a, SIZE, s, &again));
+  XSEG_EXPECT_TRUE(again != in_1 && again != in_2);
+  XSEG_ASSERT_OK(xseg_free(a, plain));
+  XSEG_ASSERT_OK(xseg_free(a, again));
+  XSEG_ASSERT_OK(xseg_release_pool(a, 1));
+  XSEG_ASSERT_OK(xseg_release_pool(a, 2));
+  void *p = (void *)1;
+  XSEG_EXPECT_STATUS(xseg_malloc_from_pool(NULL, 8, s, 0, &p),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "xseg_malloc_from_pool") !=
+                   NULL);
+  XSEG_EXPECT_TRUE(p == NULL);
+  XSEG_EXPECT_STATUS(xseg_malloc_from_pool(a, SIZE_MAX, s, 2, &p),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
 /* A global-mode capture on another thread, on a stream xseg never saw. */
 typedef struct foreign_capture {
   CUstream stream;

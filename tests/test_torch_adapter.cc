@@ -9,6 +9,7 @@
  * of the cache, releasing a pool returns its memory, out of memory throws
  * with PyTorch's message and xseg's diagnosis.
  */
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -429,5 +430,88 @@ XSEG_TEST(torch_adapter, threads_allocate_while_a_pool_is_open) {
   XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
   XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
   for (CUstream s : streams) cuStreamDestroy(s);
+  xs_torch_destroy_all();
+}
+
+/* torch/csrc/cuda/Module.cpp's _cuda_beginAllocateCurrentThreadToPool, as
+   torch.cuda.use_mem_pool calls it: the filter claims the calling thread,
+   whatever the stream. */
+static std::function<bool(cudaStream_t)> thread_filter(
+    std::atomic<int> *others) {
+  auto tid = std::this_thread::get_id();
+  return [tid, others](cudaStream_t) {
+    auto current_tid = std::this_thread::get_id();
+    if (current_tid != tid) ++*others;
+    return current_tid == tid;
+  };
+}
+
+/* A pool of one thread (use_mem_pool), on the stream other threads use too:
+   each allocation asks the filter, as PyTorch's allocator does, so another
+   thread's allocation on that stream comes from the stream's own pools,
+   not the pool (freed, the next allocation on the stream takes it back),
+   though the stream was announced to the pool by the first. */
+XSEG_TEST(torch_adapter, thread_pool_takes_only_its_threads_allocations) {
+  XSEG_ASSERT_TRUE(xt_context(0) != nullptr);
+  adapter_setup();
+  Pluggable torch;
+  CUstream s = stream_new();
+  MempoolId_t pool{0, 13};
+  std::atomic<int> others{0};
+  torch.beginAllocateToPool(0, pool, thread_filter(&others));
+  void *mine = torch.malloc(SIZE, 0, s);
+  void *theirs = nullptr;
+  std::thread([&] { theirs = torch.malloc(SIZE, 0, s); }).join();
+  torch.endAllocateToPool(0, pool);
+  XSEG_ASSERT_TRUE(mine != nullptr && theirs != nullptr);
+  XSEG_EXPECT_GE(others.load(), 1);
+  torch.raw_delete(mine, SIZE, 0, s);
+  torch.raw_delete(theirs, SIZE, 0, s);
+  void *again = torch.malloc(SIZE, 0, s);
+  XSEG_EXPECT_TRUE(again == theirs);       /* the stream's own block */
+  torch.raw_delete(again, SIZE, 0, s);
+  torch.releasePool(0, pool);
+  torch.emptyCache();
+  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s);
+  xs_torch_destroy_all();
+}
+
+/* Two threads, each in a pool of its own, on one stream: the second
+   thread's allocation comes from its pool, though the stream is announced
+   to the first's, and neither pool's blocks go to the other or to the
+   stream. */
+XSEG_TEST(torch_adapter, two_thread_pools_on_one_stream_stay_apart) {
+  XSEG_ASSERT_TRUE(xt_context(0) != nullptr);
+  adapter_setup();
+  Pluggable torch;
+  CUstream s = stream_new();
+  MempoolId_t first{0, 14}, second{0, 15};
+  std::atomic<int> others{0};
+  torch.beginAllocateToPool(0, first, thread_filter(&others));
+  void *x = torch.malloc(SIZE, 0, s);
+  torch.raw_delete(x, SIZE, 0, s);           /* free in the first pool */
+  void *y = nullptr;
+  std::thread([&] {
+    torch.beginAllocateToPool(0, second, thread_filter(&others));
+    y = torch.malloc(SIZE, 0, s);
+    torch.endAllocateToPool(0, second);
+  }).join();
+  torch.endAllocateToPool(0, first);
+  XSEG_ASSERT_TRUE(x != nullptr && y != nullptr);
+  XSEG_EXPECT_TRUE(y != x);
+  void *plain = torch.malloc(SIZE, 0, s);
+  XSEG_EXPECT_TRUE(plain != x && plain != y);
+  torch.raw_delete(y, SIZE, 0, s);
+  torch.raw_delete(plain, SIZE, 0, s);
+  torch.releasePool(0, first);
+  torch.releasePool(0, second);
+  torch.emptyCache();
+  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s);
   xs_torch_destroy_all();
 }
