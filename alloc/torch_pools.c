@@ -58,13 +58,22 @@ static size_t n_pools, cap_pools;
 /* Open pools per device: the allocation path reads only this. */
 static atomic_int pools_open[XS_TORCH_MAX_DEVICES];
 
-/* MempoolId_t {a, b}: {capture id, 0} for a graph's own pool, {0, n} for a
-   pool from graph_pool_handle() or MemPool. Folded into one non-zero id
+/* MempoolId_t {a, b}: {n, 0} for a graph's own pool (CUDAGraph), {0, n}
+   for one from graph_pool_handle() or a MemPool. The core's id keeps such
+   a pair readable, so that a snapshot can give PyTorch's pair back
+   (python/xseg_torch.py, _pool_pair): {n, 0} is 2n + 1, {0, n} is 2n, for
+   n below 2^61. Any other pair (PyTorch makes none) is hashed to an id with
+   bit 62 set, which names the pool but cannot be read back. Never 0, and
    below the XSEG_CAPTURE_POOL range. */
 static xseg_pool_id pool_id(const torch_pool *p) {
-  xseg_pool_id id = ((xseg_pool_id)p->first << 32 ^ (xseg_pool_id)p->second) &
-                    ~((xseg_pool_id)1 << 63);
-  return id != 0 ? id : 1;
+  const unsigned long long readable = 1ull << 61;
+  if (p->second == 0 && p->first != 0 && p->first < readable)
+    return (xseg_pool_id)p->first << 1 | 1;
+  if (p->first == 0 && p->second != 0 && p->second < readable)
+    return (xseg_pool_id)p->second << 1;
+  xseg_pool_id hash =
+      (xseg_pool_id)p->first * 0x9E3779B97F4A7C15ull ^ (xseg_pool_id)p->second;
+  return (xseg_pool_id)1 << 62 | (hash & (((xseg_pool_id)1 << 62) - 1));
 }
 
 /* pools_lock held: the open pool (first, second) of `device`, or NULL. */

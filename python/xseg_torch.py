@@ -9,8 +9,9 @@ torch.cuda.memory.CUDAPluggableAllocator, with every hook PyTorch's
 _CUDAPluggableAllocator takes: malloc and free, record_stream, reset
 (torch.cuda.empty_cache), memory fraction
 (torch.cuda.set_per_process_memory_fraction), init, and the CUDA graph pools
-(torch.cuda.graph, MemPool), whose stream filter decides which streams
-allocate into the pool. The hooks are libxseg_torch.so's C++ wrappers
+(torch.cuda.graph, MemPool), whose filter (a capture's streams, a
+use_mem_pool's thread), asked at every allocation, decides which
+allocations go into the pool. The hooks are libxseg_torch.so's C++ wrappers
 (torch_adapter/xseg_torch.h), which throw at the failing call: an allocation
 xseg cannot serve raises torch.cuda.OutOfMemoryError (xseg_torch_oom.cc,
 compiled once against the installed torch when a C++ compiler is present;
@@ -264,10 +265,28 @@ def reset_accumulated_memory_stats(device=0):
 
 # ---- snapshots ----------------------------------------------------------------
 
+_READABLE = 1 << 61
+_MASK64 = (1 << 64) - 1
+
+
 def _pool_id(first, second):
-    """alloc/torch_pools.c's folding of a MempoolId_t."""
-    folded = ((first << 32) ^ second) & ~(1 << 63) & ((1 << 64) - 1)
-    return folded or 1
+    """alloc/torch_pools.c's pool_id: the core's id of a MempoolId_t."""
+    if second == 0 and 0 < first < _READABLE:
+        return first << 1 | 1
+    if first == 0 and 0 < second < _READABLE:
+        return second << 1
+    hashed = ((first * 0x9E3779B97F4A7C15) & _MASK64) ^ second
+    return 1 << 62 | (hashed & ((1 << 62) - 1))
+
+
+def _pool_pair(core_id):
+    """The MempoolId_t a segment's pool id (the core's) stands for: (0, 0)
+    for none; PyTorch's pair back for a pool it named; the core's own id
+    as (0, id) for the rest (a pair hashed by _pool_id, a capture xseg
+    detected itself)."""
+    if core_id == 0 or core_id >> 62:
+        return (0, core_id)
+    return (core_id >> 1, 0) if core_id & 1 else (0, core_id >> 1)
 
 
 def memory_snapshot(pool=None, include_traces=True):
@@ -281,9 +300,10 @@ def memory_snapshot(pool=None, include_traces=True):
         part = lib.json("snapshot", dev) if dev in devices else \
             {"segments": [], "device_traces": [[]]}
         for seg in part["segments"]:
-            seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
+            core_id = seg["segment_pool_id"][1]
+            seg["segment_pool_id"] = _pool_pair(core_id)
             if pool is None or tuple(pool) == (0, 0) or \
-                    seg["segment_pool_id"][1] == _pool_id(*pool):
+                    core_id == _pool_id(*pool):
                 snap["segments"].append(seg)
         traces = part["device_traces"][0] if include_traces else []
         snap["device_traces"].append(traces)

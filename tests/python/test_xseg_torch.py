@@ -83,6 +83,37 @@ live = {b["address"] for b in blocks if b["state"] == "active_allocated"}
 expect({p, q} <= live, "snapshot shows both blocks allocated")
 expect(len(snap["device_traces"]) == 1, "one device's traces")
 
+# A graph pool's segments carry PyTorch's MempoolId_t, as
+# torch.cuda.memory._snapshot() gives them (inductor's cudagraph trees find a
+# graph's segments by graph.pool()): a graph's own pool (n, 0), and a
+# graph_pool_handle() or MemPool one (0, n); memory_snapshot(pool) keeps
+# that pool's alone.
+pool_calls = {}
+for name in ("begin_allocate_to_pool", "end_allocate_to_pool",
+             "release_pool"):
+    fn = getattr(lib.lib, "xseg_torch_" + name)
+    fn.restype = None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong] + \
+        ([ctypes.c_void_p] if name.startswith("begin") else [])
+    pool_calls[name] = fn
+for pool in ((5, 0), (0, 7)):
+    pool_calls["begin_allocate_to_pool"](0, pool[0], pool[1], s1)
+    b = lib.malloc(MiB, 0, s1)
+    pool_calls["end_allocate_to_pool"](0, *pool)
+    holding = [seg["segment_pool_id"]
+               for seg in xseg_torch.memory_snapshot()["segments"]
+               if any(blk["address"] == b for blk in seg["blocks"])]
+    expect(holding == [pool], "the segment of a block of pool %r says %r" %
+           (pool, holding))
+    only = xseg_torch.memory_snapshot(pool)["segments"]
+    expect(only and all(seg["segment_pool_id"] == pool for seg in only),
+           "memory_snapshot(%r) keeps that pool's segments: %r" %
+           (pool, [seg["segment_pool_id"] for seg in only]))
+    lib.free(b, MiB, 0, s1)
+    pool_calls["release_pool"](0, *pool)
+expect(lib.last_error() == "", "the pools went without a failure: %s" %
+       lib.last_error())
+
 lib.free(p, 3 * MiB, 0, s1)
 lib.free(q, 1000, 0, s1)
 cu_call("cuStreamSynchronize", s2)
