@@ -180,6 +180,8 @@ xs_pair *xs_pairs_new_locked(xseg_allocator *a,
     xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &pair->blocks,
                  &pair->stats, k == XS_POOL_SMALL ? pair->small_bins : NULL);
     p->safe_epoch = 0;           /* the guard vouches for nothing yet */
+    /* inactive_split as PyTorch's: classic segments alone. */
+    p->counts_split = !a->cfg.expandable_segments;
     p->on_unmap = pairs_trace_unmap;
     p->on_unmap_ctx = &a->trace;
   }
@@ -312,8 +314,9 @@ static inline __attribute__((always_inline)) void pairs_pay_pool(
   for (xs_block *b = pair->park_oldest[kind];; b = b->prev) {
     xs_alloc_account_free(&pair->stats, kind, b->size, b->requested);
     b->requested = 0;
-    xs_pool_split_swap(&pair->stats, kind, xs_pool_merge_rest(b, last),
-                       xs_pool_merge_whole(b, last));
+    if (p->counts_split)
+      xs_pool_split_swap(&pair->stats, kind, xs_pool_merge_rest(p, b, last),
+                         xs_pool_merge_whole(p, b, last));
     if (b == p->parked) break;
   }
 }

@@ -33,8 +33,9 @@
    (parkable, `requested` asked for) holds back, `sign` -1 taking it off
    again; `alone`: nothing else is held back (each value is 0), so that
    they are written, not added to. Its merge moves inactive_split from
-   what follows b (a piece: `rest` bytes) to the merged block (`whole`
-   bytes, a piece unless 0: a whole segment). */
+   what follows b (a piece: `rest` bytes; 0 where the pool counts no
+   pieces, segments/pool.h) to the merged block (`whole` bytes, a piece
+   unless 0: a whole segment, or not counted). */
 static inline __attribute__((always_inline)) void xs_park_owed_publish(
     xs_stats *s, xs_pool_kind k, const xs_block *b, size_t rest,
     size_t whole, int64_t sign, bool alone) {
@@ -45,7 +46,8 @@ static inline __attribute__((always_inline)) void xs_park_owed_publish(
   XS_PARK_PUBLISH_(allocation, 1);
   XS_PARK_PUBLISH_(allocated_bytes, (int64_t)b->size);
   XS_PARK_PUBLISH_(requested_bytes, (int64_t)b->requested);
-  XS_PARK_PUBLISH_(inactive_split, 1 - (int64_t)(whole != 0));
+  XS_PARK_PUBLISH_(inactive_split,
+                   (int64_t)(rest != 0) - (int64_t)(whole != 0));
   XS_PARK_PUBLISH_(inactive_split_bytes, (int64_t)rest - (int64_t)whole);
 #undef XS_PARK_PUBLISH_
 }
@@ -64,10 +66,11 @@ static inline void xs_park_owed_clear(xs_stats *s, xs_pool_kind k) {
    other merge adds its block's bytes. */
 static inline int64_t xs_park_held_split_bytes(const xs_pair *pair,
                                                const xs_pool *p) {
-  if (pair->park_stats != p && pair->park_first != p) return 0;
+  if ((pair->park_stats != p && pair->park_first != p) || !p->counts_split)
+    return 0;
   const xs_block *top = p->parked, *last = p->park_rest;
   const xs_block *oldest = pair->park_oldest[p->kind];
-  return (int64_t)xs_pool_merge_whole(top, last) -
+  return (int64_t)xs_pool_merge_whole(p, top, last) -
          (int64_t)(xs_block_end(last) - xs_block_end(oldest));
 }
 /* Whether inactive_split_bytes of pool kind k, `up` above its current
@@ -132,9 +135,17 @@ static inline __attribute__((always_inline)) bool xs_park_owe(
   pair->park_owed_published = several;
   if (!several) return true;
   const xs_block *last = xs_pool_run_last(p, b, first);
-  size_t rest = xs_pool_merge_rest(b, last);
-  size_t whole = xs_pool_merge_whole(b, last);
+  size_t rest = xs_pool_merge_rest(p, b, last);
+  size_t whole = xs_pool_merge_whole(p, b, last);
   xs_park_owed_publish(&pair->stats, kind, b, rest, whole, 1, !older);
+  /* A merge into a whole segment (a classic one: only there are pieces
+     counted) lowers inactive_split. Held back, the shard's current would
+     stay above its true value, from which other pairs' crossings set
+     thresholds: a take-back that raises it again to the current value
+     could pass them unchecked (a peak under the current value), and a
+     late count would replay a value the allocator no longer had. It
+     counts at once. */
+  if (whole == 0 && rest != 0) return false;
   if (!older)
     return xs_park_split_under(&pair->stats, kind,
                                (int64_t)whole - (int64_t)rest, 0);
@@ -152,8 +163,9 @@ static inline __attribute__((always_inline)) void xs_park_owed_cancel(
   assert(pair->park_stats == p && p->kind == kind);
   if (pair->park_owed_published) {
     const xs_block *last = p->park_rest;
-    xs_park_owed_publish(&pair->stats, kind, top, xs_pool_merge_rest(top, last),
-                         xs_pool_merge_whole(top, last), -1, false);
+    xs_park_owed_publish(&pair->stats, kind, top,
+                         xs_pool_merge_rest(p, top, last),
+                         xs_pool_merge_whole(p, top, last), -1, false);
   }
   if (top == pair->park_oldest[kind]) {   /* p's last held back */
     pair->park_stats = pair->park_first;

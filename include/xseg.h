@@ -108,6 +108,10 @@ xseg_status xseg_set_memory_fraction(xseg_allocator *a, double fraction);
 /* Every current and future mapping becomes accessible from peer_device. */
 xseg_status xseg_enable_peer_access(xseg_allocator *a, int peer_device);
 
+/* PyTorch's memory_stats() gauges. inactive_split(_bytes) counts free
+   pieces of classic segments (expandable_segments:False) alone, as PyTorch
+   does: 0 with expandable segments, whose free granules can always be
+   unmapped. */
 typedef struct xseg_stat { int64_t current, peak, allocated, freed; } xseg_stat;
 typedef struct xseg_stats {
   xseg_stat allocation, segment, active, inactive_split;            /* counts */

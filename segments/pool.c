@@ -21,6 +21,7 @@ void xs_pool_init(xs_pool *p, xs_pool_kind kind, struct CUstream_st *stream,
   p->blocks = blocks;
   p->stats = stats;
   p->safe_epoch = UINT64_MAX;
+  p->counts_split = true;
 }
 
 /* inactive_split of a free mapped block (xs_pool_split_stat); unmapped
@@ -30,9 +31,9 @@ static inline __attribute__((always_inline)) void pool_split_stat(
   if (!b->mapped) return;
   /* The kind a constant in each copy: the stats' offsets fold. */
   if (p->kind == XS_POOL_SMALL)
-    xs_pool_split_stat(p->stats, XS_POOL_SMALL, b, sign);
+    xs_pool_split_stat(p, p->stats, XS_POOL_SMALL, b, sign);
   else
-    xs_pool_split_stat(p->stats, XS_POOL_LARGE, b, sign);
+    xs_pool_split_stat(p, p->stats, XS_POOL_LARGE, b, sign);
 }
 
 /* The index of b's mapped state. */
@@ -40,13 +41,15 @@ static xs_freetree *pool_tree(xs_pool *p, const xs_block *b) {
   return b->mapped ? &p->free : &p->unmapped;
 }
 
-/* What inactive_split_bytes counts for b as it is now (0: nothing). */
-static size_t pool_split_bytes(const xs_block *b) {
-  return b->mapped && xs_block_is_split(b) ? b->size : 0;
+/* What inactive_split_bytes counts for b of pool p as it is now (0:
+   nothing). */
+static size_t pool_split_bytes(const xs_pool *p, const xs_block *b) {
+  return p->counts_split && b->mapped && xs_block_is_split(b) ? b->size : 0;
 }
 
 static inline __attribute__((always_inline)) void pool_split_move(
     xs_pool *p, int64_t out_n, size_t out, int64_t in_n, size_t in) {
+  if (!p->counts_split) return;
   /* The kind a constant in each copy: the stats' offsets fold. */
   if (p->kind == XS_POOL_SMALL)
     xs_pool_split_move(p->stats, XS_POOL_SMALL, out_n, out, in_n, in);
@@ -87,7 +90,7 @@ void xs_pool_unindex(xs_pool *p, xs_block *b) { pool_unindex(p, b); }
 static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
                             xs_block *spare) {
   xs_freetree *t = pool_tree(p, b);
-  size_t old = b->size, out = pool_split_bytes(b);
+  size_t old = b->size, out = pool_split_bytes(p, b);
   xs_pool_trees_changed(p);
   if (xs_freetree_fits_at(t, b, old - size, b->addr + size)) {
     xs_segment_split(b->seg, b, size, spare);
@@ -96,7 +99,7 @@ static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
     xs_freetree_remove(t, b);
     xs_freetree_insert(t, xs_segment_split(b->seg, b, size, spare));
   }
-  pool_split_swap(p, out, pool_split_bytes(spare));
+  pool_split_swap(p, out, pool_split_bytes(p, spare));
 }
 
 void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split) {
@@ -119,9 +122,9 @@ static bool pool_mergeable(const xs_block *a, const xs_block *b) {
 
 /* The split bytes of a free block leaving the index for a merge, added
    to a pool_split_move's `out`. */
-static inline void pool_merge_out(const xs_block *b, int64_t *out_n,
-                                  size_t *out) {
-  size_t bytes = pool_split_bytes(b);
+static inline void pool_merge_out(const xs_pool *p, const xs_block *b,
+                                  int64_t *out_n, size_t *out) {
+  size_t bytes = pool_split_bytes(p, b);
   *out_n += bytes != 0;
   *out += bytes;
 }
@@ -140,18 +143,18 @@ static inline __attribute__((always_inline)) xs_block *pool_coalesce(
   xs_pool_trees_changed(p);
   if (pool_mergeable(b->prev, b)) {
     xs_block *prev = b->prev;
-    pool_merge_out(prev, &out_n, &out);
+    pool_merge_out(p, prev, &out_n, &out);
     xs_freetree_remove(t, prev);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
     b = prev;
   }
   if (pool_mergeable(b, b->next)) {
-    pool_merge_out(b->next, &out_n, &out);
+    pool_merge_out(p, b->next, &out_n, &out);
     xs_freetree_remove(t, b->next);
     xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
   }
   xs_freetree_insert(t, b);
-  size_t in = pool_split_bytes(b);
+  size_t in = pool_split_bytes(p, b);
   pool_split_move(p, out_n, out, in != 0, in);
   return b;
 }
@@ -256,6 +259,7 @@ xseg_status xs_pool_add_segment(xs_pool *p, size_t size, size_t granule,
                   .stream = p->stream};
   s->first = s->last = b;
   s->pool = p;
+  s->counts_split = p->counts_split;
   s->next = p->segments;
   p->segments = s;
   xs_pool_index(p, b);

@@ -63,6 +63,11 @@ typedef struct xs_pool {
      range (xs_pool_run_piece), found with it: the neighbours that decide
      it change only through a tree too. */
   bool retake_piece;
+  /* Whether inactive_split counts the pool's free pieces (segment.h,
+     xs_segment.counts_split): true after xs_pool_init; alloc/ clears it
+     for expandable segments, as PyTorch leaves them out. Set before the
+     first segment, which copies it. */
+  bool counts_split;
 } xs_pool;
 
 /* `free_bins`: the bins of the index of free mapped blocks (freetree.h),
@@ -108,12 +113,14 @@ static inline void xs_pool_trees_changed(xs_pool *p) {
    xs_pool_give. `s` and `kind` are p's stats and kind, given apart so that
    a caller that knows where they are folds the offsets. */
 
-/* inactive_split of free mapped block b as it enters (+1) or leaves (-1)
-   the index: its is_split can change only while it is out (a neighbour
-   merged into it, or a split), so both see the same value. */
+/* inactive_split of free mapped block b of pool p as it enters (+1) or
+   leaves (-1) the index, where p counts split pieces: its is_split can
+   change only while it is out (a neighbour merged into it, or a split),
+   so both see the same value. */
 static inline __attribute__((always_inline)) void xs_pool_split_stat(
-    xs_stats *s, xs_pool_kind kind, const xs_block *b, int sign) {
-  if (!xs_block_is_split(b)) return;
+    const xs_pool *p, xs_stats *s, xs_pool_kind kind, const xs_block *b,
+    int sign) {
+  if (!p->counts_split || !xs_block_is_split(b)) return;
   /* By the sign, a constant where inlined: the size's sign is not. */
   if (sign > 0) {
     xs_stats_inc(s, XS_GAUGE_inactive_split, kind, 1);
@@ -153,7 +160,7 @@ static inline __attribute__((always_inline)) void xs_pool_take_whole(
   assert(!b->allocated && b->mapped && s == p->stats && kind == p->kind);
   xs_pool_trees_changed(p);
   xs_freetree_remove(&p->free, b);
-  xs_pool_split_stat(s, kind, b, -1);
+  xs_pool_split_stat(p, s, kind, b, -1);
   b->allocated = true;
 }
 /* xs_pool_give(p, b) when b merges with nothing (xs_pool_merges 0). */
@@ -165,7 +172,7 @@ static inline __attribute__((always_inline)) void xs_pool_give_alone(
   b->requested = 0;
   xs_pool_trees_changed(p);
   xs_freetree_insert(&p->free, b);
-  xs_pool_split_stat(s, kind, b, +1);
+  xs_pool_split_stat(p, s, kind, b, +1);
 }
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
@@ -217,25 +224,28 @@ static inline void xs_pool_park(xs_pool *p, xs_block *b, bool first) {
   b->allocated = false;
   p->parked = b;
 }
-/* For block b heading or joining a run that ends with `last`
-   (xs_pool_run_last): whether the block it merges into is a piece of a
-   larger range (inactive_split counts it); what inactive_split_bytes
-   counts for what follows b up to `last` (always a piece: b is before
-   it), and for the merged block (0: a whole segment, not a piece). The
-   merge moves the stats from the second to the third, the retake's
-   split back. */
-static inline bool xs_pool_run_piece(const xs_block *b, const xs_block *last) {
-  return b->prev != NULL || last->next != NULL;
+/* For block b of pool p heading or joining a run that ends with `last`
+   (xs_pool_run_last): whether inactive_split counts the block it merges
+   into (a piece of a larger range, in a pool that counts pieces); what
+   inactive_split_bytes counts for what follows b up to `last` (always a
+   piece: b is before it; 0 where the pool counts none), and for the
+   merged block (0: a whole segment, or not counted). The merge moves the
+   stats from the second to the third, the retake's split back. */
+static inline bool xs_pool_run_piece(const xs_pool *p, const xs_block *b,
+                                     const xs_block *last) {
+  return p->counts_split && (b->prev != NULL || last->next != NULL);
 }
-static inline size_t xs_pool_merge_rest(const xs_block *b,
+static inline size_t xs_pool_merge_rest(const xs_pool *p, const xs_block *b,
                                         const xs_block *last) {
   /* b->next starts where b ends: with one block, its size. */
-  return (size_t)(xs_block_end(last) - b->next->addr);
+  return p->counts_split ? (size_t)(xs_block_end(last) - b->next->addr) : 0;
 }
-static inline size_t xs_pool_merge_whole(const xs_block *b,
+static inline size_t xs_pool_merge_whole(const xs_pool *p,
+                                         const xs_block *b,
                                          const xs_block *last) {
-  return xs_pool_run_piece(b, last) ? (size_t)(xs_block_end(last) - b->addr)
-                                    : 0;
+  return xs_pool_run_piece(p, b, last)
+             ? (size_t)(xs_block_end(last) - b->addr)
+             : 0;
 }
 /* Merges p's run into one block of the index, as xs_pool_give would have
    at each park; returns the merged block. */
@@ -270,7 +280,7 @@ static inline void xs_pool_retake_fits_found(xs_pool *p) {
   xs_block *b = p->parked;
   if (b->next != p->park_rest) return;
   p->retake_known = b;
-  p->retake_piece = xs_pool_run_piece(b, p->park_rest);
+  p->retake_piece = xs_pool_run_piece(p, b, p->park_rest);
 }
 /* The block at addr if it is the one p last knew to retake and is live
    again (nothing parked), neither tree having changed since:
@@ -296,7 +306,7 @@ static inline void xs_pool_forget_retake(xs_pool *p, const xs_block *b) {
 /* xs_pool_run_piece of p's top, known to retake (the top alone parked). */
 static inline bool xs_pool_retake_piece(const xs_pool *p) {
   assert(xs_pool_retake_known(p) && p->park_rest == p->parked->next &&
-         p->retake_piece == xs_pool_run_piece(p->parked, p->park_rest));
+         p->retake_piece == xs_pool_run_piece(p, p->parked, p->park_rest));
   return p->retake_piece;
 }
 /* Whether the top's merge, p's top known to retake and its park the only
@@ -348,11 +358,14 @@ static inline __attribute__((always_inline)) void xs_pool_retake_counted(
   const xs_block *b = p->parked, *last = p->park_rest;
   assert(!b->allocated && !last->allocated && last->mapped &&
          s == p->stats && kind == p->kind);
-  size_t rest = xs_pool_merge_rest(b, last);
   /* The merged block out of inactive_split, what follows the top in (a
-     piece). */
-  xs_pool_split_swap(s, kind, xs_pool_run_piece(b, last) ? rest + b->size : 0,
-                     rest);
+     piece), where the pool counts pieces. */
+  if (p->counts_split) {
+    size_t rest = xs_pool_merge_rest(p, b, last);
+    xs_pool_split_swap(s, kind,
+                       xs_pool_run_piece(p, b, last) ? rest + b->size : 0,
+                       rest);
+  }
   xs_pool_retake_finish(p, b->next == last);
 }
 /* The same when the top's merge was never counted (its free's stats held
@@ -365,8 +378,9 @@ static inline __attribute__((always_inline)) void xs_pool_retake_cancelled(
   const xs_block *b = p->parked, *last = p->park_rest;
   assert(!b->allocated && !last->allocated && last->mapped &&
          s == p->stats && kind == p->kind);
-  xs_pool_retake_totals(s, kind, b, xs_pool_run_piece(b, last),
-                        xs_pool_merge_rest(b, last));
+  if (p->counts_split)
+    xs_pool_retake_totals(s, kind, b, xs_pool_run_piece(p, b, last),
+                          xs_pool_merge_rest(p, b, last));
   xs_pool_retake_finish(p, b->next == last);
 }
 /* xs_pool_retake_cancelled of the top known to retake, held back alone,
@@ -380,7 +394,9 @@ static inline void xs_pool_retake_under(xs_pool *p, xs_stats *s,
   const xs_block *b = p->parked;
   assert(xs_pool_retake_known(p) && s == p->stats && kind == p->kind);
   /* The top alone is parked: the rest is its neighbour. */
-  xs_pool_retake_totals(s, kind, b, xs_pool_retake_piece(p), b->next->size);
+  if (p->counts_split)
+    xs_pool_retake_totals(s, kind, b, xs_pool_retake_piece(p),
+                          b->next->size);
   xs_pool_retake_finish(p, true);
 }
 /* Reserves a new range of `size` bytes mapped in `granule` units. */

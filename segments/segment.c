@@ -162,7 +162,7 @@ static void segment_walk_add(xs_segment_walk *w, const xs_block *b) {
     w->requested_bytes += b->requested;
   } else if (b->mapped) {
     w->free_mapped++;
-    if (xs_block_is_split(b)) {
+    if (b->seg->counts_split && xs_block_is_split(b)) {
       w->split_free++;
       w->split_free_bytes += b->size;
     }

@@ -59,6 +59,12 @@ typedef struct xs_segment {
   uint64_t *handle;             /* page map: handle of each mapped granule */
   uint32_t *hlen;               /* page map: granules in that handle */
   uint8_t *mapped;              /* page map: XS_PAGE_* of each granule */
+  /* Whether inactive_split counts this segment's free pieces: a classic
+     segment's, as PyTorch counts them, not an expandable segment's (its
+     free_block: "we simply just exclude expandable segments from
+     inactive_split"; any free granule of one can be unmapped). Its
+     pool's (xs_pool.counts_split), copied for the walk. */
+  bool counts_split;
   xs_block *first, *last;
   struct xs_pool *pool;
   struct xs_segment *next;      /* in the pool's list */

@@ -17,7 +17,12 @@
  *                                  work (the same as allocated until the
  *                                  cross-stream layer defers frees)
  *   inactive_split(_bytes)         free mapped blocks that are a piece of a
- *                                  larger range (xs_block_is_split)
+ *                                  larger range (xs_block_is_split), of
+ *                                  classic segments alone: as PyTorch,
+ *                                  which leaves expandable segments out
+ *                                  (any free granule of one can be
+ *                                  unmapped; segments/pool.h,
+ *                                  counts_split)
  *   segment                        reserved ranges (classic: cudaMalloc-like
  *                                  segments)
  *   reserved_bytes                 physical bytes mapped

@@ -232,7 +232,12 @@ XSEG_TEST(alloc, stats_follow_pytorch_meanings) {
   XSEG_EXPECT_EQ(s.reserved_bytes.current, 2 * MiB + 4 * MiB);
   XSEG_EXPECT_EQ(s.mapped_bytes, s.reserved_bytes.current);
   XSEG_EXPECT_EQ(s.segment.current, 2);
-  XSEG_EXPECT_EQ(s.inactive_split.current, 2);   /* the two remainders */
+  /* The two remainders are free pieces of expandable segments, which
+     PyTorch leaves out of inactive_split (any free granule of one can be
+     unmapped): 0, and never above, growth included. */
+  XSEG_EXPECT_EQ(s.inactive_split.current, 0);
+  XSEG_EXPECT_EQ(s.inactive_split.peak, 0);
+  XSEG_EXPECT_EQ(s.inactive_split_bytes.peak, 0);
   XSEG_EXPECT_EQ(s.num_device_alloc, 3);
   XSEG_ASSERT_OK(xseg_free(a, q));
   s = at_stats(a);
@@ -249,6 +254,24 @@ XSEG_TEST(alloc, stats_follow_pytorch_meanings) {
   XSEG_EXPECT_EQ(s.reserved_bytes.current, 0);
   XSEG_EXPECT_EQ(s.segment.current, 0);
   XSEG_EXPECT_EQ(s.num_device_free, 3);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
+/* Classic segments count their free pieces in inactive_split, as PyTorch:
+   a small request's 2 MiB segment leaves one, until it is freed. */
+XSEG_TEST(alloc, classic_segments_count_inactive_split) {
+  xseg_allocator *a = at_create("expandable_segments:False");
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 1000, NULL, &p));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.inactive_split.current, 1);
+  XSEG_EXPECT_EQ(s.inactive_split_bytes.current, 2 * MiB - 1024);
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  s = at_stats(a);
+  XSEG_EXPECT_EQ(s.inactive_split.current, 0);
+  XSEG_EXPECT_EQ(s.inactive_split.peak, 1);
+  XSEG_EXPECT_EQ(s.inactive_split_bytes.peak, 2 * MiB - 1024);
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
 }

@@ -100,6 +100,61 @@ XSEG_TEST(alloc_lazy, retake_counts_the_peak_of_the_merge) {
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
 }
 
+/* Classic segments, two streams: a park whose merge makes a whole segment
+   lowers inactive_split. Held back, the shard's current stayed above its
+   true value, from which the other stream's crossing set this shard's
+   thresholds; the refill raised the count back unchecked (its peak under
+   the current value, xseg_check failing), and a late count replayed a
+   value the allocator no longer had (a peak it never reached). Such a
+   park counts at once: every stat as when blocks merge at free. */
+XSEG_TEST(alloc_lazy, classic_whole_segment_merge_keeps_true_peaks) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream sa, sb;
+  XSEG_ASSERT_CU(cuStreamCreate(&sa, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&sb, CU_STREAM_NON_BLOCKING));
+  xseg_stats refill[2], late[2];
+  for (int eager = 0; eager < 2; eager++) {
+    xseg_allocator *a = at_create("expandable_segments:False");
+    void *x, *y, *z, *z2;
+    LAZY_CALL_(xseg_malloc(a, 512, sa, &x))
+    LAZY_CALL_(xseg_malloc(a, 65536, sa, &y))
+    LAZY_CALL_(xseg_malloc(a, 4096, sb, &z))
+    LAZY_CALL_(xseg_free(a, z))           /* parks: a whole segment */
+    LAZY_CALL_(xseg_free(a, x))           /* a's crossing */
+    LAZY_CALL_(xseg_malloc(a, 4096, sb, &z2))   /* the refill */
+    XSEG_EXPECT_TRUE(z2 == z);
+    XSEG_EXPECT_OK(xseg_check(a));
+    refill[eager] = at_stats(a);
+    XSEG_EXPECT_LE(refill[eager].inactive_split.current,
+                   refill[eager].inactive_split.peak);
+    XSEG_EXPECT_OK(xseg_free(a, y));
+    XSEG_EXPECT_OK(xseg_free(a, z2));
+    xseg_destroy(a);
+
+    a = at_create("expandable_segments:False");
+    void *w;
+    LAZY_CALL_(xseg_malloc(a, 3 * MiB, sa, &x))
+    LAZY_CALL_(xseg_malloc(a, 65536, sb, &y))
+    LAZY_CALL_(xseg_malloc(a, 4096, sb, &z))
+    LAZY_CALL_(xseg_free(a, z))
+    LAZY_CALL_(xseg_free(a, y))           /* onto it: a whole segment */
+    LAZY_CALL_(xseg_malloc(a, 2 * MiB, sa, &w))
+    LAZY_CALL_(xseg_free(a, x))
+    late[eager] = at_stats(a);
+    XSEG_EXPECT_OK(xseg_check(a));
+    XSEG_EXPECT_OK(xseg_free(a, w));
+    xseg_destroy(a);
+  }
+  XSEG_EXPECT_EQ(refill[0].inactive_split.peak, refill[1].inactive_split.peak);
+  XSEG_EXPECT_EQ(refill[0].inactive_split_bytes.peak,
+                 refill[1].inactive_split_bytes.peak);
+  XSEG_EXPECT_EQ(late[0].inactive_split_bytes.peak,
+                 late[1].inactive_split_bytes.peak);
+  XSEG_EXPECT_EQ(late[0].inactive_split.peak, late[1].inactive_split.peak);
+  XSEG_EXPECT_CU(cuStreamDestroy(sa));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+}
+
 typedef struct lazy_run {
   xseg_allocator *a;
   void *live[64];
