@@ -62,6 +62,9 @@ def cu_setup():
     cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
                                    ctypes.c_size_t]
     cu.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    # Handles are pointers: without argtypes ctypes passes a Python int as
+    # a C int, and a handle above 2^31 arrives cut (CUDA_ERROR_INVALID_HANDLE).
+    cu.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
 
 
 def stream_new():
@@ -81,7 +84,7 @@ class Latch:
         self.fn = HOST_FN(lambda _: self.event.wait(30))
         cu.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, HOST_FN,
                                         ctypes.c_void_p]
-        cu_call("cuLaunchHostFunc", stream, self.fn, None)
+        cu_call("cuLaunchHostFunc", ctypes.c_void_p(stream), self.fn, None)
 
     def open(self):
         self.event.set()
