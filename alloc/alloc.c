@@ -112,7 +112,8 @@ static inline __attribute__((always_inline)) void alloc_hand_out_listed(
   /* Tracing sends the cached path the slow way (pairs.c). */
   assert(slow || a->trace.cap == 0);
   if (slow)
-    xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->size, stream);
+    xs_trace_record(&a->trace, XS_TRACE_ALLOC, b->addr, b->requested,
+                    stream);
 }
 
 /* Pair lock held: the same for a block taken from the free tree, its

@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) bool alloc_give_plain(
 static xseg_status alloc_give_block_locked(xseg_allocator *a, xs_block *b,
                                            bool *parked) {
   XS_ASSERT_LOCKED(a);
-  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->size,
+  xs_trace_record(&a->trace, XS_TRACE_FREE_REQUESTED, b->addr, b->requested,
                   b->stream);
   xs_pool *p = b->seg->pool;
   *parked = false;

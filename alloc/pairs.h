@@ -205,7 +205,7 @@ static inline uint64_t xs_pair_tick(xs_pairs_thread *t,
 static inline void xs_pair_stamp(xseg_allocator *a, xs_pair *pair,
                                  xs_block *b) {
   b->free_epoch = xs_pair_tick(&xs_pairs_tls, pair);
-  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->size,
+  xs_trace_record(&a->trace, XS_TRACE_FREE_COMPLETED, b->addr, b->requested,
                   b->stream);
 }
 /* The same, the pair found from the block. */

@@ -18,6 +18,10 @@ static _Atomic(xseg_allocator *) torch_allocators[XS_TORCH_MAX_DEVICES];
 static pthread_mutex_t torch_create_lock = PTHREAD_MUTEX_INITIALIZER;
 /* The device count PyTorch gave xseg_torch_init; 0 until then. */
 static atomic_int torch_device_count;
+/* The trace length every device records (xseg_torch_record_memory_history),
+   given also to allocators made later: PyTorch's recordHistory reaches
+   every device's, made or not. Written under torch_create_lock. */
+static size_t torch_trace_entries;
 static _Thread_local char torch_error[1024];
 static _Thread_local xseg_status torch_status;
 
@@ -68,6 +72,11 @@ xseg_allocator *xs_torch_allocator(const char *fn, int device) {
   a = atomic_load_explicit(&torch_allocators[device], memory_order_acquire);
   if (a == NULL) {
     xseg_status st = xseg_create(device, NULL, &a);
+    if (st == XSEG_OK && torch_trace_entries != 0 &&
+        (st = xseg_record_memory_history(a, torch_trace_entries)) != XSEG_OK) {
+      xseg_destroy(a);
+      a = NULL;
+    }
     if (st == XSEG_OK)
       atomic_store_explicit(&torch_allocators[device], a,
                             memory_order_release);
@@ -76,6 +85,19 @@ xseg_allocator *xs_torch_allocator(const char *fn, int device) {
   }
   pthread_mutex_unlock(&torch_create_lock);
   return a;
+}
+
+void xseg_torch_record_memory_history(size_t max_entries) {
+  pthread_mutex_lock(&torch_create_lock);
+  torch_trace_entries = max_entries;
+  for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++) {
+    xseg_allocator *a = atomic_load(&torch_allocators[d]);
+    xseg_status st = a != NULL ? xseg_record_memory_history(a, max_entries)
+                               : XSEG_OK;
+    if (st != XSEG_OK)
+      xs_torch_error_from_xseg("xseg_torch_record_memory_history", st);
+  }
+  pthread_mutex_unlock(&torch_create_lock);
 }
 
 xseg_allocator *xs_torch_existing(int device) {
@@ -99,5 +121,6 @@ void xs_torch_devices_destroy(void) {
   for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++)
     xseg_destroy(atomic_exchange(&torch_allocators[d], NULL));
   atomic_store(&torch_device_count, 0);
+  torch_trace_entries = 0;
   pthread_mutex_unlock(&torch_create_lock);
 }

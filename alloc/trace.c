@@ -34,8 +34,14 @@ xseg_status xs_trace_resize(xs_trace *t, size_t cap) {
                    (ring = calloc(cap, sizeof *ring)) == NULL))
     return xs_error(XSEG_ERR_OUT_OF_MEMORY,
                     "out of host memory for %zu trace entries", cap);
+  /* The newest entries that fit stay, oldest first (PyTorch clears its
+     history only when recording stops or is asked to). */
+  size_t keep = t->count < cap ? t->count : cap;
+  for (size_t i = 0; i < keep; i++)
+    ring[i] = *xs_trace_at(t, t->count - keep + i);
   free(t->ring);
-  *t = (xs_trace){.ring = ring, .cap = cap};
+  *t = (xs_trace){.ring = ring, .cap = cap, .count = keep,
+                  .next = cap != 0 ? keep % cap : 0};
   return XSEG_OK;
 }
 

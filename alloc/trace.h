@@ -54,7 +54,8 @@ static inline void xs_trace_record(xs_trace *t, xs_trace_action action,
     xs_trace_record_slow(t, action, addr, size, stream);
 }
 
-/* Keeps the last `cap` entries from now on (0: stop and forget). */
+/* Keeps the last `cap` entries from now on, the newest of those held that
+   fit among them (0: stop and forget). */
 xseg_status xs_trace_resize(xs_trace *t, size_t cap);
 /* The i-th oldest entry held, i < t->count. */
 const xs_trace_entry *xs_trace_at(const xs_trace *t, size_t i);

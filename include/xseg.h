@@ -183,8 +183,11 @@ xseg_status xseg_malloc_from_pool(xseg_allocator *a, size_t size,
 
 /* Records the last `max_entries` allocator events (alloc, free_requested,
    free_completed, segment_map, segment_unmap, oom) for the snapshot's
-   device_traces, as torch.cuda.memory._record_memory_history; 0 stops and
-   forgets. Off by default: the cached path then pays one branch. */
+   device_traces, as torch.cuda.memory._record_memory_history: an alloc or
+   free with the size the caller asked for (PyTorch's), a segment's with
+   its mapped bytes. Called again with another count, it keeps the newest
+   entries that fit; 0 stops and forgets. Off by default: the cached path
+   then pays one branch. */
 xseg_status xseg_record_memory_history(xseg_allocator *a, size_t max_entries);
 
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------
@@ -231,6 +234,9 @@ void  xseg_torch_end_allocate_to_pool(int device, unsigned long long id_first,
                                       unsigned long long id_second);
 void  xseg_torch_release_pool(int device, unsigned long long id_first,
                               unsigned long long id_second);
+/* xseg_record_memory_history for every device, those whose allocator is
+   made later included, as PyTorch's recordHistory (0: stop and forget). */
+void  xseg_torch_record_memory_history(size_t max_entries);
 /* "" or "<entry point>: <XSEG_ERR_...>: <xseg_last_error()>". */
 const char *xseg_torch_last_error(void);
 xseg_status xseg_torch_last_status(void);   /* XSEG_OK when none */

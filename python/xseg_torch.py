@@ -115,6 +115,7 @@ class Library:
         self._sig("xseg_torch_allocator", vp, i)
         self._sig("xseg_torch_has_allocator", i, i)
         self._sig("xseg_torch_device_limit", i)
+        self._sig("xseg_torch_record_memory_history", None, sz)
         # Returned as void* (not c_char_p) so that they can be freed.
         self._sig("xseg_torch_stats_json", vp, i)
         self._sig("xseg_torch_snapshot_json", vp, i)
@@ -312,11 +313,18 @@ def memory_snapshot(pool=None, include_traces=True):
 
 def record_memory_history(max_entries, devices=None):
     """Keeps the last max_entries allocator events (0: stop and forget) of
-    `devices` (every device in use, by default) for the snapshot's
-    device_traces."""
+    `devices` for the snapshot's device_traces: by default every device,
+    those first used later included (as torch's recordHistory). Changing
+    the length keeps the newest events that fit."""
     lib = library()
     entries = max(0, min(int(max_entries), MAX_TRACE_ENTRIES))
-    for dev in (lib.devices() if devices is None else devices):
+    if devices is None:
+        lib.clear_error()
+        lib.lib.xseg_torch_record_memory_history(entries)
+        if lib.last_error():
+            raise _error(lib.last_error())
+        return
+    for dev in devices:
         lib.call("record_memory_history", dev, entries)
 
 
@@ -478,22 +486,23 @@ def _torch_memory_api(torch):
                 include_traces = bool(arg[2])
         return memory_snapshot(pool, include_traces)
 
-    def current_devices():
-        # Recording starts before the first tensor as a rule: the current
-        # device's allocator is made for it.
-        lib = library()
-        lib.allocator(torch.cuda.current_device())
-        return lib.devices()
-
     def record_history(enabled, context=None, stacks="all",
                        max_entries=sys.maxsize, *rest):
-        record_memory_history(max_entries if enabled else 0,
-                              current_devices())
+        # torch/csrc/cuda/memory_snapshot.cpp: "state" keeps one entry,
+        # "all" max_entries, None stops (and forgets); clear_history, the
+        # fifth argument from 2.5 on, forgets what was kept first.
+        entries = 0 if not enabled else \
+            (max_entries if enabled == "all" else 1)
+        if rest and rest[0]:
+            record_memory_history(0)
+        record_memory_history(entries)
 
     def record_history_legacy(enabled, record_context=True,
                               trace_alloc_max_entries=1, *rest):
-        record_memory_history(trace_alloc_max_entries if enabled else 0,
-                              current_devices())
+        # (trace_alloc_record_context, record_context_cpp, clear_history...)
+        if len(rest) > 2 and rest[2]:
+            record_memory_history(0)
+        record_memory_history(trace_alloc_max_entries if enabled else 0)
 
     api = {
         "_cuda_memoryStats": memory_stats_nested,

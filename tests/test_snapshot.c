@@ -191,6 +191,22 @@ XSEG_TEST(snapshot, trace_ring_is_bounded) {
   for (const char *p; (p = strstr(last + 1, "\"action\"")) != NULL;) last = p;
   XSEG_EXPECT_TRUE(strncmp(last, "\"action\": \"free_completed\"", 26) == 0);
   free(json);
+  /* Another length keeps the newest entries that fit: recording again is
+     no reset (PyTorch clears only when it stops, or is asked to). */
+  XSEG_ASSERT_OK(xseg_record_memory_history(a, 3));
+  json = snapshot(a);
+  XSEG_EXPECT_EQ(count(json, "\"action\""), 3);
+  free(json);
+  XSEG_ASSERT_OK(xseg_record_memory_history(a, 50));
+  void *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 700, NULL, &q));
+  json = snapshot(a);
+  XSEG_EXPECT_EQ(count(json, "\"action\""), 4);
+  XSEG_EXPECT_TRUE(times_ordered(json));
+  /* An alloc is traced with the size asked for, as PyTorch's. */
+  XSEG_EXPECT_EQ(count(json, "\"size\": 700,"), 1);
+  free(json);
+  XSEG_ASSERT_OK(xseg_free(a, q));
   XSEG_ASSERT_OK(xseg_record_memory_history(a, 0));
   json = snapshot(a);
   XSEG_EXPECT_EQ(count(json, "\"action\""), 0);

@@ -221,3 +221,34 @@ XSEG_TEST(torch, graph_pool_misuse_is_kept_and_undone) {
   cuStreamDestroy(s2);
   xs_torch_destroy_all();
 }
+
+/* Recording turned on before a device is first used reaches it too, as
+   PyTorch's recordHistory reaches every device's allocator; an alloc is
+   traced with the size asked for, as PyTorch's record_trace. */
+XSEG_TEST(torch, history_reaches_devices_used_later) {
+  if (xt_have_sim()) {
+    setenv("XSIM_DEVICE_COUNT", "2", 1);
+    xsim_reset();
+  }
+  XT_REQUIRE_DEVICES(2);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  xseg_torch_record_memory_history(100);
+  XSEG_EXPECT_FALSE(xseg_torch_has_allocator(1));
+  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
+  void *p = xseg_torch_malloc(1000, 1, NULL);
+  XSEG_ASSERT_TRUE(p != NULL);
+  char *snap = xseg_torch_snapshot_json(1);
+  XSEG_ASSERT_TRUE(snap != NULL);
+  XSEG_EXPECT_TRUE(strstr(snap, "\"action\": \"alloc\"") != NULL);
+  XSEG_EXPECT_TRUE(strstr(snap, "\"size\": 1000,") != NULL);
+  xseg_torch_string_free(snap);
+  xseg_torch_free(p, 1000, 1, NULL);
+  xseg_torch_record_memory_history(0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xs_torch_destroy_all();
+  if (xt_have_sim()) {
+    unsetenv("XSIM_DEVICE_COUNT");
+    xsim_reset();
+  }
+}

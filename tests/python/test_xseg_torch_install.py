@@ -219,6 +219,20 @@ def check_history_and_snapshot(s1):
            oom[0]["size"] == 1 << 50,
            "an oom entry with the device's free memory, as PyTorch's: %s" %
            oom)
+    # Recording again keeps what was kept (PyTorch clears only when it
+    # stops or is asked to); "state" keeps one entry; clear_history
+    # forgets first.
+    held = len(trace)
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    expect(len(torch.cuda.memory._snapshot()["device_traces"][0]) == held,
+           "recording again kept the %d entries" % held)
+    torch.cuda.memory._record_memory_history(enabled="state")
+    expect(len(torch.cuda.memory._snapshot()["device_traces"][0]) == 1,
+           "\"state\" keeps one entry")
+    torch.cuda.memory._record_memory_history(max_entries=1000,
+                                             clear_history=True)
+    expect(torch.cuda.memory._snapshot()["device_traces"] == [[]],
+           "clear_history forgot them")
     torch.cuda.memory._record_memory_history(enabled=None)
     expect(torch.cuda.memory._snapshot()["device_traces"] == [[]],
            "recording stopped")
