@@ -32,14 +32,12 @@ void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream) {
     xs_torch_error(fn, XSEG_ERR_INVALID_ARGUMENT, "size %zd < 0", size);
     return NULL;
   }
-  xseg_pool_id chosen = 0;
-  xs_torch_route route = xs_torch_pools_route(a, device, stream, &chosen);
-  if (route == XS_TORCH_ROUTE_FAILED) return NULL;
   void *ptr = NULL;
-  xseg_status st =
-      route == XS_TORCH_CHOSEN
-          ? xseg_malloc_from_pool(a, (size_t)size, stream, chosen, &ptr)
-          : xseg_malloc(a, (size_t)size, stream, &ptr);
+  xs_torch_route route =
+      xs_torch_pools_route(a, device, (size_t)size, stream, &ptr);
+  if (route == XS_TORCH_ROUTE_FAILED) return NULL;
+  if (route == XS_TORCH_CHOSEN) return ptr;
+  xseg_status st = xseg_malloc(a, (size_t)size, stream, &ptr);
   if (st != XSEG_OK) {
     xs_torch_error_from_xseg(fn, st);
     return NULL;

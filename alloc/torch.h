@@ -30,23 +30,24 @@ void xs_torch_error(const char *fn, xseg_status st, const char *fmt, ...)
 /* Keeps xseg_last_error() of a failed xseg call as entry point fn's. */
 void xs_torch_error_from_xseg(const char *fn, xseg_status st);
 
-/* torch_pools.c: where an allocation on `stream` of `device` goes, asked
-   of every open pool's filter at each allocation, as PyTorch's allocator
-   does (one atomic load while no pool of the device is open):
-   XS_TORCH_BY_STREAM, xseg_malloc (the stream announced to the claiming
-   pool, or to none with none claiming; a claimed stream is announced here
-   first); XS_TORCH_CHOSEN, xseg_malloc_from_pool with *chosen (the stream
-   is announced to another pool than the one claiming it now, or to one
-   while none claims it: 0, its own pools); XS_TORCH_ROUTE_FAILED with the
-   failure kept (a filter failed, or announcing did). */
+/* torch_pools.c: where an allocation of `size` bytes on `stream` of
+   `device` goes, asked of every open pool's filter at each allocation, as
+   PyTorch's allocator does (one atomic load while no pool of the device is
+   open): XS_TORCH_BY_STREAM, the caller's xseg_malloc (the stream
+   announced to the claiming pool, or to none with none claiming; a claimed
+   stream is announced here first); XS_TORCH_CHOSEN, allocated here into
+   *ptr with xseg_malloc_from_pool under the pools' lock (the stream is
+   announced to another pool than the one claiming it now, or to one while
+   none claims it: its own pools); XS_TORCH_ROUTE_FAILED with the failure
+   kept (a filter, announcing, or that allocation failed). */
 typedef enum xs_torch_route {
   XS_TORCH_ROUTE_FAILED = -1,
   XS_TORCH_BY_STREAM = 0,
   XS_TORCH_CHOSEN = 1
 } xs_torch_route;
 xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
-                                    struct CUstream_st *stream,
-                                    xseg_pool_id *chosen);
+                                    size_t size, struct CUstream_st *stream,
+                                    void **ptr);
 /* Forgets every pool (their filters' contexts freed); for
    xs_torch_destroy_all. */
 void xs_torch_pools_forget_all(void);

@@ -41,6 +41,7 @@
 typedef struct torch_pool {
   int device;
   unsigned long long first, second;   /* PyTorch's MempoolId_t */
+  xseg_pool_id id;                    /* the core's (pool_id_of) */
   int uses;                 /* begins not yet released (> 0 while kept) */
   bool open;                /* between begin and end */
   bool in_core;             /* a stream was announced: the core has it */
@@ -58,23 +59,28 @@ static size_t n_pools, cap_pools;
 /* Open pools per device: the allocation path reads only this. */
 static atomic_int pools_open[XS_TORCH_MAX_DEVICES];
 
-/* MempoolId_t {a, b}: {n, 0} for a graph's own pool (CUDAGraph), {0, n}
-   for one from graph_pool_handle() or a MemPool. The core's id keeps such
-   a pair readable, so that a snapshot can give PyTorch's pair back
-   (python/xseg_torch.py, _pool_pair): {n, 0} is 2n + 1, {0, n} is 2n, for
-   n below 2^61. Any other pair (PyTorch makes none) is hashed to an id with
-   bit 62 set, which names the pool but cannot be read back. Never 0, and
+/* Ids of pools whose pair is not readable (below), one each. */
+static xseg_pool_id pools_serial;
+
+/* pools_lock held: the core's id for a new pool of MempoolId_t {a, b}:
+   {n, 0} for a graph's own pool (CUDAGraph), {0, n} for one from
+   graph_pool_handle() or a MemPool. Such a pair stays readable, so that
+   a snapshot can give PyTorch's pair back (python/xseg_torch.py,
+   _pool_pair): {n, 0} is 2n + 1, {0, n} is 2n, for n below 2^61. Any
+   other pair (PyTorch makes none, a caller may) gets the next serial with
+   bit 62 set, one id per pool however the pairs compare; a snapshot
+   finds its pair while the pool lives (xseg_torch_pool_id). Never 0, and
    below the XSEG_CAPTURE_POOL range. */
-static xseg_pool_id pool_id(const torch_pool *p) {
+static xseg_pool_id pool_id_of(unsigned long long first,
+                               unsigned long long second) {
   const unsigned long long readable = 1ull << 61;
-  if (p->second == 0 && p->first != 0 && p->first < readable)
-    return (xseg_pool_id)p->first << 1 | 1;
-  if (p->first == 0 && p->second != 0 && p->second < readable)
-    return (xseg_pool_id)p->second << 1;
-  xseg_pool_id hash =
-      (xseg_pool_id)p->first * 0x9E3779B97F4A7C15ull ^ (xseg_pool_id)p->second;
-  return (xseg_pool_id)1 << 62 | (hash & (((xseg_pool_id)1 << 62) - 1));
+  if (second == 0 && first != 0 && first < readable)
+    return (xseg_pool_id)first << 1 | 1;
+  if (first == 0 && second != 0 && second < readable)
+    return (xseg_pool_id)second << 1;
+  return (xseg_pool_id)1 << 62 | ++pools_serial;
 }
+static xseg_pool_id pool_id(const torch_pool *p) { return p->id; }
 
 /* pools_lock held: the open pool (first, second) of `device`, or NULL. */
 static torch_pool *pool_find(int device, unsigned long long first,
@@ -161,8 +167,8 @@ static torch_pool *pools_announced(int device, struct CUstream_st *stream) {
 }
 
 xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
-                                    struct CUstream_st *stream,
-                                    xseg_pool_id *chosen) {
+                                    size_t size, struct CUstream_st *stream,
+                                    void **ptr) {
   if (atomic_load_explicit(&pools_open[device], memory_order_acquire) == 0)
     return XS_TORCH_BY_STREAM;
   pthread_mutex_lock(&pools_lock);
@@ -177,14 +183,32 @@ xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
         route = XS_TORCH_ROUTE_FAILED;
     } else if (claimed != announced) {
       /* Not where the core would send it: another pool's thread on the
-         same stream, or no pool's. */
+         same stream, or no pool's. Allocated here, before another thread
+         can end and release the pool chosen (the release would find no
+         pair of it yet, and this allocation would make one that nothing
+         ever releases), as PyTorch chooses and allocates under one
+         mutex. */
       route = XS_TORCH_CHOSEN;
-      *chosen = claimed != NULL ? pool_id(claimed) : 0;
       if (claimed != NULL) claimed->in_core = true;
+      xseg_status st = xseg_malloc_from_pool(
+          a, size, stream, claimed != NULL ? pool_id(claimed) : 0, ptr);
+      if (st != XSEG_OK) {
+        xs_torch_error_from_xseg("xseg_torch_malloc", st);
+        route = XS_TORCH_ROUTE_FAILED;
+      }
     }
   }
   pthread_mutex_unlock(&pools_lock);
   return route;
+}
+
+xseg_pool_id xseg_torch_pool_id(int device, unsigned long long first,
+                                unsigned long long second) {
+  pthread_mutex_lock(&pools_lock);
+  torch_pool *p = pool_find(device, first, second);
+  xseg_pool_id id = p != NULL ? pool_id(p) : 0;
+  pthread_mutex_unlock(&pools_lock);
+  return id;
 }
 
 /* pools_lock held: a pool opened for `device`, its use taken; NULL with
@@ -206,7 +230,8 @@ static torch_pool *pool_open(const char *fn, int device,
       return NULL;
     }
     p = &pools[n_pools++];
-    *p = (torch_pool){.device = device, .first = first, .second = second};
+    *p = (torch_pool){.device = device, .first = first, .second = second,
+                      .id = pool_id_of(first, second)};
   }
   p->open = true;
   p->uses++;

@@ -237,6 +237,11 @@ void  xseg_torch_release_pool(int device, unsigned long long id_first,
 /* xseg_record_memory_history for every device, those whose allocator is
    made later included, as PyTorch's recordHistory (0: stop and forget). */
 void  xseg_torch_record_memory_history(size_t max_entries);
+/* The xseg_pool_id a snapshot names pool {id_first, id_second} of
+   `device` by while it lives (begun and not yet released for the last
+   time), 0 if none. */
+xseg_pool_id xseg_torch_pool_id(int device, unsigned long long id_first,
+                                unsigned long long id_second);
 /* "" or "<entry point>: <XSEG_ERR_...>: <xseg_last_error()>". */
 const char *xseg_torch_last_error(void);
 xseg_status xseg_torch_last_status(void);   /* XSEG_OK when none */

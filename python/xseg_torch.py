@@ -116,6 +116,8 @@ class Library:
         self._sig("xseg_torch_has_allocator", i, i)
         self._sig("xseg_torch_device_limit", i)
         self._sig("xseg_torch_record_memory_history", None, sz)
+        self._sig("xseg_torch_pool_id", ctypes.c_uint64, i, ctypes.c_ulonglong,
+                  ctypes.c_ulonglong)
         # Returned as void* (not c_char_p) so that they can be freed.
         self._sig("xseg_torch_stats_json", vp, i)
         self._sig("xseg_torch_snapshot_json", vp, i)
@@ -270,21 +272,23 @@ _READABLE = 1 << 61
 _MASK64 = (1 << 64) - 1
 
 
-def _pool_id(first, second):
-    """alloc/torch_pools.c's pool_id: the core's id of a MempoolId_t."""
+def _pool_id(first, second, device):
+    """alloc/torch_pools.c's pool_id_of: the core's id of a MempoolId_t of
+    `device`; for a pair PyTorch does not make, the id its pool got, while
+    it lives (0: none)."""
     if second == 0 and 0 < first < _READABLE:
         return first << 1 | 1
     if first == 0 and 0 < second < _READABLE:
         return second << 1
-    hashed = ((first * 0x9E3779B97F4A7C15) & _MASK64) ^ second
-    return 1 << 62 | (hashed & ((1 << 62) - 1))
+    return library().lib.xseg_torch_pool_id(device, first & _MASK64,
+                                            second & _MASK64)
 
 
 def _pool_pair(core_id):
     """The MempoolId_t a segment's pool id (the core's) stands for: (0, 0)
     for none; PyTorch's pair back for a pool it named; the core's own id
-    as (0, id) for the rest (a pair hashed by _pool_id, a capture xseg
-    detected itself)."""
+    as (0, id) for the rest (a pool of another pair, numbered in turn; a
+    capture xseg detected itself)."""
     if core_id == 0 or core_id >> 62:
         return (0, core_id)
     return (core_id >> 1, 0) if core_id & 1 else (0, core_id >> 1)
@@ -304,7 +308,7 @@ def memory_snapshot(pool=None, include_traces=True):
             core_id = seg["segment_pool_id"][1]
             seg["segment_pool_id"] = _pool_pair(core_id)
             if pool is None or tuple(pool) == (0, 0) or \
-                    core_id == _pool_id(*pool):
+                    core_id == _pool_id(pool[0], pool[1], dev):
                 snap["segments"].append(seg)
         traces = part["device_traces"][0] if include_traces else []
         snap["device_traces"].append(traces)

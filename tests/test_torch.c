@@ -3,6 +3,8 @@
    record_stream through them with the other stream held back, graph pools,
    and failures kept for xseg_torch_last_error, never a crash. */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -251,4 +253,126 @@ XSEG_TEST(torch, history_reaches_devices_used_later) {
     unsetenv("XSIM_DEVICE_COUNT");
     xsim_reset();
   }
+}
+
+/* A pool whose filter claims one thread's allocations (use_mem_pool's). */
+typedef struct thread_pool_ctx {
+  pthread_t owner;
+} thread_pool_ctx;
+
+static int thread_pool_filter(void *ctx, struct CUstream_st *stream) {
+  (void)stream;
+  const thread_pool_ctx *c = ctx;
+  return pthread_equal(pthread_self(), c->owner) ? 1 : 0;
+}
+
+enum { POOL_RACES = 1000 };
+typedef struct pool_racer {
+  CUstream stream;
+  atomic_int go, done;          /* rounds asked for, rounds done */
+  void *block[POOL_RACES];
+} pool_racer;
+
+static void *pool_racer_run(void *arg) {
+  pool_racer *r = arg;
+  if (xt_context(0) == NULL) return NULL;
+  for (int k = 0; k < POOL_RACES; k++) {
+    while (atomic_load(&r->go) <= k) continue;     /* both cores busy */
+    r->block[k] = xseg_torch_malloc(4096, 0, r->stream);
+    atomic_store(&r->done, k + 1);
+  }
+  return NULL;
+}
+
+/* A thread allocating into its own pool on a stream announced to another
+   (the allocation names its pool) while the main thread ends and releases
+   that pool: the allocation is made under the pools' lock (as PyTorch
+   chooses and allocates under one mutex), so a release either comes
+   first (the filter is not asked: the stream's own pools) or finds the
+   pool's blocks and releases them, and nothing is left of any of the
+   POOL_RACES pools. (Before, an allocation that chose its pool under the
+   lock and was made after it dropped left about one pool in twenty that
+   nothing released.) */
+XSEG_TEST(torch, pool_released_while_its_allocation_is_routed) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  pool_racer r = {.stream = at_stream_new()};
+  thread_pool_ctx mine = {.owner = pthread_self()};
+  xseg_torch_begin_allocate_to_pool_if(0, 0, 1, thread_pool_filter, &mine,
+                                       NULL);
+  void *x = xseg_torch_malloc(4096, 0, r.stream);   /* s announced to 1 */
+  XSEG_ASSERT_TRUE(x != NULL);
+  pthread_t t;
+  XSEG_ASSERT_EQ(pthread_create(&t, NULL, pool_racer_run, &r), 0);
+  thread_pool_ctx theirs = {.owner = t};
+  int release_errors = 0;
+  for (int k = 0; k < POOL_RACES; k++) {
+    xseg_torch_begin_allocate_to_pool_if(0, 0, 100 + (unsigned)k,
+                                         thread_pool_filter, &theirs, NULL);
+    atomic_store(&r.go, k + 1);
+    /* The end and release land at every point of the other thread's
+       allocation in turn: before the filter asks, between its answer and
+       the blocks (where an allocation made after the pools' lock dropped
+       left a pool nothing released), after. */
+    for (volatile int spin = 0; spin < (k % 50) * 20; spin++) continue;
+    xseg_torch_end_allocate_to_pool(0, 0, 100 + (unsigned)k);
+    xseg_torch_release_pool(0, 0, 100 + (unsigned)k);
+    release_errors += xseg_torch_last_status() != XSEG_OK;
+    xseg_torch_clear_error();
+    while (atomic_load(&r.done) <= k) continue;
+    XSEG_EXPECT_TRUE(r.block[k] != NULL);
+    xseg_torch_free(r.block[k], 4096, 0, r.stream);
+    /* Released pools' reservations go back (each private pool reserves
+       its own address range). */
+    if (k % 100 == 99) xseg_torch_empty_cache();
+  }
+  pthread_join(t, NULL);
+  XSEG_EXPECT_EQ(release_errors, 0);
+  xseg_torch_free(x, 4096, 0, r.stream);
+  xseg_torch_end_allocate_to_pool(0, 0, 1);
+  xseg_torch_release_pool(0, 0, 1);
+  xseg_torch_empty_cache();
+  xseg_allocator *a = xseg_torch_allocator(0);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  int left = 0;
+  for (unsigned k = 0; k < POOL_RACES; k++)
+    left += xseg_release_pool(a, (xseg_pool_id)(100 + k) << 1) == XSEG_OK;
+  XSEG_EXPECT_EQ(left, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  cuStreamDestroy(r.stream);
+  xs_torch_destroy_all();
+}
+
+/* Pools of pairs PyTorch does not make get one id each: two that a hash
+   of the pair had folded to one id stay apart (ending one does not end
+   the other's stream, whose freed block it takes back). */
+XSEG_TEST(torch, pools_of_any_two_pairs_stay_apart) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  CUstream s1 = at_stream_new(), s2 = at_stream_new();
+  const unsigned long long a1 = 1, a2 = 0x10, b1 = 2, b2 = 0xa2598acb81de842full;
+  xseg_torch_begin_allocate_to_pool(0, a1, a2, s1);
+  xseg_torch_begin_allocate_to_pool(0, b1, b2, s2);
+  xseg_pool_id ia = xseg_torch_pool_id(0, a1, a2);
+  xseg_pool_id ib = xseg_torch_pool_id(0, b1, b2);
+  XSEG_EXPECT_TRUE(ia != 0 && ib != 0 && ia != ib);
+  void *pa = xseg_torch_malloc(4096, 0, s1);
+  void *pb = xseg_torch_malloc(4096, 0, s2);
+  XSEG_ASSERT_TRUE(pa != NULL && pb != NULL);
+  xseg_torch_free(pb, 4096, 0, s2);
+  xseg_torch_end_allocate_to_pool(0, a1, a2);
+  xseg_torch_free(pa, 4096, 0, s1);
+  xseg_torch_release_pool(0, a1, a2);
+  void *again = xseg_torch_malloc(4096, 0, s2);    /* still pool b's */
+  XSEG_EXPECT_TRUE(again == pb);
+  xseg_torch_free(again, 4096, 0, s2);
+  xseg_torch_end_allocate_to_pool(0, b1, b2);
+  xseg_torch_release_pool(0, b1, b2);
+  XSEG_EXPECT_EQ(xseg_torch_pool_id(0, b1, b2), 0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xseg_torch_empty_cache();
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).reserved_bytes.current, 0);
+  cuStreamDestroy(s1);
+  cuStreamDestroy(s2);
+  xs_torch_destroy_all();
 }
