@@ -36,6 +36,15 @@ static void qt_expect_given_back(xseg_allocator *a) {
   XT_OK(xseg_free(a, r));
 }
 
+/* The end of a case with a producer a, a consumer b and a's handle h. */
+static void qt_end(xseg_allocator *a, xseg_allocator *b, xseg_ipc_handle *h) {
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_check(a));
+  XT_OK(xseg_check(b));
+  xseg_destroy(b);
+  xseg_destroy(a);
+}
+
 /* The producer frees the block while its only hold is a ticket: the block
    stays pending; the consumer opens it, gives the ticket back, closes, and
    the producer's next malloc frees it. */
@@ -66,11 +75,7 @@ XSEG_TEST(ipc_queue, ticket_keeps_a_freed_block_until_the_consumer_opens) {
   XT_OK(xseg_ipc_close(b, q));
   XT_OK(xseg_free(a, r));
   qt_expect_given_back(a);
-  xseg_ipc_handle_free(h);
-  XT_OK(xseg_check(a));
-  XT_OK(xseg_check(b));
-  xseg_destroy(b);
-  xseg_destroy(a);
+  qt_end(a, b, h);
 }
 
 /* A handle that was never sent: the producer gives its ticket back itself,
@@ -130,11 +135,7 @@ XSEG_TEST(ipc_queue, ticket_given_back_twice_frees_no_other_hold) {
   XT_OK(xseg_ipc_close(b, q));
   XT_OK(xseg_free(a, r));
   qt_expect_given_back(a);
-  xseg_ipc_handle_free(h);
-  XT_OK(xseg_check(a));
-  XT_OK(xseg_check(b));
-  xseg_destroy(b);
-  xseg_destroy(a);
+  qt_end(a, b, h);
 }
 
 /* A table full of tickets: the next take is refused naming the call that

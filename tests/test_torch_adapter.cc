@@ -446,6 +446,17 @@ static std::function<bool(cudaStream_t)> thread_filter(
   };
 }
 
+/* The end of a case on stream s whose pools were released: empty_cache
+   unmaps everything, nothing failed, and the allocator goes. */
+static void expect_all_given_back(Pluggable &torch, CUstream s) {
+  torch.emptyCache();
+  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s);
+  xs_torch_destroy_all();
+}
+
 /* A pool of one thread (use_mem_pool), on the stream other threads use too:
    each allocation asks the filter, as PyTorch's allocator does, so another
    thread's allocation on that stream comes from the stream's own pools,
@@ -471,12 +482,7 @@ XSEG_TEST(torch_adapter, thread_pool_takes_only_its_threads_allocations) {
   XSEG_EXPECT_TRUE(again == theirs);       /* the stream's own block */
   torch.raw_delete(again, SIZE, 0, s);
   torch.releasePool(0, pool);
-  torch.emptyCache();
-  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
-  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
-  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
-  cuStreamDestroy(s);
-  xs_torch_destroy_all();
+  expect_all_given_back(torch, s);
 }
 
 /* Two threads, each in a pool of its own, on one stream: the second
@@ -508,10 +514,5 @@ XSEG_TEST(torch_adapter, two_thread_pools_on_one_stream_stay_apart) {
   torch.raw_delete(plain, SIZE, 0, s);
   torch.releasePool(0, first);
   torch.releasePool(0, second);
-  torch.emptyCache();
-  XSEG_EXPECT_EQ(adapter_stats().reserved_bytes.current, 0);
-  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
-  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
-  cuStreamDestroy(s);
-  xs_torch_destroy_all();
+  expect_all_given_back(torch, s);
 }
