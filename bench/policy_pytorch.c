@@ -2,11 +2,15 @@
  *
  * DeviceCachingAllocator's malloc and free as c10/cuda/CUDACachingAllocator.cpp
  * runs them for expandable segments, with PyTorch's defaults (no
- * max_split_size, no power-of-two rounding, no garbage collection, no
- * record_stream):
+ * max_split_size, no garbage collection, no record_stream) and --conf's
+ * roundup_power2_divisions (round_size); a --conf that sets what is not
+ * modelled (max_split_size_mb, garbage_collection_threshold,
+ * expandable_segments:False) is refused, naming it, rather than ignored,
+ * so that no row runs under other settings than the command gave. xseg's
+ * own keys (xseg_*) do not apply to PyTorch's allocator.
  *
- *   malloc: round to 512 B; the small pool for at most 1 MiB, else the
- *   large one; get_free_block (best fit by size, then the expandable_size
+ *   malloc: round_size (512 B, or the divisions); the small pool for at
+ *   most 1 MiB, else the large one; get_free_block (best fit by size, then the expandable_size
  *   walk); else try_allocate_expandable_block (find_expandable_block: the
  *   lowest unmapped block of the pool, with the free block before it, that
  *   has room, else a new ExpandableSegment; map_block until the candidate
@@ -34,6 +38,7 @@
 #include <stdlib.h>
 #include <bsd/sys/tree.h>
 
+#include "alloc/config.h"
 #include "pytorch.h"
 #include "vmm/error.h"
 
@@ -87,6 +92,7 @@ typedef struct xb_pytorch {
   pt_block **slot;                  /* per slot, while allocated */
   uint32_t n_slots;
   uint64_t mapped, window_peak;
+  xs_config cfg;                    /* --conf: roundup_power2_divisions */
 } xb_pytorch;
 
 static pt_pool *pool_of(xb_pytorch *x, CUstream stream, bool small) {
@@ -103,9 +109,11 @@ static pt_pool *pool_of(xb_pytorch *x, CUstream stream, bool small) {
 }
 
 /* round_size without roundup_power2_divisions. */
-static uint64_t pt_round_size(uint64_t size) {
-  return size < XB_PT_MIN_BLOCK ? XB_PT_MIN_BLOCK
-                                : xb_round_up(size, XB_PT_MIN_BLOCK);
+/* round_size: 512 B below it, else a multiple of 512 B, or of the
+   size's power of two over its interval's divisions (--conf's
+   roundup_power2_divisions); 0 on overflow. */
+static uint64_t pt_round_size(const xb_pytorch *x, uint64_t size) {
+  return xs_config_round_size(&x->cfg, (size_t)size);
 }
 
 static pt_block *block_new(pt_pool *pool, xb_pt_segment *seg, uint64_t ptr,
@@ -388,7 +396,10 @@ static xseg_status pytorch_malloc(void *self, uint32_t slot, size_t request,
   x->slot[slot] = NULL;
   *ptr = NULL;
   if (request == 0) return XSEG_OK;   /* raw_alloc(0) is nullptr */
-  uint64_t size = pt_round_size(request);
+  uint64_t size = pt_round_size(x, request);
+  if (size == 0)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%zu bytes overflow when "
+                    "rounded", request);
   pt_pool *pool = pool_of(x, stream, size <= XB_PT_SMALL_SIZE);
   if (pool == NULL)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "more than %d streams",
@@ -544,11 +555,30 @@ static void pytorch_close(void *self) {
 }
 
 /* The whole replay runs on one thread: enter the context once, here. */
+/* --conf for PyTorch's policy: what it models, or a refusal naming what it
+   does not (see the top of this file). */
+static xseg_status pytorch_conf(const char *conf, xs_config *cfg) {
+  xseg_status st = xs_config_parse(conf, cfg);
+  if (st != XSEG_OK) return st;
+  const char *unmodelled =
+      !cfg->expandable_segments ? "expandable_segments:False"
+      : cfg->max_split_size != SIZE_MAX ? "max_split_size_mb"
+      : cfg->garbage_collection_threshold != 0 ? "garbage_collection_threshold"
+                                                : NULL;
+  if (unmodelled == NULL) return XSEG_OK;
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT, "pytorch-expandable models "
+                  "PyTorch's defaults and roundup_power2_divisions only, not "
+                  "%s (--conf or XSEG_ALLOC_CONF)", unmodelled);
+}
+
 static xseg_status pytorch_open(xb_env *env, const char *conf,
                                 uint32_t n_slots, void **self) {
-  (void)conf;
+  xs_config cfg;
+  xseg_status conf_st = pytorch_conf(conf, &cfg);
+  if (conf_st != XSEG_OK) return conf_st;
   xb_pytorch *x = calloc(1, sizeof *x);
   if (x == NULL) return xs_error(XSEG_ERR_OUT_OF_MEMORY, "out of host memory");
+  x->cfg = cfg;
   x->v = &env->vmm;
   x->n_slots = n_slots;
   x->slot = calloc(n_slots ? n_slots : 1, sizeof *x->slot);

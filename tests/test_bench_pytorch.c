@@ -3,6 +3,7 @@
    PyTorch does step by step (pages, driver calls, best fit's walk, the
    out-of-memory path) and against its fragmentation on an H100. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -103,6 +104,41 @@ XSEG_TEST(bench_pytorch, pages_and_driver_calls_follow_pytorch) {
   for (uint32_t s = 1; s <= 4; s++) pt_free(&f, s);
   XSEG_EXPECT_EQ(reserved(&f), 44 * MIB);
   XSEG_EXPECT_EQ(calls(&f, XS_DRIVER_FN_cuMemUnmap), 0);
+  fixture_close(&f);
+}
+
+/* --conf's roundup_power2_divisions round as PyTorch's round_size (with
+   2 divisions, 1 MiB + 1 KiB takes 1.5 MiB); what the policy does not
+   model is refused by name, not ignored. */
+XSEG_TEST(bench_pytorch, conf_rounds_by_divisions_and_refuses_the_rest) {
+  pt_fixture f;
+  XSEG_ASSERT_TRUE(fixture_open(&f, 0));
+  f.p->close(f.self);
+  f.self = NULL;
+  XSEG_ASSERT_OK(f.p->open(&f.env, "roundup_power2_divisions:2", 16,
+                           &f.self));
+  uint64_t a = pt_malloc(&f, 0, MIB + 1024, f.s1);
+  uint64_t b = pt_malloc(&f, 1, MIB + 1024, f.s1);
+  XSEG_EXPECT_EQ(b - a, 3 * MIB / 2);
+  pt_free(&f, 0);
+  pt_free(&f, 1);
+  f.p->close(f.self);
+  f.self = NULL;
+  const char *unmodelled[] = {"max_split_size_mb:20",
+                              "garbage_collection_threshold:0.5",
+                              "expandable_segments:False", "no_such_key:1"};
+  for (size_t i = 0; i < sizeof unmodelled / sizeof *unmodelled; i++) {
+    void *self = NULL;
+    XSEG_EXPECT_EQ(f.p->open(&f.env, unmodelled[i], 16, &self),
+                   XSEG_ERR_INVALID_ARGUMENT);
+    XSEG_EXPECT_TRUE(self == NULL);
+    char key[64];
+    snprintf(key, sizeof key, "%s", unmodelled[i]);
+    *strchr(key, ':') = '\0';
+    if (strstr(xseg_last_error(), key) == NULL)
+      XSEG_FAIL("%s: the message does not name it: %s", unmodelled[i],
+                xseg_last_error());
+  }
   fixture_close(&f);
 }
 
