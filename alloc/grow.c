@@ -86,18 +86,23 @@ static xseg_status grow_expandable_locked(xseg_allocator *a, xs_pool *p,
     xs_alloc_guard_advance_locked(a, pair, false);
     xs_alloc_retire_aliases_locked(a, pair);
   }
+  xs_segment *fresh = NULL;
   if (!xs_pool_place(p, rounded, &pl)) {
     size_t g = a->granule[p->kind];
     size_t size = (rounded + g - 1) / g * g;
     if (size < a->reserve[p->kind]) size = a->reserve[p->kind];
-    xs_segment *s;
-    xseg_status st = xs_pool_add_segment(p, size, g, &s);
+    xseg_status st = xs_pool_add_segment(p, size, g, &fresh);
     if (st != XSEG_OK) return st;
     bool placed = xs_pool_place(p, rounded, &pl);
     assert(placed && "a fresh reservation holds the request");
     (void)placed;
   }
-  return grow_at_locked(a, p, &pl, out);
+  xseg_status st = grow_at_locked(a, p, &pl, out);
+  /* A reservation made for this growth goes again when the growth fails
+     (a failed map changes nothing: it maps nothing), as the classic
+     growth's does: a failed malloc leaves no segment behind. */
+  if (st != XSEG_OK && fresh != NULL) (void)xs_pool_drop_segment(p, fresh);
+  return st;
 }
 
 static xseg_status grow_classic_locked(xseg_allocator *a, xs_pool *p,

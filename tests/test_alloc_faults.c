@@ -188,7 +188,8 @@ XSEG_TEST(alloc_faults, create_out_of_memory_is_retried) {
   xseg_destroy(a);
 }
 
-/* A failure in the middle of a growth rolls back every granule it mapped. */
+/* A failure in the middle of a growth rolls back every granule it mapped,
+   and the reservation it made. */
 XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   xseg_allocator *a = at_create(NULL);
@@ -203,6 +204,10 @@ XSEG_TEST(alloc_faults, failed_growth_rolls_back_mapped_granules) {
   xsim_get_live(&after);
   XSEG_EXPECT_EQ(after.mappings, before.mappings);
   XSEG_EXPECT_EQ(after.handles, before.handles);
+  /* The reservation made for the growth goes with it: no segment of
+     nothing stays counted (the classic growth's rule too). */
+  XSEG_EXPECT_EQ(after.reservations, before.reservations);
+  XSEG_EXPECT_EQ(at_stats(a).segment.current, 0);
   XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
   XSEG_EXPECT_OK(xseg_check(a));
   XSEG_ASSERT_OK(xseg_malloc(a, 9 * MiB, NULL, &p));
