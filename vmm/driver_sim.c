@@ -32,27 +32,38 @@ static const char *const sim_candidates[] = {
     "../sim/libcuda.so.1"};
 enum { XS_SIM_CANDIDATES = sizeof sim_candidates / sizeof *sim_candidates };
 
+/* A loaded object's file name made absolute where it still resolves. The
+   loader keeps the name it was given or found (relative when it came from
+   a relative LD_LIBRARY_PATH, RUNPATH or dlopen); that same string also
+   finds the loaded object again, so it is the answer when the working
+   folder has changed since. */
+static bool sim_file_name(const char *name, char *out, size_t n) {
+  char abs[PATH_MAX];
+  if (realpath(name, abs) != NULL) name = abs;
+  return (size_t)snprintf(out, n, "%s", name) < n;
+}
+
 /* The emulator already loaded in this process, if any. */
 static bool sim_loaded_path(char *out, size_t n) {
   void *sym = dlsym(RTLD_DEFAULT, "xsim_call_count");
   Dl_info info;
   if (sym == NULL || dladdr(sym, &info) == 0 || info.dli_fname == NULL ||
-      info.dli_fname[0] != '/')
+      info.dli_fname[0] == '\0')
     return false;
-  return (size_t)snprintf(out, n, "%s", info.dli_fname) < n;
+  return sim_file_name(info.dli_fname, out, n);
 }
 
 /* The folder of the file this function was loaded from. The main program's
-   link map has no name (dladdr would give argv[0]), so it is read from
-   /proc/self/exe. */
+   link map has an empty name (dladdr would give argv[0]), so it is read
+   from /proc/self/exe; a shared object's may be relative. */
 static bool sim_self_dir(char *out, size_t n) {
   Dl_info info;
   struct link_map *map = NULL;
   if (dladdr1((void *)sim_self_dir, &info, (void **)&map,
               RTLD_DL_LINKMAP) == 0)
     return false;
-  if (map != NULL && map->l_name != NULL && map->l_name[0] == '/') {
-    if ((size_t)snprintf(out, n, "%s", map->l_name) >= n) return false;
+  if (map != NULL && map->l_name != NULL && map->l_name[0] != '\0') {
+    if (!sim_file_name(map->l_name, out, n)) return false;
   } else {
     ssize_t len = readlink("/proc/self/exe", out, n - 1);
     if (len <= 0) return false;

@@ -165,4 +165,28 @@ xseg_torch.check()
 
 cu_call("cuStreamDestroy_v2", s1)
 cu_call("cuStreamDestroy_v2", s2)
+
+# xseg_driver:sim finds the emulator beside libxseg.so when the library was
+# loaded by a relative path (XSEG_LIBRARY=build/libxseg.so.0, a relative
+# LD_LIBRARY_PATH): the loader keeps the name relative, and it used to be
+# taken for the program's (the emulator was looked for beside python3).
+import subprocess  # noqa: E402
+library = os.path.realpath(os.environ["XSEG_LIBRARY"])
+parent = os.path.dirname(os.path.dirname(library))
+probe = ("import ctypes, sys\n"
+         "lib = ctypes.CDLL(sys.argv[1])\n"
+         "lib.xseg_create.argtypes = [ctypes.c_int, ctypes.c_char_p,\n"
+         "                            ctypes.POINTER(ctypes.c_void_p)]\n"
+         "lib.xseg_last_error.restype = ctypes.c_char_p\n"
+         "a = ctypes.c_void_p()\n"
+         "st = lib.xseg_create(0, b'xseg_driver:sim', ctypes.byref(a))\n"
+         "print(st, lib.xseg_last_error().decode())\n")
+env = {k: v for k, v in os.environ.items()
+       if k not in ("XSEG_SIM_LIBRARY", "LD_LIBRARY_PATH", "LD_PRELOAD")}
+done = subprocess.run([sys.executable, "-c", probe,
+                       os.path.relpath(library, parent)],
+                      cwd=parent, env=env, capture_output=True, text=True)
+expect(done.returncode == 0 and done.stdout.startswith("0 "),
+       "the emulator is found beside a library loaded by a relative path: "
+       "%r %r" % (done.stdout, done.stderr[-500:]))
 finish("test_xseg_torch")
