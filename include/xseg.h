@@ -39,8 +39,10 @@ typedef enum xseg_status {
 
 /* "XSEG_ERR_OUT_OF_MEMORY" for XSEG_ERR_OUT_OF_MEMORY; never NULL. */
 const char *xseg_status_name(xseg_status s);
-/* The message of the calling thread's last failure ("" if none). Valid until
-   the thread's next failing xseg call. */
+/* The message of the calling thread's last failure ("" if none): read it
+   right after the call that failed. Valid until the thread's next xseg
+   call: a call that succeeds may replace it with that of a failure it met
+   and recovered from (a growth retried after a driver error). */
 const char *xseg_last_error(void);
 
 typedef struct xseg_allocator xseg_allocator;   /* one per device */
@@ -306,7 +308,9 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
    at ptr (its own hold keeps the block now), or the producer, for a
    handle it never sent (ptr: the block it exported, even freed since). A
    ticket given back already, or of another block, is
-   XSEG_ERR_INVALID_ARGUMENT and frees nothing. */
+   XSEG_ERR_INVALID_ARGUMENT and frees nothing; a ptr that is no block
+   exported or opened here (or no longer is: exported, freed, and given
+   back by every holder) is XSEG_ERR_UNKNOWN_POINTER. */
 xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
                                  uint64_t ticket);
 
