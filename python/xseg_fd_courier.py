@@ -244,7 +244,13 @@ class Carrier:
             except (OSError, EOFError, _mp_connection.AuthenticationError):
                 pass              # the sender keeps its dup until it exits
             return fd
-        conn, lock = _connection(self.address)
+        try:
+            conn, lock = _connection(self.address)
+        except (FileNotFoundError, ConnectionRefusedError) as err:
+            raise OSError(
+                "xseg_fd_courier: the sending process (pid %s) exited before "
+                "this was unpickled; a sender must run until its receivers "
+                "have unpickled what it sent" % (self.pid or "?")) from err
         with lock:
             conn.send(self.ident)
             if not conn.recv():

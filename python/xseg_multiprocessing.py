@@ -35,7 +35,11 @@ What this lifts of PyTorch's rules for CUDA sharing: the producer need not
 keep the tensor alive while consumers use it (its free leaves the block
 pending until the last consumer closed it, or died: SIGKILL included); a
 received tensor can be sent on. Like every fd that multiprocessing sends,
-the sender must run until the receiver has unpickled the tensor.
+the sender must run until the receiver has unpickled the tensor. A
+consumer that dies after taking a tensor off a queue but before
+unpickling it leaves the tensor's ticket unreturned: the block then stays
+pending until the producer exits (torch's own CUDA sharing has the same
+limit).
 """
 
 import atexit
@@ -323,11 +327,25 @@ def _carry(lib, handle):
         with theirs:                     # the courier holds a dup
             return xseg_fd_courier.send(theirs.fileno())
     carried = _mp_reduction.DupFd(theirs.fileno())
-    _spawn_fds.append(theirs)            # the child inherits this very fd
+    _spawn_fds_prune()
+    # The child inherits this very fd: it is kept until the child started.
+    _spawn_fds.append((_mp_context.get_spawning_popen(), theirs))
     return carried
 
 
-_spawn_fds = []
+_spawn_fds = []        # (the spawning Popen, the fd its child inherits)
+
+
+def _spawn_fds_prune():
+    """Closes this process's copies of the fds children have inherited:
+    a launched child (its Popen has a sentinel) holds its own."""
+    keep = []
+    for popen, sock in _spawn_fds:
+        if getattr(popen, "sentinel", None) is not None:
+            sock.close()
+        else:
+            keep.append((popen, sock))
+    _spawn_fds[:] = keep
 
 
 def _share(storage):
@@ -499,5 +517,15 @@ def stats(device=0):
 @atexit.register
 def _at_exit():
     _shutting_down.append(True)
-    for f in _spawn_fds:
-        f.close()
+    for _, sock in _spawn_fds:
+        sock.close()
+    # Storages still alive now are freed in the interpreter's last
+    # collection, when this module's functions and the ctypes thunk of the
+    # deleter may be gone: calling back into them then crashed the process.
+    # The process unmaps everything as it exits, so their deleters go
+    # (torch calls a managed tensor's deleter only when it is set), and
+    # the managed structs, which torch reads then, are kept.
+    with _lock:
+        for managed, _, _ in _managed.values():
+            managed.deleter = _DLDeleter()
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_managed))

@@ -192,13 +192,41 @@ def case_other_authkey_refused(ctx):
     os.close(fd)
 
 
+def gone_sender(outbox):
+    """A sender that exits before its fd is taken."""
+    r = pipe_with(b"gone")
+    outbox.put(xseg_fd_courier.send(r))
+    os.close(r)
+
+
+def case_sender_gone_is_named(ctx):
+    """A carrier whose sender exited before it was detached: an error that
+    says so, not the bare FileNotFoundError of its listener's path."""
+    os.environ["XSEG_FD_COURIER_PIDFD"] = "0"    # through the connection
+    try:
+        outbox = ctx.Queue()
+        p = ctx.Process(target=gone_sender, args=(outbox,))
+        p.start()
+        carrier = outbox.get(timeout=TIMEOUT)
+        p.join(TIMEOUT)
+        try:
+            os.close(carrier.detach())
+            expect(False, "an exited sender's fd arrived")
+        except OSError as err:
+            expect("exited before" in str(err) and
+                   str(p.pid) in str(err), "the cause is named: %s" % err)
+    finally:
+        del os.environ["XSEG_FD_COURIER_PIDFD"]
+
+
 def main():
     spawn = multiprocessing.get_context("spawn")
     for case, ctx in ((case_many_fds_one_connection, spawn),
                       (case_many_fds_one_connection_sent, spawn),
                       (case_forked_child, multiprocessing.get_context("fork")),
                       (case_senders_that_exit_leave_nothing, spawn),
-                      (case_other_authkey_refused, spawn)):
+                      (case_other_authkey_refused, spawn),
+                      (case_sender_gone_is_named, spawn)):
         print("--", case.__name__, flush=True)
         case(ctx)
     print("%d failure(s)" % len(failures))

@@ -180,6 +180,22 @@ def storage_consumer(inbox, outbox):
     outbox.put(("closed",))
 
 
+KEPT = []
+
+
+def keeping_consumer(inbox, outbox):
+    """Keeps what it received in a global: the interpreter exits with it
+    alive, and frees it in its last collection."""
+    setup()
+    t = inbox.get(timeout=TIMEOUT)
+    KEPT.append(t)
+    outbox.put(("kept", bytes_of(t, 4)))
+
+
+def argument_consumer(t, outbox):
+    outbox.put(("argument", bytes_of(t, 4)))
+
+
 def empty_consumer(inbox, outbox):
     setup()
     t = inbox.get(timeout=TIMEOUT)
@@ -367,6 +383,39 @@ def case_empty(ctx):
     del t
 
 
+def case_kept_until_exit(ctx):
+    """A consumer that still holds a received tensor when it exits (a
+    global cache; a Process argument, which multiprocessing keeps): it exits
+    cleanly (the storage's deleter, freed in the interpreter's last
+    collection, used to call back into a torn-down module: SIGSEGV), and
+    its hold goes with it."""
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = start(ctx, keeping_consumer, inbox, outbox)
+    t = torch.empty(4096, dtype=torch.uint8)
+    fill(t, 0x3C)
+    inbox.put(t)
+    _, head = get(outbox, "kept")
+    p.join(TIMEOUT)
+    expect(head == b"\x3c" * 4 and p.exitcode == 0,
+           "a consumer exiting with a tensor kept exits cleanly: %r %r" %
+           (head, p.exitcode))
+    # Tensors as Process arguments: the parent keeps no fd per child
+    # started once it runs (each used to stay open until the parent ended).
+    counts = []
+    for i in range(8):
+        q = start(ctx, argument_consumer, t, outbox)
+        get(outbox, "argument")
+        q.join(TIMEOUT)
+        expect(q.exitcode == 0, "argument consumer exit %r" % q.exitcode)
+        q.close()
+        counts.append(len(os.listdir("/proc/self/fd")))
+    expect(counts[-1] <= counts[2], "fds held per started child: %r after "
+           "each of eight" % counts)
+    del t
+    settle()
+    expect(stats()["open_by_others"] == 0, "the exited consumers' holds went")
+
+
 def case_sparse():
     """A compressed sparse tensor (CSR here), of which is_sparse is false
     and whose storage cannot be asked for (SparseCsrTensorImpl throws),
@@ -415,6 +464,8 @@ def main():
         case(ctx)
     print("-- case_empty", flush=True)
     case_empty(ctx)
+    print("-- case_kept_until_exit", flush=True)
+    case_kept_until_exit(ctx)
     case_sparse()
     case_not_xseg()
     settle()

@@ -31,6 +31,11 @@ class _Managed(ctypes.Structure):
 _used = b"used_dltensor"
 
 
+def _delete(m, address):
+    if m.deleter:
+        m.deleter(address)
+
+
 def from_dlpack(capsule):
     address = _get(capsule, b"dltensor")
     m = _Managed.from_address(address)
@@ -40,8 +45,9 @@ def from_dlpack(capsule):
                            "tensors")
     _rename(capsule, _used)
     n = t.shape[0]
-    deleter = m.deleter
+    # DLConvertor.cpp: the deleter is read when the storage goes, and
+    # called only if set: [src](void*) { if (src->deleter) src->deleter(src); }
     storage = UntypedStorage(t.data + t.byte_offset, n,
                              device("cuda", t.device_id),
-                             lambda: deleter(address))
+                             lambda: _delete(m, address))
     return Tensor(storage, uint8, (n,), (1,), 0)
