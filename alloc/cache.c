@@ -60,6 +60,15 @@ static size_t cache_live_uses_locked(xseg_allocator *a,
   return n;
 }
 
+/* Whether a free made during a capture, its events not recorded yet, was
+   recorded on `stream`. Every lock held. */
+static bool cache_unrecorded_on_locked(const xseg_allocator *a,
+                                       struct CUstream_st *stream) {
+  for (size_t i = 0; i < a->n_deferred; i++)
+    if (xs_stream_set_has(&a->deferred[i]->uses, stream)) return true;
+  return false;
+}
+
 /* What keeps `stream` from being forgotten, as an error; XSEG_OK if
    nothing. Every lock held. */
 static xseg_status cache_forget_refusal_locked(xseg_allocator *a,
@@ -106,6 +115,13 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
        own pair keeps no segment. Other streams keep their caches, and
        their work is not waited for (reclaim.h says when it is). */
     st = xs_alloc_release_stream_locked(a, stream);
+    /* A free made during a capture whose events are still to be recorded
+       on this stream (another of its streams captures, unseen: the release
+       above recorded the others) would name it after it is destroyed. */
+    if (st == XSEG_OK && cache_unrecorded_on_locked(a, stream))
+      st = xs_error(XSEG_ERR_CAPTURE, "xseg_forget_stream(stream %p): a "
+                    "free recorded on it waits for a graph capture on "
+                    "another of its streams to end", (void *)stream);
     /* Nothing of the stream may remain: its own pair without memory, and
        no private pair of it (unreleased ones were refused, and the
        release drops the released ones that hold nothing). */

@@ -116,8 +116,12 @@ static void deferred_fired(void *ctx, void *block) {
 
 /* Pair lock held: drops from b's recorded streams those the caller has
    destroyed: no event can be recorded on them, and their work is over
-   (streams/stream_query.h). True when any went. */
+   (streams/stream_query.h). True when any went. The queries run in relaxed
+   capture mode (capture_mode.c): a cached free gets here without it, and
+   cuStreamQuery in global mode would break another thread's capture. */
 static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
+  CUstreamCaptureMode mode;
+  if (xs_capture_mode_relax(a, &mode) != XSEG_OK) return false;
   xs_stream_set alive = {0};
   bool dropped = false;
   for (uint32_t i = 0; i < b->uses.n; i++) {
@@ -130,6 +134,7 @@ static bool deferred_drop_dead(xseg_allocator *a, xs_block *b) {
       break;
     }
   }
+  xs_capture_mode_restore(a, mode);
   if (!dropped) {
     xs_stream_set_clear(&alive);
     return false;

@@ -87,7 +87,9 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
    destroy it. Refused, with nothing changed, while
    blocks allocated on the stream or recorded on it are live, while a
    private pool allocates on it (xseg_release_pool first), and during a
-   graph capture (XSEG_ERR_CAPTURE). A stream created later at the same
+   graph capture, or while a free recorded on it waits for a capture on
+   another of its block's streams to end (XSEG_ERR_CAPTURE; the stream's
+   own cache may have been given back). A stream created later at the same
    address is a new stream. NULL (the legacy stream) is never destroyed:
    XSEG_ERR_INVALID_ARGUMENT. */
 xseg_status xseg_forget_stream(xseg_allocator *a, struct CUstream_st *stream);

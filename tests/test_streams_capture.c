@@ -391,3 +391,44 @@ XSEG_TEST(streams_capture, queries_leave_another_threads_capture_valid) {
   XSEG_EXPECT_CU(cuStreamDestroy(held));
   XSEG_EXPECT_CU(cuStreamDestroy(captured));
 }
+
+/* A cached free whose event cannot be recorded (cuEventRecord fails) asks
+   whether the block's streams still exist (cuStreamQuery) in relaxed mode
+   too: another thread's global-mode capture, on a stream xseg never saw,
+   ends valid. The free fails, naming the call, and the block stays live. */
+XSEG_TEST(streams_capture, failed_event_record_leaves_another_capture_valid) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s = at_stream_new(), held = at_stream_new(), captured = at_stream_new();
+  XSEG_ASSERT_TRUE(s != NULL && held != NULL && captured != NULL);
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, s, &p));
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, held));
+  foreign_capture f = {.stream = captured};
+  pthread_barrier_init(&f.begun, NULL, 2);
+  pthread_barrier_init(&f.done, NULL, 2);
+  pthread_t t;
+  XSEG_ASSERT_EQ(pthread_create(&t, NULL, foreign_capture_run, &f), 0);
+  pthread_barrier_wait(&f.begun);
+  xsim_fail_call("cuEventRecord", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_EQ(xseg_free(a, p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuEventRecord") != NULL);
+  XSEG_EXPECT_EQ(at_stats(a).allocation.current, 1);     /* still live */
+  pthread_barrier_wait(&f.done);
+  pthread_join(t, NULL);
+  XSEG_EXPECT_CU(f.began);
+  XSEG_EXPECT_CU(f.ended);                  /* not invalidated */
+  pthread_barrier_destroy(&f.begun);
+  pthread_barrier_destroy(&f.done);
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
+  XSEG_EXPECT_CU(cuStreamDestroy(captured));
+}

@@ -138,6 +138,24 @@ XSEG_TEST(streams_capture_deferred, free_during_an_unseen_capture_waits) {
   capture_case_close(&c, 0);
 }
 
+/* A stream may not be forgotten while a free recorded on it waits for a
+   capture on another of the block's streams (unseen by xseg) to end: its
+   event would later be recorded on the stream, destroyed by then. The
+   forget is refused, naming the capture; once the capture ended and the
+   free was recorded, the stream's work is done and it is forgotten. */
+XSEG_TEST(streams_capture_deferred, forget_waits_for_an_unrecorded_free) {
+  capture_case c;
+  capture_case_open(&c);
+  void *p = capture_case_shared_block(&c);
+  capture_case_begin(&c);
+  XSEG_EXPECT_OK(xseg_free(c.a, p));              /* unrecorded */
+  XSEG_EXPECT_EQ(xseg_forget_stream(c.a, c.held), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "waits for a graph capture") !=
+                   NULL);
+  capture_case_end(&c);
+  capture_case_close(&c, 0);
+}
+
 /* The driver's capture queries failing: a growth asks whether its stream
    captures (cuStreamGetCaptureInfo), a free used on other streams whether
    one of them does (cuStreamIsCapturing). Each failure is the call's
