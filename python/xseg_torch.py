@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -429,7 +430,8 @@ def _oom_thrower(torch):
     source = os.path.join(here, "xseg_torch_oom.cc")
     torch_dir = os.path.dirname(torch.__file__)
     include = os.path.join(torch_dir, "include")
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    cxx = shlex.split(os.environ.get("CXX") or "") or \
+        [c for c in (shutil.which("c++") or shutil.which("g++"),) if c]
     why = None
     if not os.path.exists(source):
         why = "%s is missing" % source
@@ -452,22 +454,30 @@ def _oom_thrower(torch):
         re.sub(r"[^0-9A-Za-z.]", "_", torch.__version__), abi, digest)
     path = os.path.join(cache, name)
     if not os.path.exists(path):
-        os.makedirs(cache, exist_ok=True)
         lib_dir = os.path.join(torch_dir, "lib")
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        cmd = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17",
-               "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I" + include, source,
-               "-L" + lib_dir, "-lc10", "-Wl,-rpath," + lib_dir, "-o", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            os.unlink(tmp)
+        tmp, cmd = None, cxx
+        try:
+            os.makedirs(cache, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
+            os.close(fd)
+            cmd = cxx + ["-shared", "-fPIC", "-O2", "-std=c++17",
+                         "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I" + include,
+                         source, "-L" + lib_dir, "-lc10",
+                         "-Wl,-rpath," + lib_dir, "-o", tmp]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            failure = done.stderr[-2000:] if done.returncode != 0 else None
+            if failure is None:
+                os.replace(tmp, path)
+        except OSError as err:          # no compiler there, no cache folder
+            failure = str(err)
+        if failure is not None:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
             warnings.warn("xseg_torch: building %s failed (%s): out of "
                           "memory raises RuntimeError instead of "
                           "torch.cuda.OutOfMemoryError\n%s" % (
-                              source, " ".join(cmd), done.stderr[-2000:]))
+                              source, " ".join(cmd), failure))
             return None
-        os.replace(tmp, path)
     return _address(ctypes.CDLL(path), "xseg_torch_throw_oom")
 
 
@@ -554,6 +564,20 @@ def install(path=None, patch_memory_api=True, adapter_path=None):
     global _installed
     import torch
     if _installed is not None:
+        # Once installed, xseg stays: a later call may add the memory API,
+        # and refuses other libraries than the ones loaded.
+        asked = [(what, os.path.realpath(p), os.path.realpath(had))
+                 for what, p, had in (("path", path, library().path),
+                                      ("adapter_path", adapter_path,
+                                       _installed.adapter._name))
+                 if p is not None]
+        for what, want, had in asked:
+            if want != had:
+                raise RuntimeError("xseg_torch.install(%s=%r): xseg is "
+                                   "installed already from %s" %
+                                   (what, want, had))
+        if patch_memory_api and not _installed.patched:
+            _patch_memory_api(torch, _installed.patched)
         return _installed.allocator
     check_torch_version(torch)
     if torch.cuda.is_initialized():
@@ -578,14 +602,22 @@ def install(path=None, patch_memory_api=True, adapter_path=None):
     thrower = _oom_thrower(torch)
     adapter.xseg_torch_cxx_set_oom_thrower.argtypes = [ctypes.c_void_p]
     adapter.xseg_torch_cxx_set_oom_thrower(thrower)
-    torch.cuda.memory.change_current_allocator(allocator)
+    # What may fail comes before the swap, which cannot be undone (torch
+    # refuses to swap an allocator that was initialised).
     import xseg_multiprocessing          # CUDA tensors through xseg's IPC
+    api = _torch_memory_api(torch) if patch_memory_api else {}
+    torch.cuda.memory.change_current_allocator(allocator)
+    _installed = _Installed(allocator, adapter, thrower, {})
     xseg_multiprocessing.install(lib)
-    patched = {}
-    if patch_memory_api:
-        for name, fn in _torch_memory_api(torch).items():
-            patched[name] = getattr(torch._C, name, None)
-            setattr(torch._C, name, fn)
-    _installed = _Installed(allocator, adapter, thrower, patched)
+    _patch_memory_api(torch, _installed.patched, api)
     del lib
     return allocator
+
+
+def _patch_memory_api(torch, patched, api=None):
+    """Puts xseg's memory API on torch._C, keeping what it replaces in
+    `patched`."""
+    for name, fn in (api if api is not None
+                     else _torch_memory_api(torch)).items():
+        patched[name] = getattr(torch._C, name, None)
+        setattr(torch._C, name, fn)

@@ -189,4 +189,44 @@ done = subprocess.run([sys.executable, "-c", probe,
 expect(done.returncode == 0 and done.stdout.startswith("0 "),
        "the emulator is found beside a library loaded by a relative path: "
        "%r %r" % (done.stdout, done.stderr[-500:]))
+# The OOM thrower that install() builds: a compiler that cannot be run
+# ($CXX naming none, or a command with arguments that is not split) or a
+# cache that cannot be made means a warning and None (out of memory then
+# raises RuntimeError), not a failed install, and no file left behind.
+import tempfile  # noqa: E402
+import types  # noqa: E402
+import warnings  # noqa: E402
+with tempfile.TemporaryDirectory() as tmp:
+    torch_dir = os.path.join(tmp, "torch")
+    os.makedirs(os.path.join(torch_dir, "include", "c10", "util"))
+    open(os.path.join(torch_dir, "include", "c10", "util", "Exception.h"),
+         "w").close()
+    fake = types.SimpleNamespace(__file__=os.path.join(torch_dir,
+                                                       "__init__.py"),
+                                 __version__="2.5.0", _C=types.SimpleNamespace())
+    cache = os.path.join(tmp, "cache")
+    saved = {k: os.environ.get(k) for k in ("CXX", "XSEG_TORCH_CACHE",
+                                            "XSEG_TORCH_NO_COMPILE")}
+    os.environ.pop("XSEG_TORCH_NO_COMPILE", None)
+    for cxx, where in (("no-such-compiler-xseg", cache),
+                       ("no-such-compiler-xseg -m64", cache),
+                       ("c++", "/proc/xseg-no-cache")):
+        os.environ["CXX"], os.environ["XSEG_TORCH_CACHE"] = cxx, where
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                got = xseg_torch._oom_thrower(fake)
+            except OSError as err:
+                got = err
+        expect(got is None and any("raises RuntimeError" in str(w.message)
+                                   for w in caught),
+               "CXX=%r, cache %s: a warning, not %r" % (cxx, where, got))
+    expect(not os.path.exists(cache) or os.listdir(cache) == [],
+           "nothing left in the cache: %r" %
+           (os.listdir(cache) if os.path.exists(cache) else None))
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 finish("test_xseg_torch")

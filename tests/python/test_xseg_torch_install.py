@@ -327,6 +327,15 @@ def main_unpatched():
     expect(xseg_torch.memory_stats(0)["allocated_bytes.all.current"] == MiB,
            "xseg_torch.memory_stats still answers")
     torch.cuda.caching_allocator_delete(p)
+    # A later install() with the memory API adds it (it used to return at
+    # once, its argument ignored); other libraries than those loaded are
+    # refused, naming the ones installed.
+    xseg_torch.install()
+    expect(torch.cuda.memory_stats()["allocated_bytes.all.current"] == 0,
+           "a second install() puts the memory API on")
+    expect(raises(lambda: xseg_torch.install(path="/no/such/libxseg.so"),
+                  RuntimeError, "installed already from"),
+           "a second install() from another library is refused")
 
 
 def main_late():
