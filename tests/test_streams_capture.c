@@ -342,6 +342,25 @@ static void *foreign_capture_run(void *arg) {
   return NULL;
 }
 
+/* Starts f's capture on its thread and waits until it has begun. */
+static bool foreign_capture_start(foreign_capture *f, pthread_t *t) {
+  pthread_barrier_init(&f->begun, NULL, 2);
+  pthread_barrier_init(&f->done, NULL, 2);
+  if (pthread_create(t, NULL, foreign_capture_run, f) != 0) return false;
+  pthread_barrier_wait(&f->begun);
+  return true;
+}
+
+/* Lets f's capture end; it must have begun and ended valid. */
+static void foreign_capture_finish(foreign_capture *f, pthread_t t) {
+  pthread_barrier_wait(&f->done);
+  pthread_join(t, NULL);
+  XSEG_EXPECT_CU(f->began);
+  XSEG_EXPECT_CU(f->ended);                 /* not invalidated */
+  pthread_barrier_destroy(&f->begun);
+  pthread_barrier_destroy(&f->done);
+}
+
 /* xseg queries its events and streams while another thread captures in
    global mode, into no allocator xseg knows of. In global mode those
    queries would be "potentially unsafe" calls, which the driver refuses
@@ -364,20 +383,12 @@ XSEG_TEST(streams_capture, queries_leave_another_threads_capture_valid) {
   XSEG_ASSERT_OK(xseg_free(a, p));          /* pending on held's work */
 
   foreign_capture f = {.stream = captured};
-  pthread_barrier_init(&f.begun, NULL, 2);
-  pthread_barrier_init(&f.done, NULL, 2);
   pthread_t t;
-  XSEG_ASSERT_EQ(pthread_create(&t, NULL, foreign_capture_run, &f), 0);
-  pthread_barrier_wait(&f.begun);
+  XSEG_ASSERT_TRUE(foreign_capture_start(&f, &t));
   XSEG_EXPECT_OK(xseg_malloc(a, 4 * MiB, s, &q));   /* polls the event */
   XSEG_EXPECT_OK(xseg_empty_cache(a));      /* queries streams, the event */
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 4 * MiB);
-  pthread_barrier_wait(&f.done);
-  pthread_join(t, NULL);
-  XSEG_EXPECT_CU(f.began);
-  XSEG_EXPECT_CU(f.ended);                  /* not invalidated */
-  pthread_barrier_destroy(&f.begun);
-  pthread_barrier_destroy(&f.done);
+  foreign_capture_finish(&f, t);
 
   xt_latch_open(latch);
   XSEG_EXPECT_CU(cuStreamSynchronize(held));
@@ -407,21 +418,13 @@ XSEG_TEST(streams_capture, failed_event_record_leaves_another_capture_valid) {
   XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, s, &p));
   XSEG_ASSERT_OK(xseg_record_stream(a, p, held));
   foreign_capture f = {.stream = captured};
-  pthread_barrier_init(&f.begun, NULL, 2);
-  pthread_barrier_init(&f.done, NULL, 2);
   pthread_t t;
-  XSEG_ASSERT_EQ(pthread_create(&t, NULL, foreign_capture_run, &f), 0);
-  pthread_barrier_wait(&f.begun);
+  XSEG_ASSERT_TRUE(foreign_capture_start(&f, &t));
   xsim_fail_call("cuEventRecord", 1, CUDA_ERROR_UNKNOWN);
   XSEG_EXPECT_EQ(xseg_free(a, p), XSEG_ERR_DRIVER);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuEventRecord") != NULL);
   XSEG_EXPECT_EQ(at_stats(a).allocation.current, 1);     /* still live */
-  pthread_barrier_wait(&f.done);
-  pthread_join(t, NULL);
-  XSEG_EXPECT_CU(f.began);
-  XSEG_EXPECT_CU(f.ended);                  /* not invalidated */
-  pthread_barrier_destroy(&f.begun);
-  pthread_barrier_destroy(&f.done);
+  foreign_capture_finish(&f, t);
   XSEG_EXPECT_OK(xseg_free(a, p));
   XSEG_EXPECT_CU(cuCtxSynchronize());
   XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
