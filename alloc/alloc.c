@@ -361,6 +361,17 @@ static inline size_t alloc_round(const xs_config *c, size_t size) {
                                      : xs_config_round_size(c, size);
 }
 
+/* Whether a malloc's arguments hold (an allocator, somewhere to put the
+   pointer, a size that rounds without passing XS_MAX_REQUEST), its
+   rounding in *rounded; else alloc_malloc_refused says which failed. */
+static inline bool alloc_request_valid(const xseg_allocator *a, size_t size,
+                                       void **ptr, size_t *rounded) {
+  if (a == NULL || ptr == NULL) return false;
+  *rounded = alloc_round(&a->cfg, size);
+  /* 0 (overflow) wraps above the limit too. */
+  return *rounded - 1 < XS_MAX_REQUEST;
+}
+
 /* The refusals of `fn` (xseg_malloc or xseg_malloc_from_pool): *ptr NULL
    (when there is one). */
 static __attribute__((noinline, cold)) xseg_status alloc_malloc_refused(
@@ -502,11 +513,8 @@ static __attribute__((noinline)) xseg_status alloc_malloc_refill(
    lock (alloc_malloc_slow). */
 static __attribute__((noinline)) xseg_status alloc_malloc_by_stream(
     xseg_allocator *a, size_t size, struct CUstream_st *stream, void **ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0))
-    return alloc_malloc_refused("xseg_malloc", a, size, ptr);
-  size_t rounded = alloc_round(&a->cfg, size);
-  /* 0 (overflow) wraps above the limit too. */
-  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+  size_t rounded;
+  if (__builtin_expect(!alloc_request_valid(a, size, ptr, &rounded), 0))
     return alloc_malloc_refused("xseg_malloc", a, size, ptr);
   xs_pair *pair = xs_pairs_of_stream(a, stream);
   /* No pair yet, or the slow flag up (a hint, read without the lock):
@@ -563,10 +571,8 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
 xseg_status xseg_malloc_from_pool(xseg_allocator *a, size_t size,
                                   struct CUstream_st *stream,
                                   xseg_pool_id pool, void **ptr) {
-  if (__builtin_expect(a == NULL || ptr == NULL, 0))
-    return alloc_malloc_refused("xseg_malloc_from_pool", a, size, ptr);
-  size_t rounded = alloc_round(&a->cfg, size);
-  if (__builtin_expect(rounded - 1 >= XS_MAX_REQUEST, 0))
+  size_t rounded;
+  if (__builtin_expect(!alloc_request_valid(a, size, ptr, &rounded), 0))
     return alloc_malloc_refused("xseg_malloc_from_pool", a, size, ptr);
   xs_pairs_use();                               /* as xseg_malloc's */
   return alloc_malloc_slow(a, size, rounded, stream, NULL, &pool, ptr);
