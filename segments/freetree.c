@@ -1,6 +1,7 @@
 /* freetree.c: the best-fit index of free blocks: exact-size LIFO bins
  * under a two-level bitmap for sizes up to 1 MiB, a (size, address)-ordered
- * red-black tree above (BSD sys/tree.h; see freetree.h).
+ * red-black tree above (BSD sys/tree.h; see freetree.h, where the bins'
+ * insert, remove and fits_at are inline).
  */
 #include <assert.h>
 #include <stdio.h>
@@ -35,30 +36,12 @@ static bool freetree_binned(const xs_freetree *t, size_t size) {
 
 /* Whether blocks of these sizes share a structure: one bin (a bin holds
    one size) or the tree. */
-static bool freetree_same_structure(const xs_freetree *t, size_t a,
-                                    size_t b) {
+static inline bool freetree_same_structure(const xs_freetree *t, size_t a,
+                                           size_t b) {
   return a == b || (!freetree_binned(t, a) && !freetree_binned(t, b));
 }
 
-/* The bin a block of this size lives in (block sizes are exact steps). */
-static size_t freetree_bin_index(const xs_freetree *t, size_t size) {
-  assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
-         freetree_binned(t, size) && "a bin holds one size exactly");
-  (void)t;
-  return size / XS_FREETREE_BIN_STEP - 1;
-}
-
 /* ---- the bitmap ------------------------------------------------------- */
-
-static void freetree_mark(xs_freetree *t, size_t i) {
-  t->bin_bits[i / 64] |= (uint64_t)1 << (i % 64);
-  t->bin_words |= (uint64_t)1 << (i / 64);
-}
-
-static void freetree_unmark(xs_freetree *t, size_t i) {
-  t->bin_bits[i / 64] &= ~((uint64_t)1 << (i % 64));
-  if (t->bin_bits[i / 64] == 0) t->bin_words &= ~((uint64_t)1 << (i / 64));
-}
 
 /* The first non-empty bin at or above bin i, or XS_FREETREE_BINS. */
 static size_t freetree_bin_from(const xs_freetree *t, size_t i) {
@@ -91,29 +74,6 @@ static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
 
 /* ---- one bin ---------------------------------------------------------- */
 
-/* b goes first: the newest of its size. */
-static void freebin_insert(xs_freetree *t, size_t i, xs_block *b) {
-  xs_freebin *bin = &t->bins[i];
-  xs_block *head = bin->newest;
-  b->bin.newer = NULL;
-  b->bin.older = head;
-  if (head == NULL) {
-    bin->oldest = b;
-    freetree_mark(t, i);
-  } else {
-    head->bin.newer = b;
-  }
-  bin->newest = b;
-}
-
-static void freebin_remove(xs_freetree *t, size_t i, xs_block *b) {
-  xs_freebin *bin = &t->bins[i];
-  xs_block *newer = b->bin.newer, *older = b->bin.older;
-  if (newer == NULL) bin->newest = older; else newer->bin.older = older;
-  if (older == NULL) bin->oldest = newer; else older->bin.newer = newer;
-  if (bin->newest == NULL) freetree_unmark(t, i);
-}
-
 /* The last block of bin i (not empty) in the order: its oldest. */
 static xs_block *freebin_last(xs_freetree *t, size_t i) {
   assert(i < XS_FREETREE_BINS && t->bins[i].newest != NULL);
@@ -122,29 +82,19 @@ static xs_block *freebin_last(xs_freetree *t, size_t i) {
 
 /* ---- the index -------------------------------------------------------- */
 
-void xs_freetree_insert(xs_freetree *t, xs_block *b) {
-  assert(!b->allocated && "only free blocks are indexed");
-  if (freetree_binned(t, b->size)) {
-    freebin_insert(t, freetree_bin_index(t, b->size), b);
-  } else {
-    xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
-    assert(dup == NULL && "(size, address) is unique: blocks never overlap");
-    (void)dup;
-    if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
-      t->tree_min = b;
-  }
-  t->count++;
+void xs_freetree_tree_insert(xs_freetree *t, xs_block *b) {
+  assert(!freetree_binned(t, b->size));
+  xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
+  assert(dup == NULL && "(size, address) is unique: blocks never overlap");
+  (void)dup;
+  if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
+    t->tree_min = b;
 }
 
-void xs_freetree_remove(xs_freetree *t, xs_block *b) {
-  assert(t->count > 0);
-  if (freetree_binned(t, b->size)) {
-    freebin_remove(t, freetree_bin_index(t, b->size), b);
-  } else {
-    if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
-    RB_REMOVE(xs_freetree_rb, &t->root, b);
-  }
-  t->count--;
+void xs_freetree_tree_remove(xs_freetree *t, xs_block *b) {
+  assert(!freetree_binned(t, b->size));
+  if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
+  RB_REMOVE(xs_freetree_rb, &t->root, b);
 }
 
 /* Sign of (size, addr) against b's key. */
@@ -161,25 +111,19 @@ static xs_block *freetree_prev_in(const xs_freetree *t, xs_block *b) {
                                      : xs_freetree_rb_RB_PREV(b);
 }
 
-static xs_block *freetree_next_in(const xs_freetree *t, xs_block *b) {
-  return freetree_binned(t, b->size) ? b->bin.older
-                                     : xs_freetree_rb_RB_NEXT(b);
-}
-
-bool xs_freetree_fits_at(xs_freetree *t, xs_block *b, size_t size,
-                         uint64_t addr) {
-  if (!freetree_same_structure(t, size, b->size)) return false;
-  /* An insert goes to the head of its bin. */
-  if (freetree_binned(t, size)) return b->bin.newer == NULL;
+bool xs_freetree_tree_fits_at(xs_freetree *t, xs_block *b, size_t size,
+                              uint64_t addr) {
+  assert(!freetree_binned(t, size) && !freetree_binned(t, b->size));
+  (void)t;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
   int c = freetree_cmp_key(size, addr, b);
   if (c < 0) {
-    xs_block *p = freetree_prev_in(t, b);
+    xs_block *p = xs_freetree_rb_RB_PREV(b);
     return p == NULL || freetree_cmp_key(size, addr, p) > 0;
   }
   if (c > 0) {
-    xs_block *n = freetree_next_in(t, b);
+    xs_block *n = xs_freetree_rb_RB_NEXT(b);
     return n == NULL || freetree_cmp_key(size, addr, n) < 0;
   }
   return true;
@@ -191,7 +135,7 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
   assert(freetree_same_structure(t, old_size, repl->size) &&
          "xs_freetree_fits_at said so: the same bin, or the tree");
   if (repl != old && freetree_binned(t, old_size)) {
-    xs_freebin *bin = &t->bins[freetree_bin_index(t, old_size)];
+    xs_freebin *bin = &t->bins[xs_freetree_bin_index(old_size)];
     xs_block *newer = old->bin.newer, *older = old->bin.older;
     repl->bin = old->bin;
     if (newer == NULL) bin->newest = repl; else newer->bin.older = repl;
@@ -222,7 +166,7 @@ xs_block *xs_freetree_largest(xs_freetree *t) {
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
   xs_block *p = freetree_prev_in(t, b);
   if (p != NULL) return p;
-  size_t i = freetree_binned(t, b->size) ? freetree_bin_index(t, b->size)
+  size_t i = freetree_binned(t, b->size) ? xs_freetree_bin_index(b->size)
                                          : XS_FREETREE_BINS;
   i = freetree_bin_below(t, i);
   return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
@@ -232,7 +176,7 @@ xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
   if (!freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
   xs_block *n = b->bin.older;
   if (n != NULL) return n;
-  size_t i = freetree_bin_from(t, freetree_bin_index(t, b->size) + 1);
+  size_t i = freetree_bin_from(t, xs_freetree_bin_index(b->size) + 1);
   return i < XS_FREETREE_BINS ? t->bins[i].newest : t->tree_min;
 }
 
