@@ -89,12 +89,14 @@ void xs_freetree_tree_insert(xs_freetree *t, xs_block *b) {
   (void)dup;
   if (t->tree_min == NULL || freetree_cmp(b, t->tree_min) < 0)
     t->tree_min = b;
+  t->count++;
 }
 
 void xs_freetree_tree_remove(xs_freetree *t, xs_block *b) {
   assert(!freetree_binned(t, b->size));
   if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
   RB_REMOVE(xs_freetree_rb, &t->root, b);
+  t->count--;
 }
 
 /* Sign of (size, addr) against b's key. */

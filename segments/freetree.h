@@ -173,10 +173,12 @@ bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
 /* Inline because a cached malloc+free pair under mixed sizes moves about
    two and a half blocks in or out of bins, and a call to do it cost more
    than the move. Measured with bench/callgrind.sh (out of line -> inline):
-   mixed 10000 555.0 -> 547.1 instructions per pair, random 10000 401.8 ->
-   394.1, layers 249.6 -> 249.9, repeat 127.0 -> 127.0. The tree's half
-   stays out of line (freetree.c): it rebalances, and runs far less often. */
-void xs_freetree_tree_insert(xs_freetree *t, xs_block *b);
+   mixed 10000 555.0 -> 544.3 instructions per pair, random 10000 401.8 ->
+   392.7, layers 249.6 -> 249.6, repeat 127.0 -> 127.0; a large pool alone
+   (mixed-large 1000, no bins) pays for the calls now made from its callers:
+   1004.5 -> 1019.4. The tree's half stays out of line (freetree.c): it
+   rebalances, and runs far less often where bins serve. */
+/* The tree's half: blocks above the bins, counted there. */
 void xs_freetree_tree_insert(xs_freetree *t, xs_block *b);
 void xs_freetree_tree_remove(xs_freetree *t, xs_block *b);
 /* xs_freetree_fits_at for a block and a key both above the bins. */
@@ -210,10 +212,10 @@ static inline void xs_freetree_insert(xs_freetree *t, xs_block *b) {
       head->bin.newer = b;
     }
     bin->newest = b;
+    t->count++;
   } else {
-    xs_freetree_tree_insert(t, b);
+    xs_freetree_tree_insert(t, b);      /* counts too: t is done here */
   }
-  t->count++;
 }
 
 static inline void xs_freetree_remove(xs_freetree *t, xs_block *b) {
@@ -229,10 +231,10 @@ static inline void xs_freetree_remove(xs_freetree *t, xs_block *b) {
       if (t->bin_bits[i / 64] == 0)
         t->bin_words &= ~((uint64_t)1 << (i / 64));
     }
+    t->count--;
   } else {
-    xs_freetree_tree_remove(t, b);
+    xs_freetree_tree_remove(t, b);      /* counts too: t is done here */
   }
-  t->count--;
 }
 
 static inline bool xs_freetree_fits_at(xs_freetree *t, xs_block *b,
