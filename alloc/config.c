@@ -38,6 +38,9 @@ enum { XS_MIN_BLOCK_SIZE = 512 };
 /* PyTorch's kLargeBuffer / kMB: the smallest max_split_size_mb and
    max_non_split_rounding_mb that parseMaxSplitSize accepts (>= 20). */
 enum { XS_MIN_SPLIT_MB = 20 };
+/* kMinLargeAlloc in MB: large_segment_size_mb must be above it
+   (parseLargeSegmentSize), the requests its segments serve being under it. */
+enum { XS_MIN_LARGE_ALLOC_MB = 10 };
 /* The largest MB value of any size key: 64 TiB, more than any device
    holds. Sizes are rounded up to granules and added to requests (at most
    2^62 bytes) without overflow checks, so every size key must stay far
@@ -205,6 +208,20 @@ static xseg_status parse_fraction(const xs_option *o, const char *value,
   return XSEG_OK;
 }
 
+/* per_process_memory_fraction: 0 <= f <= 1 (CUDAAllocatorConfig::
+   parsePerProcessMemoryFraction), the fraction set at start as
+   torch.cuda.set_per_process_memory_fraction would; 0 lets nothing grow. */
+static xseg_status parse_process_fraction(const xs_option *o,
+                                          const char *value, const char **p,
+                                          xs_config *c) {
+  (void)p;
+  double v;
+  if (!to_double(value, &v) || !(v >= 0.0 && v <= 1.0))
+    return bad_value(o->key, value, "a number in [0.0, 1.0]");
+  *(double *)field(c, o) = v;
+  return XSEG_OK;
+}
+
 /* xseg_driver: a path to a libcuda, or "sim". The lexer bounds the word to
    the field's size and flags anything longer. */
 static xseg_status parse_driver(const xs_option *o, const char *value,
@@ -331,6 +348,7 @@ static xseg_status divisions_item(const char *key, const xs_token *bound,
   if (t.kind != ':') return list_syntax(key, "':' after an interval", &t);
   lex_next(p, &t);
   if (t.kind != 'w') return list_syntax(key, "a number of divisions", &t);
+  if (t.too_long) return bad_value(key, t.text, "a shorter value");
   xseg_status s = to_divisions(key, t.text, true, &div);
   return s != XSEG_OK ? s : divisions_entry(key, bound->text, div, l, c);
 }
@@ -345,6 +363,7 @@ static xseg_status divisions_list(const char *key, const char **p,
     lex_next(p, &t);
     if (t.kind == ']') return XSEG_OK;
     if (t.kind != 'w') return list_syntax(key, "an interval or ']'", &t);
+    if (t.too_long) return bad_value(key, t.text, "a shorter interval");
     xseg_status s = divisions_item(key, &t, p, &l, c);
     if (s != XSEG_OK) return s;
     lex_next(p, &t);
@@ -371,7 +390,12 @@ static xseg_status parse_divisions(const xs_option *o, const char *value,
    allocator (release_lock_on_*, pinned_*) mean nothing to a device VMM
    allocator: they are accepted with the values PyTorch accepts, so that an
    existing PYTORCH_CUDA_ALLOC_CONF works unchanged, and then ignored. The
-   hip spellings are PyTorch's ROCm aliases. */
+   hip spellings are PyTorch's ROCm aliases. graph_capture_record_stream_reuse
+   is accepted and ignored too: it lets PyTorch reuse, within one capture, a
+   block freed with record_stream once the graph shows the recorded work
+   done; xseg keeps such a free waiting until the capture ends (docs/DESIGN.md,
+   captures), which reuses later and never sooner, so the key changes no
+   result, only how soon memory comes back. */
 static const xs_option options[] = {
   {"expandable_segments", parse_bool, XS_FIELD(expandable_segments), 0},
   {"max_split_size_mb", parse_mb, XS_FIELD(max_split_size), XS_MIN_SPLIT_MB},
@@ -381,7 +405,12 @@ static const xs_option options[] = {
    XS_FIELD(roundup_power2_divisions), 0},
   {"garbage_collection_threshold", parse_gc_threshold,
    XS_FIELD(garbage_collection_threshold), 0},
+  {"large_segment_size_mb", parse_mb, XS_FIELD(large_segment_size),
+   XS_MIN_LARGE_ALLOC_MB + 1},
+  {"per_process_memory_fraction", parse_process_fraction,
+   XS_FIELD(memory_fraction), 0},
   {"backend", parse_backend, XS_IGNORED, 0},
+  {"graph_capture_record_stream_reuse", parse_bool, XS_IGNORED, 0},
   {"release_lock_on_cudamalloc", parse_bool, XS_IGNORED, 0},
   {"release_lock_on_hipmalloc", parse_bool, XS_IGNORED, 0},
   {"pinned_use_cuda_host_register", parse_bool, XS_IGNORED, 0},
@@ -467,6 +496,7 @@ void xs_config_defaults(xs_config *c) {
   c->expandable_segments = true;
   c->max_split_size = SIZE_MAX;
   c->max_non_split_rounding = (size_t)XS_MIN_SPLIT_MB * XS_MB; /* kLargeBuffer */
+  c->large_segment_size = (size_t)XS_MIN_SPLIT_MB * XS_MB;     /* kLargeBuffer */
   c->memory_fraction = 1.0;
   c->small_granule = 2 * XS_MB;
   c->large_granule = 2 * XS_MB;

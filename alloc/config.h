@@ -37,7 +37,12 @@ typedef struct xs_config {
      to [0, 15]) */
   unsigned roundup_power2_divisions[XS_ROUNDUP_INTERVALS];
   double garbage_collection_threshold;  /* 0 = off, else in (0, 1) */
-  double memory_fraction;               /* xseg_memory_fraction, (0, 1] */
+  size_t large_segment_size;            /* large_segment_size_mb (bytes):
+                                           a classic segment for a request
+                                           of 1 to 10 MiB; default 20 MiB */
+  double memory_fraction;               /* xseg_memory_fraction, (0, 1], or
+                                           per_process_memory_fraction,
+                                           [0, 1] (0: nothing grows) */
   char   driver[256];                   /* xseg_driver; "" = libcuda.so.1 */
   size_t small_granule;                 /* xseg_small_granule_mb (bytes) */
   size_t large_granule;                 /* xseg_large_granule_mb (bytes) */
@@ -58,7 +63,8 @@ void xs_config_defaults(xs_config *c);
 
 /* Parses `conf` over the defaults. NULL or "" means the environment variable
    XSEG_ALLOC_CONF (then nothing). An unknown key or a bad value gives
-   XSEG_ERR_INVALID_ARGUMENT and a message naming the key and the value;
+   XSEG_ERR_INVALID_ARGUMENT and a message naming the key and the value
+   (backend:cudaMallocAsync, valid but not implemented, XSEG_ERR_UNSUPPORTED);
    *c is then unspecified. */
 xseg_status xs_config_parse(const char *conf, xs_config *c);
 

@@ -6,20 +6,20 @@
 #include "alloc/policy.h"
 #include "alloc/types.h"
 
-/* kLargeBuffer / kMinLargeAlloc / kRoundLarge of PyTorch. */
-#define XS_LARGE_BUFFER ((size_t)20 << 20)
+/* kMinLargeAlloc / kRoundLarge of PyTorch (its kLargeBuffer is the default
+   of large_segment_size_mb, config.c). */
 #define XS_MIN_LARGE_ALLOC ((size_t)10 << 20)
 #define XS_ROUND_LARGE ((size_t)2 << 20)
 
-/* get_allocation_size: 2 MiB segments for the small pool, 20 MiB for
-   requests under 10 MiB, else the request rounded up to 2 MiB; and a
+/* get_allocation_size: 2 MiB segments for the small pool,
+   large_segment_size_mb (20 MiB unless set) for requests under 10 MiB, else the request rounded up to 2 MiB; and a
    multiple of the device's granularity. */
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded) {
   size_t size;
   if (rounded <= XS_SMALL_SIZE)
     size = XS_ROUND_LARGE;
   else if (rounded < XS_MIN_LARGE_ALLOC)
-    size = XS_LARGE_BUFFER;
+    size = a->cfg.large_segment_size;
   else
     size = (rounded + XS_ROUND_LARGE - 1) / XS_ROUND_LARGE * XS_ROUND_LARGE;
   size_t g = a->vmm.granularity;

@@ -48,7 +48,9 @@ const char *xseg_last_error(void);
 typedef struct xseg_allocator xseg_allocator;   /* one per device */
 
 /* conf: PYTORCH_CUDA_ALLOC_CONF syntax ("key:value,key:value"); NULL or ""
-   means the environment variable XSEG_ALLOC_CONF, then defaults. */
+   means the environment variable XSEG_ALLOC_CONF, then defaults. An
+   unknown key or a bad value is XSEG_ERR_INVALID_ARGUMENT, naming both;
+   backend:cudaMallocAsync is XSEG_ERR_UNSUPPORTED (docs/DESIGN.md, 3.1). */
 xseg_status xseg_create(int device, const char *conf, xseg_allocator **out);
 /* Releases every driver resource, live blocks included (they are reported
    on stderr). Work still queued on a stream before a free (of a block

@@ -195,8 +195,8 @@ def library(path=None):
 
 # torch/csrc/cuda/Module.cpp's memoryStats: these StatArrays, each
 # {all, small_pool, large_pool} x {current, peak, allocated, freed}; the
-# counters; max_split_size; and two single Stats xseg does not keep (it
-# never serves an "oversize" block apart), reported as zero.
+# counters; max_split_size; and two single Stats xseg does not keep (the
+# oversize rules apply to classic segments, uncounted), reported as zero.
 _STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split",
                 "allocated_bytes", "reserved_bytes", "active_bytes",
                 "inactive_split_bytes", "requested_bytes")

@@ -53,6 +53,43 @@ XSEG_TEST(alloc, config_from_the_environment) {
   xseg_destroy(a);
 }
 
+/* large_segment_size_mb sizes the classic segment of a request from 1 to
+   10 MiB (PyTorch's get_allocation_size), 20 MiB unless set. */
+XSEG_TEST(alloc, large_segment_size_sizes_classic_segments) {
+  const size_t sizes[] = {20 * MiB, 64 * MiB};
+  const char *confs[] = {"expandable_segments:False",
+                         "expandable_segments:False,large_segment_size_mb:64"};
+  for (size_t i = 0; i < 2; i++) {
+    xseg_allocator *a = at_create(confs[i]);
+    void *p, *q;
+    /* 10 MiB and above: the request itself, rounded to 2 MiB. */
+    XSEG_ASSERT_OK(xseg_malloc(a, 11 * MiB, NULL, &q));
+    XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 12 * MiB);
+    /* Not in the 1 MiB left: a segment of its own. */
+    XSEG_ASSERT_OK(xseg_malloc(a, 5 * MiB, NULL, &p));
+    XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current,
+                   (int64_t)(12 * MiB + sizes[i]));
+    XSEG_EXPECT_OK(xseg_check(a));
+    XSEG_EXPECT_OK(xseg_free(a, p));
+    XSEG_EXPECT_OK(xseg_free(a, q));
+    xseg_destroy(a);
+  }
+}
+
+/* per_process_memory_fraction:0, which PyTorch accepts, lets nothing
+   grow: every malloc that needs memory is out of memory, and the
+   allocator stays whole. */
+XSEG_TEST(alloc, per_process_memory_fraction_zero_maps_nothing) {
+  xseg_allocator *a = at_create("per_process_memory_fraction:0");
+  void *p = (void *)1;
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 4096, NULL, &p), XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_TRUE(p == NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "memory fraction") != NULL);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+}
+
 XSEG_TEST(alloc, malloc_zero_gives_unique_pointers) {
   xseg_allocator *a = at_create(NULL);
   void *p = NULL, *q = NULL;
