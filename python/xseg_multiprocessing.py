@@ -28,8 +28,12 @@ current stream (as PyTorch's does) and closes it (xseg_ipc_close); the
 tensor gets the sender's dtype, shape, strides and storage offset. Tensors
 of one storage share one storage (one open) in the consumer. A consumer
 may send a received tensor on: the producer's handle goes with it, with a
-new ticket and the consumer's own event. Everything else (CPU tensors,
-CUDA tensors of another allocator) keeps torch's own reductions.
+new ticket and the consumer's own event. A tensor that comes back to its
+producer while the producer's storage lives arrives as that storage, not
+as a second mapping of the same memory (torch's shared_cache does the
+same): its ticket is given back, its sender's event waited for, and
+nothing is opened. Everything else (CPU tensors, CUDA tensors of another
+allocator) keeps torch's own reductions.
 
 What this lifts of PyTorch's rules for CUDA sharing: the producer need not
 keep the tensor alive while consumers use it (its free leaves the block
@@ -146,6 +150,57 @@ _libs = {}
 _lock = threading.Lock()
 _shutting_down = []
 
+# Which process exported a block: a token of its own (a pid can be reused
+# by a later process, a token of 16 random bytes is not; a forked child
+# draws its own) and the block's pointer there. It travels with every
+# send, so that the block can be recognised when it comes back home.
+_token = os.urandom(16)
+
+
+def _after_fork_in_child():
+    """A forked child is another process: a token of its own, none of its
+    parent's exports, and a lock no other thread can hold (only the forking
+    thread goes on)."""
+    global _token, _lock
+    _token = os.urandom(16)
+    _lock = threading.Lock()
+    _exported.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_exported = {}         # pointer of a block exported here -> StorageWeakRef
+_exported_prune_at = [64]
+
+
+def _exported_add(ptr, storage):
+    """Remembers the storage whose block this process exported at ptr (the
+    newest: a pointer freed and allocated again names the new block)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    with _lock:
+        _exported[ptr] = StorageWeakRef(storage)
+        if len(_exported) >= _exported_prune_at[0]:
+            for key in [k for k, ref in _exported.items() if ref.expired()]:
+                del _exported[key]
+            _exported_prune_at[0] = max(64, 2 * len(_exported))
+
+
+def _home_storage(origin):
+    """The live storage of a block this process exported, when `origin`
+    names one, else None."""
+    import torch
+    if origin is None:
+        return None
+    token, ptr = origin
+    if token != _token:
+        return None
+    with _lock:
+        ref = _exported.get(ptr)
+    if ref is None or ref.expired():
+        return None
+    return torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+
 
 def _lib_at(path):
     with _lock:
@@ -166,9 +221,10 @@ class _Import:
     block on), the pointer, and the close that the tensor's storage deleter
     runs once torch frees the storage."""
 
-    def __init__(self, lib, device, allocator, handle, ptr, nbytes):
+    def __init__(self, lib, device, allocator, handle, ptr, nbytes, origin):
         self.lib, self.device, self.allocator = lib, device, allocator
         self.handle, self.ptr, self.nbytes = handle, ptr, nbytes
+        self.origin = origin             # (the producer's token, pointer)
         self.storage_ref = None          # StorageWeakRef of its storage
 
     def close(self):
@@ -261,10 +317,25 @@ def _storage_of(imp):
     return base.untyped_storage()
 
 
-def _receive(path, device, carried, ticket, event, nbytes):
-    """The storage a producer sent: opened (or the one already open here),
-    its ticket given back, and the current stream made to wait for the
-    producer's work on it."""
+def _come_home(lib, device, carried, ticket, event, storage):
+    """A block this process exported, back with its storage alive: the
+    carried handle is dropped unopened, the ticket given back and the
+    current stream made to wait for the sender's work."""
+    os.close(carried.detach())           # the handle's fds go with it
+    a = lib.allocator(device)
+    ptr = ctypes.c_void_p(storage.data_ptr())
+    lib.check(lib.c.xseg_ipc_ticket_give(a, ptr, ticket),
+              "xseg_ipc_ticket_give")
+    lib.check(lib.c.xseg_ipc_wait(a, event, _stream_of(device).cuda_stream),
+              "xseg_ipc_wait")
+    return storage
+
+
+def _receive(path, device, carried, ticket, event, nbytes, origin):
+    """The storage a producer sent: its own storage when it comes back to
+    the process that exported it (_come_home), else opened (or the one
+    already open here), its ticket given back, and the current stream made
+    to wait for the producer's work on it."""
     import torch
     from torch.multiprocessing.reductions import StorageWeakRef
     if carried is None:                  # empty (_share): nothing was sent
@@ -272,6 +343,9 @@ def _receive(path, device, carried, ticket, event, nbytes):
                            device=torch.device("cuda", device)
                            ).untyped_storage()
     lib = _lib_at(path)
+    home = _home_storage(origin)
+    if home is not None:
+        return _come_home(lib, device, carried, ticket, event, home)
     a = lib.allocator(device)
     fd = carried.detach()
     handle = ctypes.c_void_p()
@@ -302,7 +376,7 @@ def _receive(path, device, carried, ticket, event, nbytes):
             lib.c.xseg_ipc_close(a, ptr)
             lib.c.xseg_ipc_handle_free(handle)
             return storage
-    imp = _Import(lib, device, a, handle, ptr, nbytes)
+    imp = _Import(lib, device, a, handle, ptr, nbytes, origin)
     storage = _storage_of(imp)
     imp.storage_ref = StorageWeakRef(storage)
     with _lock:
@@ -363,10 +437,10 @@ def _share(storage):
         # allocator for an IPC handle and be refused. Nothing to share: the
         # receiver makes an empty storage of its own, as torch's
         # rebuild_cuda_tensor does for a storage sent without a handle.
-        return (lib.path, device, None, 0, b"", 0)
+        return (lib.path, device, None, 0, b"", 0, None)
     imp = _import_of(ptr)
     if imp is not None:                  # received here: send it on
-        a, handle, own = imp.allocator, imp.handle, False
+        a, handle, own, origin = imp.allocator, imp.handle, False, imp.origin
     else:
         a = lib.allocator(device, create=False)
         if a is None:
@@ -376,7 +450,8 @@ def _share(storage):
         if status == XSEG_ERR_UNKNOWN_POINTER:
             return None                  # not xseg's: torch's own way
         lib.check(status, "xseg_ipc_export")
-        own = True
+        own, origin = True, (_token, ptr)
+        _exported_add(ptr, storage)
     ticket = ctypes.c_uint64()
     event = ctypes.create_string_buffer(EVENT_BYTES)
     try:
@@ -393,18 +468,19 @@ def _share(storage):
     finally:
         if own:
             lib.c.xseg_ipc_handle_free(handle)
-    return (lib.path, device, carried, ticket.value, event.raw, nbytes)
+    return (lib.path, device, carried, ticket.value, event.raw, nbytes,
+            origin)
 
 
 def _rebuild_storage(storage_cls, path, device, carried, ticket, event,
-                     nbytes):
-    return _receive(path, device, carried, ticket, event, nbytes)
+                     nbytes, origin):
+    return _receive(path, device, carried, ticket, event, nbytes, origin)
 
 
 def _rebuild_tensor(tensor_cls, size, stride, offset, dtype, requires_grad,
-                    path, device, carried, ticket, event, nbytes):
+                    path, device, carried, ticket, event, nbytes, origin):
     import torch
-    storage = _receive(path, device, carried, ticket, event, nbytes)
+    storage = _receive(path, device, carried, ticket, event, nbytes, origin)
     t = torch.empty((0,), dtype=dtype, device=storage.device)
     t = t.set_(storage, offset, size, stride)
     # As torch's rebuild_cuda_tensor: integer parameters need

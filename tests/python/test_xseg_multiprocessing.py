@@ -7,7 +7,8 @@ Cases: a round trip whose consumer first waits, on its stream, for work
 the producer queued behind a held stream; several dtypes and views of one
 storage (one open in the consumer); the producer deleting its tensor
 before the consumer received it; a consumer killed by SIGKILL; a consumer
-that sends the tensor on to a third process; a storage sent alone; an
+that sends the tensor on to a third process; a tensor sent back to its
+producer (its own storage, nothing opened); a storage sent alone; an
 empty tensor; a compressed sparse tensor, and a tensor that xseg did not
 allocate, which keep torch's own reductions.
 Each checks bytes, the producer's pending bytes and the holds on its
@@ -180,6 +181,22 @@ def storage_consumer(inbox, outbox):
     outbox.put(("closed",))
 
 
+def bouncing_consumer(inbox, outbox):
+    """Receives tensors and sends each back at once, after a write queued
+    on its stream (ordered for the producer by the interprocess event),
+    until told to stop."""
+    setup()
+    while True:
+        msg = inbox.get(timeout=TIMEOUT)
+        if msg == "stop":
+            break
+        fill(msg, 0x3c, asynchronous=True)
+        outbox.put(("back", msg))
+        del msg
+        gc.collect()
+    outbox.put(("stopped", stats()["opened_blocks"]))
+
+
 KEPT = []
 
 
@@ -349,6 +366,52 @@ def case_relay(ctx):
     expect(stats()["pending_free_bytes"] == 0, "given back after the third")
 
 
+def case_back_home(ctx):
+    """A tensor sent back to its producer arrives as the producer's own
+    storage (as torch's shared_cache gives it): same pointer, nothing
+    opened, its ticket given back; once the producer's storage is gone, it
+    arrives as any other process's block would (a second mapping)."""
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = start(ctx, bouncing_consumer, inbox, outbox)
+    t = torch.empty(1 << 12, dtype=torch.int32)
+    fill(t, 0x10)
+    opened = stats()["opened_blocks"]
+    inbox.put(t.as_strided((4088,), (1,), 8))
+    _, back = get(outbox, "back")
+    expect(back.data_ptr() == t.data_ptr() + 32 and
+           back.untyped_storage().data_ptr() == t.data_ptr(),
+           "the producer's own memory came back (%#x, %#x)" %
+           (back.data_ptr(), t.data_ptr()))
+    expect(stats()["opened_blocks"] == opened, "nothing opened at home")
+    expect(bytes_of(back, 4) == b"\x3c" * 4,
+           "the consumer's queued write is seen (its event waited for)")
+    expect(bytes_of(t, 4) == b"\x10" * 4, "the slice's front is untouched")
+    del back
+    # The producer's storage gone, a freed block kept by the ticket in
+    # flight comes back as another process's block: opened here.
+    inbox.put(t)
+    del t
+    gc.collect()
+    _, back = get(outbox, "back")
+    expect(stats()["opened_blocks"] == opened + 1,
+           "a block whose storage died is opened (%d)" %
+           stats()["opened_blocks"])
+    expect(bytes_of(back, 4) == b"\x3c" * 4, "and reads the same bytes")
+    del back
+    gc.collect()
+    inbox.put("stop")
+    _, still = get(outbox, "stopped")
+    expect(still == 0, "the consumer closed what it received")
+    p.join(TIMEOUT)
+    expect(p.exitcode == 0, "bouncing consumer exit %r" % p.exitcode)
+    settle()
+    s = stats()
+    expect(s["pending_free_bytes"] == 0 and s["open_by_others"] == 0 and
+           s["opened_blocks"] == opened,
+           "no ticket or hold left (%d pending, %d held, %d open)" %
+           (s["pending_free_bytes"], s["open_by_others"], s["opened_blocks"]))
+
+
 def case_storage(ctx):
     inbox, outbox = ctx.Queue(), ctx.Queue()
     p = start(ctx, storage_consumer, inbox, outbox)
@@ -459,7 +522,8 @@ def main():
     setup()
     ctx = multiprocessing.get_context("spawn")
     for case in (case_round_trip, case_producer_frees_first,
-                 case_consumer_killed, case_relay, case_storage):
+                 case_consumer_killed, case_relay, case_back_home,
+                 case_storage):
         print("--", case.__name__, flush=True)
         case(ctx)
     print("-- case_empty", flush=True)
