@@ -163,6 +163,16 @@ def _third_consumer(use_xseg, onward, outbox, inbox):
     outbox.put(("closed",))
 
 
+def _bouncing_consumer(use_xseg, inbox, outbox):
+    torch = _setup(use_xseg)
+    t = inbox.get(timeout=TIMEOUT)
+    t.add_(1)                            # queued; ordered by the event
+    outbox.put(("back", t))
+    del t
+    inbox.get(timeout=TIMEOUT)
+    outbox.put(("done",))
+
+
 def time_opens(conn, n):
     """Seconds each of n tensors received on conn took to open (unpickle)
     and to close (drop), one at a time: (opens, closes). bench/mp_open.py
@@ -313,10 +323,35 @@ def check_relay(torch, ctx):
     return "relay wrote, sent on and dropped it; the third saw and wrote"
 
 
+def check_back_home(torch, ctx):
+    """A tensor sent back to its producer is the producer's own storage
+    (same pointer, nothing opened), with the consumer's write seen."""
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = _start(ctx, _bouncing_consumer, inbox, outbox)
+    t = torch.zeros(MiB, device="cuda", dtype=torch.float32)
+    opened = _stats()["opened_blocks"]
+    inbox.put(t[16:])
+    _, back = _get(outbox, "back")
+    if back.data_ptr() != t.data_ptr() + 64:
+        raise AssertionError("came back at %#x, sent from %#x" %
+                             (back.data_ptr(), t.data_ptr() + 64))
+    if _stats()["opened_blocks"] != opened:
+        raise AssertionError("the producer opened its own block")
+    if not (torch.equal(back, torch.ones_like(back)) and
+            int(t[:16].sum()) == 0):
+        raise AssertionError("the consumer's write is not what came back")
+    del back
+    inbox.put("bye")
+    _get(outbox, "done")
+    _join(p)
+    return "same pointer, nothing opened, the consumer's write seen"
+
+
 CHECKS = (("mp_dtypes_views", check_dtypes_views),
           ("mp_producer_deletes_first", check_producer_deletes_first),
           ("mp_consumer_killed", check_consumer_killed),
-          ("mp_relay", check_relay))
+          ("mp_relay", check_relay),
+          ("mp_back_home", check_back_home))
 
 
 def checks(torch):
