@@ -118,8 +118,9 @@ static xseg_status grow_classic_locked(xseg_allocator *a, xs_pool *p,
     xs_place pl = {.seg = s, .hole = s->first, .keep = NULL, .n = 1};
     st = xs_pool_map(p, &pl, &handle, out);
     if (st != XSEG_OK) xs_phys_release_locked(a, &handle, 1);
-    else xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, s->base, size,
-                         p->stream);
+    else   /* a classic segment is PyTorch's cudaMalloc: segment_alloc */
+      xs_trace_record(&a->trace, XS_TRACE_SEGMENT_ALLOC, s->base, size,
+                      p->stream);
   }
   if (st != XSEG_OK) xs_pool_drop_segment(p, s);
   return st;

@@ -73,10 +73,16 @@ void xs_pair_held(xs_pair *pair, bool taken, int nth) {
 }
 #endif
 
-/* segment_unmap entries for the trace. */
+/* The trace's entry for memory that leaves a pool: segment_unmap, or
+   segment_free for a classic segment (always released whole), as
+   PyTorch's release_block records for its cudaFree. */
 static void pairs_trace_unmap(void *ctx, const xs_pool *p, uint64_t addr,
                               size_t size) {
-  xs_trace_record(ctx, XS_TRACE_SEGMENT_UNMAP, addr, size, p->stream);
+  xseg_allocator *a = ctx;
+  xs_trace_record(&a->trace,
+                  a->cfg.expandable_segments ? XS_TRACE_SEGMENT_UNMAP
+                                             : XS_TRACE_SEGMENT_FREE,
+                  addr, size, p->stream);
 }
 
 xs_pair *xs_pairs_find_stream(xseg_allocator *a,
@@ -183,7 +189,7 @@ xs_pair *xs_pairs_new_locked(xseg_allocator *a,
     /* inactive_split as PyTorch's: classic segments alone. */
     p->counts_split = !a->cfg.expandable_segments;
     p->on_unmap = pairs_trace_unmap;
-    p->on_unmap_ctx = &a->trace;
+    p->on_unmap_ctx = a;
   }
   xs_stats_group_add(&a->stats, &pair->stats);
   xs_event_pool_init(&pair->events, &a->vmm);

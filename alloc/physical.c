@@ -110,6 +110,10 @@ void xs_phys_release_locked(xseg_allocator *a, const uint64_t *handles,
     if (xs_vmm_alias_orphan(&a->vmm, handles[i], &orphan)) {
       xs_stats_move(&a->shared_stats, XS_GAUGE_reserved_bytes,
                     (xs_pool_kind)orphan.tag, (int64_t)orphan.size);
+      /* Counted again, at its first alias, where the snapshot shows it
+         (a "retiring" segment) until segments/release.c unmaps it. */
+      xs_trace_record(&a->trace, XS_TRACE_SEGMENT_MAP, orphan.addr,
+                      orphan.size, NULL);
       continue;
     }
     /* The growth's own failure is the message; a failed release is kept

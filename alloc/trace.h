@@ -18,7 +18,8 @@
 #define XS_TRACE_ACTIONS(X)                                                  \
   X(ALLOC, "alloc") X(FREE_REQUESTED, "free_requested")                      \
   X(FREE_COMPLETED, "free_completed") X(SEGMENT_MAP, "segment_map")          \
-  X(SEGMENT_UNMAP, "segment_unmap") X(OOM, "oom")
+  X(SEGMENT_UNMAP, "segment_unmap") X(SEGMENT_ALLOC, "segment_alloc")        \
+  X(SEGMENT_FREE, "segment_free") X(OOM, "oom")
 
 typedef enum xs_trace_action {
 #define XS_TRACE_ENUM_(id, name) XS_TRACE_##id,

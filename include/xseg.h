@@ -188,7 +188,8 @@ xseg_status xseg_malloc_from_pool(xseg_allocator *a, size_t size,
                                   xseg_pool_id pool, void **ptr);
 
 /* Records the last `max_entries` allocator events (alloc, free_requested,
-   free_completed, segment_map, segment_unmap, oom) for the snapshot's
+   free_completed, segment_map, segment_unmap, oom; segment_alloc and
+   segment_free for classic segments) for the snapshot's
    device_traces, as torch.cuda.memory._record_memory_history: an alloc or
    free with the size the caller asked for (PyTorch's), a segment's with
    its mapped bytes. Called again with another count, it keeps the newest

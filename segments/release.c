@@ -171,6 +171,11 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
     mid->retire_next = p->retiring;
     p->retiring = mid;
     p->n_retiring++;
+    /* The range leaves the pool's memory (and the snapshot) now, though
+       its alias stays mapped until xs_pool_retire: the trace says so now,
+       before the borrower maps the handles again. */
+    if (p->on_unmap != NULL)
+      p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
     return;
   }
   xs_segment_record_unmap(s, lo, n, handles_out);
@@ -187,6 +192,9 @@ static void release_aliases(xs_pool *p, uint64_t addr, size_t size,
   while (xs_vmm_alias_take_orphan(p->vmm, addr, size, &e)) {
     xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, (xs_pool_kind)e.tag,
                   -(int64_t)e.size);
+    /* Its bytes came back at its first alias when it became an orphan
+       (alloc/physical.c traces a segment_map there): they go now. */
+    if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, e.addr, e.size);
     xseg_status st = release_handle(p, e.handle);
     if (st != XSEG_OK && *late == XSEG_OK) *late = st;
   }
@@ -321,7 +329,7 @@ xseg_status xs_pool_retire(xs_pool *p) {
     release_aliases(p, r->addr, r->size, &first);
     xs_segment *s = r->seg;
     xs_segment_record_unmap(s, r->addr, r->size / s->granule, NULL);
-    if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, r->addr, r->size);
+    /* (Its segment_unmap was traced when it was lent: release_cut.) */
     r->retiring = false;
     r->allocated = false;
     r->retire_next = NULL;

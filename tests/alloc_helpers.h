@@ -193,4 +193,32 @@ static inline int64_t at_snapshot_total(xseg_allocator *a) {
   return total;
 }
 
+/* What a's recorded trace says was mapped since recording began: every
+   segment_map and segment_alloc less every segment_unmap and segment_free,
+   as PyTorch's viewer replays it; -1 if the snapshot fails. */
+static inline int64_t at_trace_mapped(xseg_allocator *a) {
+  char *json = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&json, &len);
+  if (f == NULL) return -1;
+  xseg_status st = xseg_snapshot_json(a, f);
+  fclose(f);
+  int64_t mapped = st == XSEG_OK ? 0 : -1;
+  static const struct { const char *action; int sign; } kinds[] = {
+      {"segment_map", 1}, {"segment_alloc", 1},
+      {"segment_unmap", -1}, {"segment_free", -1}};
+  for (size_t i = 0; st == XSEG_OK && i < 4; i++) {
+    char key[64];
+    snprintf(key, sizeof key, "{\"action\": \"%s\", \"addr\": ",
+             kinds[i].action);
+    for (const char *k = json; (k = strstr(k, key)) != NULL; k++) {
+      const char *size = strstr(k, "\"size\": ");
+      if (size != NULL)
+        mapped += kinds[i].sign * strtoll(size + 8, NULL, 10);
+    }
+  }
+  free(json);
+  return mapped;
+}
+
 #endif /* XSEG_ALLOC_HELPERS_H */

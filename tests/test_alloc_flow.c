@@ -246,12 +246,16 @@ XSEG_TEST(alloc_flow, snapshot_shows_what_a_failed_growth_had_lent) {
   lend_setup(&f);
   XSEG_EXPECT_EQ(at_snapshot_total(f.a),
                  at_stats(f.a).reserved_bytes.current);
+  /* The trace too, as PyTorch's viewer replays it: what it maps and
+     unmaps from here follows reserved_bytes (48 MiB mapped before). */
+  XSEG_ASSERT_OK(xseg_record_memory_history(f.a, 1000));
   xsim_fail_call("cuMemCreate", 1, CUDA_ERROR_UNKNOWN);
   void *big = NULL;
   XSEG_EXPECT_EQ(xseg_malloc(f.a, 56 * MiB, f.s, &big), XSEG_ERR_DRIVER);
   xsim_fail_call("cuMemCreate", 0, CUDA_SUCCESS);
   XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 48 * MiB);
   XSEG_EXPECT_EQ(at_snapshot_total(f.a), 48 * MiB);
+  XSEG_EXPECT_EQ(48 * MiB + at_trace_mapped(f.a), 48 * MiB);
   char *json = NULL;
   size_t len = 0;
   FILE *out = open_memstream(&json, &len);
@@ -264,6 +268,7 @@ XSEG_TEST(alloc_flow, snapshot_shows_what_a_failed_growth_had_lent) {
   XSEG_EXPECT_OK(xseg_empty_cache(f.a));
   XSEG_EXPECT_EQ(at_stats(f.a).reserved_bytes.current, 8 * MiB);
   XSEG_EXPECT_EQ(at_snapshot_total(f.a), 8 * MiB);
+  XSEG_EXPECT_EQ(48 * MiB + at_trace_mapped(f.a), 8 * MiB);
   lend_teardown(&f);
 }
 

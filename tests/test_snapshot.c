@@ -217,6 +217,7 @@ XSEG_TEST(snapshot, trace_ring_is_bounded) {
 /* A classic segment is one mapped run, not expandable. */
 XSEG_TEST(snapshot, classic_segments) {
   xseg_allocator *a = at_create("expandable_segments:False");
+  XSEG_ASSERT_OK(xseg_record_memory_history(a, 100));
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(a, 3 * MiB, NULL, &p));
   char *json = snapshot(a);
@@ -225,5 +226,74 @@ XSEG_TEST(snapshot, classic_segments) {
   XSEG_EXPECT_TRUE(strstr(json, "\"total_size\": 20971520") != NULL);
   free(json);
   XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  /* A classic segment is PyTorch's cudaMalloc and cudaFree:
+     segment_alloc and segment_free, as _memory_viz and the viewer read
+     them (segment_map and segment_unmap are expandable segments'). */
+  json = snapshot(a);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_alloc\""), 1);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_free\""), 1);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_map\""), 0);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_unmap\""), 0);
+  free(json);
   xseg_destroy(a);
+}
+
+/* Memory lent to another stream leaves the freeing stream's segment, and
+   the snapshot, at the lend: its segment_unmap is traced then, before the
+   borrower's segment_map, and not again when the old mapping goes (a
+   viewer replaying the trace back from the snapshot's segments found a
+   mapped range that no segment held, and later two mappings of the same
+   memory, over the cap). */
+XSEG_TEST(snapshot, lent_memory_is_unmapped_in_the_trace_when_lent) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(NULL, 64 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s1, s2;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_CU(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+  xt_latch *held = xt_latch_new();
+  XSEG_ASSERT_OK(xseg_record_memory_history(a, 1000));
+  void *keep, *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 2 * MiB, s1, &keep));
+  XSEG_ASSERT_OK(xseg_malloc(a, 40 * MiB, s1, &p));
+  XSEG_ASSERT_CU(xt_latch_hold(s1, held));   /* s1's work is not done */
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 40 * MiB, s2, &q));   /* p's memory, lent */
+  char want[160];
+  snprintf(want, sizeof want,
+           "\"action\": \"segment_unmap\", \"addr\": %llu, \"size\": %llu",
+           (unsigned long long)(uintptr_t)p,
+           (unsigned long long)(40 * MiB));
+  char *json = snapshot(a);
+  XSEG_EXPECT_TRUE(json_valid(json));
+  XSEG_EXPECT_EQ(count(json, want), 1);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_unmap\""), 1);
+  XSEG_EXPECT_EQ(count(json, "\"action\": \"segment_map\""), 3);
+  /* No segment holds p's range: the trace and the segments agree. */
+  snprintf(want, sizeof want, "\"address\": %llu, \"total_size\"",
+           (unsigned long long)(uintptr_t)p);
+  XSEG_EXPECT_TRUE(strstr(json, want) == NULL);
+  free(json);
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
+  void *r;
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, s1, &r));   /* the alias goes */
+  XSEG_ASSERT_OK(xseg_free(a, r));
+  XSEG_ASSERT_OK(xseg_empty_cache(a));
+  json = snapshot(a);
+  XSEG_EXPECT_EQ(count(json, want), 0);
+  snprintf(want, sizeof want,
+           "\"action\": \"segment_unmap\", \"addr\": %llu, \"size\": %llu",
+           (unsigned long long)(uintptr_t)p,
+           (unsigned long long)(40 * MiB));
+  XSEG_EXPECT_EQ(count(json, want), 1);      /* not again at the retire */
+  free(json);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_ASSERT_OK(xseg_free(a, keep));
+  xseg_destroy(a);
+  xt_latch_free(held);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  XSEG_EXPECT_CU(cuStreamDestroy(s2));
 }
