@@ -1,6 +1,7 @@
-/* bench_helpers.h: what the bench's tests share (test_bench.c,
- * test_bench_lag.c): the small hand-computed trace, temporary files, the
- * driver the tests run on, reading a file back, counting a string.
+/* bench_helpers.h: what the bench's tests share (test_bench*.c): the
+ * small hand-computed trace, temporary files, the driver the tests run on,
+ * reading a file back, counting a string, running a command with its
+ * output captured.
  */
 #ifndef XSEG_TESTS_BENCH_HELPERS_H
 #define XSEG_TESTS_BENCH_HELPERS_H
@@ -90,6 +91,49 @@ static inline size_t count_of(const char *text, const char *what) {
   size_t n = 0;
   for (const char *p = text; (p = strstr(p, what)) != NULL; p++) n++;
   return n;
+}
+
+/* What a command printed: stdout, stderr and its exit code. */
+typedef struct captured {
+  char *out, *err;
+  int rc;
+} captured;
+
+/* Runs cmd with stdout and stderr sent to temporary files. */
+static inline captured run_captured(int (*cmd)(int, char **), int argc,
+                                    char **argv) {
+  captured c = {NULL, NULL, -1};
+  char out[256], err[256];
+  if (!temp_write(out, sizeof out, ".out", "", false) ||
+      !temp_write(err, sizeof err, ".err", "", false))
+    return c;
+  fflush(stdout);
+  fflush(stderr);
+  int saved_out = dup(1), saved_err = dup(2);
+  FILE *fo = fopen(out, "w"), *fe = fopen(err, "w");
+  if (fo != NULL && fe != NULL && saved_out >= 0 && saved_err >= 0) {
+    dup2(fileno(fo), 1);
+    dup2(fileno(fe), 2);
+    c.rc = cmd(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+  }
+  if (fo != NULL) fclose(fo);
+  if (fe != NULL) fclose(fe);
+  if (saved_out >= 0) close(saved_out);
+  if (saved_err >= 0) close(saved_err);
+  c.out = file_read(out);
+  c.err = file_read(err);
+  unlink(out);
+  unlink(err);
+  return c;
+}
+
+static inline void captured_release(captured *c) {
+  free(c->out);
+  free(c->err);
 }
 
 #endif /* XSEG_TESTS_BENCH_HELPERS_H */

@@ -203,49 +203,6 @@ XSEG_TEST(bench, gpu_lag_replays_are_deterministic) {
 
 /* ---- the command line as a user meets it ------------------------------- */
 
-/* What a command printed: stdout, stderr and its exit code. */
-typedef struct captured {
-  char *out, *err;
-  int rc;
-} captured;
-
-/* Runs cmd with stdout and stderr sent to temporary files. */
-static captured run_captured(int (*cmd)(int, char **), int argc,
-                             char **argv) {
-  captured c = {NULL, NULL, -1};
-  char out[256], err[256];
-  if (!temp_write(out, sizeof out, ".out", "", false) ||
-      !temp_write(err, sizeof err, ".err", "", false))
-    return c;
-  fflush(stdout);
-  fflush(stderr);
-  int saved_out = dup(1), saved_err = dup(2);
-  FILE *fo = fopen(out, "w"), *fe = fopen(err, "w");
-  if (fo != NULL && fe != NULL && saved_out >= 0 && saved_err >= 0) {
-    dup2(fileno(fo), 1);
-    dup2(fileno(fe), 2);
-    c.rc = cmd(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, 1);
-    dup2(saved_err, 2);
-  }
-  if (fo != NULL) fclose(fo);
-  if (fe != NULL) fclose(fe);
-  if (saved_out >= 0) close(saved_out);
-  if (saved_err >= 0) close(saved_err);
-  c.out = file_read(out);
-  c.err = file_read(err);
-  unlink(out);
-  unlink(err);
-  return c;
-}
-
-static void captured_release(captured *c) {
-  free(c->out);
-  free(c->err);
-}
-
 /* A replay prints a legend after its table and a line of progress per
    replay on stderr, also when stderr is not a terminal (as here); --quiet
    prints neither. */
