@@ -1,4 +1,5 @@
 /* cli.c: options every xseg-bench command shares, and their effects. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,11 +29,13 @@ FILE *xb_cli_table_out(const xb_cli *c) {
   return c->json != NULL && strcmp(c->json, "-") == 0 ? stderr : stdout;
 }
 
+/* Digits only: strtoull would skip leading white space and take a sign,
+   and " -1" would be 2^64 - 1. */
 bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(arg, &end, 10);
-  if (arg[0] == '-' || arg[0] == '\0' || *end != '\0' || errno != 0) {
+  if (!isdigit((unsigned char)arg[0]) || *end != '\0' || errno != 0) {
     fprintf(stderr, "xseg-bench: %s wants a whole number, not '%s'\n", opt,
             arg);
     return false;
@@ -54,6 +57,11 @@ int xb_cli_option(xb_cli *c, int opt, const char *arg) {
     case XB_OPT_QUIET: c->quiet = true; return 1;
     case XB_OPT_POINTS:
       if (!xb_cli_u64("--points", arg, &n)) return -1;
+      if (n > XB_MAX_POINTS) {
+        fprintf(stderr, "xseg-bench: --points %llu is out of range (at most "
+                "%d)\n", (unsigned long long)n, XB_MAX_POINTS);
+        return -1;
+      }
       c->points = (size_t)n;
       return 1;
     case XB_OPT_GPU_LAG:

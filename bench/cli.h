@@ -10,7 +10,9 @@
 
 #include "bench.h"
 
-enum { XB_DEFAULT_POINTS = 400 };
+/* --points: chart samples per replay. More than the trace has events are
+   never taken; the bound keeps a mistyped value from asking for terabytes. */
+enum { XB_DEFAULT_POINTS = 400, XB_MAX_POINTS = 100000000 };
 
 typedef struct xb_cli {
   const char *driver;               /* "sim" unless --driver */

@@ -207,7 +207,11 @@ static bool run_alloc_arrays(xb_run *run, xb_error *err) {
   run->live = calloc(slots, 1);
   run->malloc_ns = malloc((t->n_allocs + 1) * sizeof *run->malloc_ns);
   run->free_ns = malloc((t->n_frees + 1) * sizeof *run->free_ns);
+  /* At most a sample per event, however large the ask (whose bytes could
+     wrap size_t: the events' array is larger than this one). */
   run->max_points = run->o->max_points;
+  if (run->max_points > t->n_events && t->n_events > 0)
+    run->max_points = t->n_events;
   run->stride = 1;
   if (run->max_points > 0 && t->n_events > run->max_points)
     run->stride = (t->n_events + run->max_points - 1) / run->max_points;
