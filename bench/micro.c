@@ -237,7 +237,8 @@ static void micro_usage(FILE *out) {
           "expandable|classic, --json, --device-memory)\n"
           "  --only NAME        cached-repeat, cached-layers, cached-random,\n"
           "                     cached-mixed, growth, threads, deferred\n"
-          "  --pairs N          malloc+free pairs per round (default 200000)\n"
+          "  --pairs N          malloc+free pairs per round (default 200000, "
+          "at most 10^9)\n"
           "  --live-min N       smallest live set for cached-random (default "
           "1000)\n"
           "  --live-max N       largest live set for cached-random, from "
@@ -289,6 +290,12 @@ static bool micro_option(xb_micro *m, int o, const char *arg) {
 }
 
 static bool micro_valid(xb_micro *m) {
+  if (m->pairs > XB_MICRO_MAX_PAIRS) {
+    fprintf(stderr, "xseg-bench micro: --pairs %llu is out of range (at "
+            "most %llu)\n", (unsigned long long)m->pairs,
+            (unsigned long long)XB_MICRO_MAX_PAIRS);
+    return false;
+  }
   static const char *const names[] = {"cached-repeat", "cached-layers",
                                       "cached-random", "cached-mixed",
                                       "growth", "threads", "deferred"};

@@ -80,6 +80,10 @@ typedef struct xb_threads_row {
   bool shared_core[XB_THREAD_COUNTS], glibc_shared_core[XB_THREAD_COUNTS];
 } xb_threads_row;
 
+/* --pairs at most: cached-random keeps 8 bytes per pair (its victims and
+   sizes), 8 GB here; beyond, the arrays' bytes would soon wrap. */
+#define XB_MICRO_MAX_PAIRS 1000000000ull
+
 /* The cached-path rows at most (repeat, layers, random at up to seven
    live-set sizes, mixed) and the other streams' pools at most. */
 enum { XB_CACHED_ROWS = 10, XB_OTHER_STREAMS_MAX = 16 };

@@ -100,9 +100,10 @@ static void churn_release(xb_churn *c) {
 static bool churn_init(xb_churn *c, uint64_t live, uint64_t pairs,
                        const char *mixed, uint64_t seed) {
   *c = (xb_churn){.live = live, .pairs = pairs, .mixed = mixed};
-  c->init_size = malloc(live * sizeof *c->init_size);
-  c->victim = malloc(pairs * sizeof *c->victim);
-  c->size = malloc(pairs * sizeof *c->size);
+  /* calloc checks the products for overflow. */
+  c->init_size = calloc(live, sizeof *c->init_size);
+  c->victim = calloc(pairs, sizeof *c->victim);
+  c->size = calloc(pairs, sizeof *c->size);
   c->xseg_live = calloc(live, sizeof *c->xseg_live);
   c->glibc_live = calloc(live, sizeof *c->glibc_live);
   if (!c->init_size || !c->victim || !c->size || !c->xseg_live ||
@@ -167,7 +168,12 @@ static bool cached_random(xb_micro *m, xseg_allocator *a, const char *name,
   xb_churn c;
   const char *mixed = strcmp(name, "cached-mixed") == 0 ? m->mixed_pools
                                                        : NULL;
-  if (!churn_init(&c, live, m->pairs, mixed, m->seed + live)) return false;
+  if (!churn_init(&c, live, m->pairs, mixed, m->seed + live)) {
+    fprintf(stderr, "xseg-bench micro: %s: out of host memory for %llu live "
+            "blocks and %llu pairs\n", name, (unsigned long long)live,
+            (unsigned long long)m->pairs);
+    return false;
+  }
   double xs[64], gl[64];
   bool ok = churn_fill(&c, a);
   for (size_t r = 0; ok && r < m->rounds; r++) {

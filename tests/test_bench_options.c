@@ -74,3 +74,16 @@ XSEG_TEST(bench_options, whole_numbers_are_digits_only) {
   XSEG_EXPECT_EQ(v, UINT64_MAX);
   XSEG_EXPECT_FALSE(xb_cli_u64("--points", "18446744073709551616", &v));
 }
+
+/* --pairs whose arrays' bytes would wrap is refused by name before any
+   round. */
+XSEG_TEST(bench_options, micro_pairs_too_large_is_refused) {
+  char *argv[] = {"micro", "--only", "cached-random", "--pairs",
+                  "4611686018427387904", "--live-min", "1000", "--live-max",
+                  "1000", "--rounds", "1", "--driver", (char *)test_driver(),
+                  NULL};
+  captured c = run_argv(xb_cmd_micro, argv);
+  XSEG_ASSERT_TRUE(c.out != NULL);
+  XSEG_EXPECT_STREQ(c.out, "");
+  expect_refused(&c, 2, "--pairs 4611686018427387904 is out of range");
+}
