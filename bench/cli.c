@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -12,7 +14,8 @@ const char xb_cli_output_help[] =
     "replay]};\n"
     "                     - for stdout (the table then goes to stderr); the "
     "file is\n"
-    "                     opened before the run\n"
+    "                     opened before the run, and replaced only by a "
+    "complete one\n"
     "  --svg OUT          allocated/reserved chart as SVG\n"
     "  --points N         chart samples per replay (default 400)\n"
     "  --quiet            no progress on stderr, no legend after the table\n";
@@ -108,32 +111,85 @@ size_t xb_cli_policies(const char *mode, const xb_policy **out) {
   return 0;
 }
 
-bool xb_cli_json_open(const xb_cli *c, FILE **json) {
-  *json = NULL;
+/* What a new file gets from fopen "w": 0666 less the umask; an existing
+   one keeps its mode across the rename. */
+static mode_t json_mode(const struct stat *st, bool exists) {
+  if (exists) return st->st_mode & 07777;
+  mode_t mask = umask(0);
+  umask(mask);
+  return 0666 & ~mask;
+}
+
+/* Opens a temporary beside json->target with the mode the file would
+   have had; NULL (errno set) on failure. */
+static FILE *json_temp_open(xb_json_out *json, const struct stat *st,
+                            bool exists) {
+  size_t n = strlen(json->target) + sizeof ".XXXXXX";
+  json->tmp = malloc(n);
+  if (json->tmp == NULL) return errno = ENOMEM, NULL;
+  snprintf(json->tmp, n, "%s.XXXXXX", json->target);
+  int fd = mkstemp(json->tmp);
+  FILE *f = fd >= 0 && fchmod(fd, json_mode(st, exists)) == 0
+                ? fdopen(fd, "w") : NULL;
+  if (f != NULL) return f;
+  int why = errno;
+  if (fd >= 0) close(fd), unlink(json->tmp);
+  free(json->tmp);
+  json->tmp = NULL;
+  errno = why;
+  return NULL;
+}
+
+/* A temporary beside the file --json names (a link's target), unless that
+   is no regular file: a device or a pipe is written in place. */
+static FILE *json_file_open(xb_json_out *json) {
+  struct stat st;
+  bool exists = stat(json->path, &st) == 0;
+  if (exists && !S_ISREG(st.st_mode)) return fopen(json->path, "w");
+  if (exists && access(json->path, W_OK) != 0) return NULL;
+  json->target = exists ? realpath(json->path, NULL) : strdup(json->path);
+  if (json->target == NULL) return NULL;
+  return json_temp_open(json, &st, exists);
+}
+
+bool xb_cli_json_open(const xb_cli *c, xb_json_out *json) {
+  *json = (xb_json_out){.path = c->json};
   if (c->json == NULL) return true;
-  *json = strcmp(c->json, "-") == 0 ? stdout : fopen(c->json, "w");
-  if (*json != NULL) return true;
+  json->f = strcmp(c->json, "-") == 0 ? stdout : json_file_open(json);
+  if (json->f != NULL) return true;
   fprintf(stderr, "xseg-bench: --json %s: %s\n", c->json, strerror(errno));
+  xb_cli_json_close(json);
   return false;
 }
 
-void xb_cli_json_close(FILE *json) {
-  if (json != NULL && json != stdout) fclose(json);
+void xb_cli_json_close(xb_json_out *json) {
+  if (json->f != NULL && json->f != stdout) fclose(json->f);
+  if (json->tmp != NULL) unlink(json->tmp);
+  free(json->tmp);
+  free(json->target);
+  *json = (xb_json_out){.path = json->path};
 }
 
-static bool json_write(const char *path, FILE *f, const xb_result *r,
-                       size_t n) {
-  xb_report_json(f, r, n);
-  bool ok = fflush(f) == 0 && !ferror(f);
-  if (f != stdout) ok = fclose(f) == 0 && ok;
-  if (!ok) fprintf(stderr, "xseg-bench: --json %s: write failed\n", path);
+bool xb_cli_json_commit(xb_json_out *json) {
+  if (json->f == NULL) return true;
+  bool ok = fflush(json->f) == 0 && !ferror(json->f);
+  if (json->f != stdout) ok = fclose(json->f) == 0 && ok;
+  json->f = NULL;
+  if (ok && json->tmp != NULL) ok = rename(json->tmp, json->target) == 0;
+  if (ok && json->tmp != NULL) {
+    free(json->tmp);
+    json->tmp = NULL;               /* renamed: nothing left to remove */
+  }
+  if (!ok) fprintf(stderr, "xseg-bench: --json %s: write failed\n",
+                   json->path);
+  xb_cli_json_close(json);
   return ok;
 }
 
-bool xb_cli_outputs(const xb_cli *c, FILE *json, const xb_result *r,
+bool xb_cli_outputs(const xb_cli *c, xb_json_out *json, const xb_result *r,
                     size_t n) {
-  bool ok = true;
-  if (json != NULL) ok = json_write(c->json, json, r, n) && ok;
+  if (json->f != NULL) xb_report_json(json->f, r, n);
+  bool ok = xb_cli_json_commit(json);
   if (c->svg != NULL) {
     xb_error err;
     if (!xb_svg_write(c->svg, r, n, &err)) {

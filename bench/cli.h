@@ -58,15 +58,30 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env);
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
 /* Where tables and summaries go: stderr when --json - takes stdout. */
 FILE *xb_cli_table_out(const xb_cli *c);
-/* Opens --json's file (stdout for "-"; NULL without --json) before a run,
-   so that a path that cannot be written fails at once instead of after
-   the run; prints why and returns false. */
-bool xb_cli_json_open(const xb_cli *c, FILE **json);
-/* Closes what xb_cli_json_open opened, when xb_cli_outputs will not. */
-void xb_cli_json_close(FILE *json);
-/* Writes the results to `json` (closing it) and --svg, if given; prints
-   why on failure. */
-bool xb_cli_outputs(const xb_cli *c, FILE *json, const xb_result *r,
+/* --json's output while a run writes it. A regular file (or a new one) is
+   written to a temporary beside it and renamed over it only once complete,
+   so that a run that fails leaves an earlier file as it was; anything else
+   (a device, a pipe) is written in place, and "-" is stdout. */
+typedef struct xb_json_out {
+  FILE *f;                          /* NULL without --json */
+  const char *path;                 /* --json's, for messages */
+  char *target, *tmp;               /* renamed tmp -> target; NULL when f
+                                       is written in place (malloc'd) */
+} xb_json_out;
+
+/* Opens --json's output before a run, so that a path that cannot be
+   written fails at once instead of after the run; prints why and returns
+   false. */
+bool xb_cli_json_open(const xb_cli *c, xb_json_out *json);
+/* Closes json's file and removes its temporary: the run failed, and
+   --json's path keeps what it had. Nothing when committed. */
+void xb_cli_json_close(xb_json_out *json);
+/* Closes json's file and puts it in place (the rename); false, printed,
+   on a write error, the temporary then removed. */
+bool xb_cli_json_commit(xb_json_out *json);
+/* Writes the results to `json` (committing it) and --svg, if given;
+   prints why on failure. */
+bool xb_cli_outputs(const xb_cli *c, xb_json_out *json, const xb_result *r,
                     size_t n);
 /* Parses a whole number option; prints why on failure. */
 bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out);

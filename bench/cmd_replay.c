@@ -43,7 +43,7 @@ typedef struct xb_batch {
   xb_result *results;
   size_t n_results, cap_results;
   bool quiet;
-  FILE *json;                       /* --json's file, opened first */
+  xb_json_out json;                 /* --json's file, opened first */
 } xb_batch;
 
 /* Replays one loaded trace in every policy of the batch at every lag. */
@@ -80,7 +80,7 @@ static bool batch_file(xb_batch *b, const char *path, size_t *done,
 static void batch_release(xb_batch *b) {
   for (size_t i = 0; i < b->n_results; i++) xb_result_release(&b->results[i]);
   free(b->results);
-  xb_cli_json_close(b->json);
+  xb_cli_json_close(&b->json);
 }
 
 /* Chooses the policies and lags, opens the driver and sizes the results
@@ -99,7 +99,7 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
   if (b->n_policies == 0) return 2;
   if (!xb_cli_json_open(c, &b->json)) return 1;
   if (!xb_cli_env_open(c, &b->env)) {
-    xb_cli_json_close(b->json);
+    xb_cli_json_close(&b->json);
     return 1;
   }
   b->n_lags = 1;
@@ -115,7 +115,7 @@ static int batch_open(xb_batch *b, const xb_cli *c, size_t n, bool compare,
   b->results = calloc(b->cap_results ? b->cap_results : 1, sizeof *b->results);
   if (b->results != NULL) return -1;
   fprintf(stderr, "xseg-bench: out of host memory\n");
-  xb_cli_json_close(b->json);
+  xb_cli_json_close(&b->json);
   xb_env_close(&b->env);
   return 1;
 }
@@ -132,9 +132,7 @@ static bool batch_report(xb_batch *b, const xb_cli *c, uint64_t t0) {
     fputc('\n', out);
     xb_report_legend(out);
   }
-  FILE *json = b->json;
-  b->json = NULL;                   /* xb_cli_outputs closes it */
-  return xb_cli_outputs(c, json, b->results, b->n_results);
+  return xb_cli_outputs(c, &b->json, b->results, b->n_results);
 }
 
 /* The default run's synthetic rows: varbatch's server at these stream

@@ -206,9 +206,11 @@ static void json_deferred(FILE *f, const xb_micro_out *o) {
           d->records_per_free, d->queries_per_free);
 }
 
-/* Writes the results to f (opened before the run, so that a path that
-   cannot be written fails at once and no run is lost) and closes it. */
-static bool micro_json(const xb_micro *m, const xb_micro_out *o, FILE *f) {
+/* Writes the results to json (opened before the run, so that a path that
+   cannot be written fails at once and no run is lost) and commits it. */
+static bool micro_json(const xb_micro *m, const xb_micro_out *o,
+                       xb_json_out *json) {
+  FILE *f = json->f;
   fprintf(f, "{\n  \"mode\": \"%s\",\n  \"driver\": ",
           m->expandable ? "expandable" : "classic");
   xb_json_string(f, m->env.driver);
@@ -218,11 +220,7 @@ static bool micro_json(const xb_micro *m, const xb_micro_out *o, FILE *f) {
   json_threads(f, o);
   json_deferred(f, o);
   fprintf(f, "\n}\n");
-  bool ok = fflush(f) == 0 && !ferror(f);
-  if (f != stdout) ok = fclose(f) == 0 && ok;
-  if (!ok) fprintf(stderr, "xseg-bench micro: --json %s: write failed\n",
-                   m->cli.json);
-  return ok;
+  return xb_cli_json_commit(json);
 }
 
 enum {
@@ -366,19 +364,17 @@ int xb_cmd_micro(int argc, char **argv) {
   m.cli.mode = "expandable";
   int parsed = micro_parse(argc, argv, &m);
   if (parsed <= 0) return parsed == 0 ? 0 : 2;
-  FILE *json;
+  xb_json_out json;
   if (!xb_cli_json_open(&m.cli, &json)) return 1;
-  if (!xb_cli_env_open(&m.cli, &m.env)) return xb_cli_json_close(json), 1;
+  if (!xb_cli_env_open(&m.cli, &m.env)) return xb_cli_json_close(&json), 1;
   xb_micro_out o = {.n_cached = 0};
   bool ok = run_all(&m, &o);
   if (xb_cli_table_out(&m.cli) == stdout) {   /* not beside --json - */
     print_cached(&o);
     print_rest(&o);
   }
-  if (json != NULL) {
-    if (ok) ok = micro_json(&m, &o, json);
-    else xb_cli_json_close(json);
-  }
+  if (ok && json.f != NULL) ok = micro_json(&m, &o, &json);
+  xb_cli_json_close(&json);         /* a failed run: the temporary goes */
   xb_env_close(&m.env);
   return ok ? 0 : 1;
 }

@@ -2,6 +2,7 @@
    sizes would wrap, options a command would ignore, --json paths that would
    destroy a trace or an earlier result. Each case names the option in its
    message and runs nothing. */
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,4 +87,89 @@ XSEG_TEST(bench_options, micro_pairs_too_large_is_refused) {
   XSEG_ASSERT_TRUE(c.out != NULL);
   XSEG_EXPECT_STREQ(c.out, "");
   expect_refused(&c, 2, "--pairs 4611686018427387904 is out of range");
+}
+
+/* ---- --json: nothing lost on failure ----------------------------------- */
+
+/* A fresh temporary folder in `dir`; false (reported) when none. */
+static bool temp_dir(char *dir, size_t size) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, size, "%s/xseg_bench_XXXXXX",
+           tmp != NULL && tmp[0] ? tmp : "/tmp");
+  if (mkdtemp(dir) != NULL) return true;
+  return XSEG_FAIL("cannot make a temporary folder");
+}
+
+static size_t dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  size_t n = 0;
+  for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+    n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+  if (d != NULL) closedir(d);
+  return n;
+}
+
+/* A run that fails after --json was opened leaves the file as it was (an
+   earlier run's results) and no temporary beside it; one that succeeds
+   replaces it. */
+XSEG_TEST(bench_options, failed_run_keeps_the_earlier_json) {
+  char dir[256], trace[300], bad[300], json[300];
+  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
+  snprintf(trace, sizeof trace, "%s/small.csv", dir);
+  snprintf(bad, sizeof bad, "%s/bad.csv", dir);
+  snprintf(json, sizeof json, "%s/out.json", dir);
+  FILE *f = fopen(trace, "w"), *g = fopen(bad, "w"), *h = fopen(json, "w");
+  XSEG_ASSERT_TRUE(f != NULL && g != NULL && h != NULL);
+  fputs(small_trace, f);
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n0,0,free,0x10,5,0\n", g);
+  fputs("earlier results", h);
+  fclose(f);
+  fclose(g);
+  fclose(h);
+  char *argv[] = {"replay", "--trace", bad, "--mode", "exact", "--json",
+                  json, "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_replay, argv);
+  char *kept = file_read(json);
+  size_t entries = dir_entries(dir);
+  argv[2] = trace;
+  captured ok = run_argv(xb_cmd_replay, argv);
+  char *written = file_read(json);
+  XSEG_EXPECT_STREQ(kept, "earlier results");
+  XSEG_EXPECT_EQ(entries, 3);
+  XSEG_EXPECT_EQ(ok.rc, 0);
+  XSEG_EXPECT_TRUE(written != NULL &&
+                   strncmp(written, "{\"runs\": [", 10) == 0);
+  XSEG_EXPECT_EQ(dir_entries(dir), 3);
+  expect_refused(&c, 1, "free of unknown pointer 0x10");
+  captured_release(&ok);
+  free(kept);
+  free(written);
+  unlink(trace);
+  unlink(bad);
+  unlink(json);
+  rmdir(dir);
+}
+
+/* micro's --json too: a failed run (here a device too small for the
+   growth case) keeps the earlier file. */
+XSEG_TEST(bench_options, failed_micro_keeps_the_earlier_json) {
+  XT_REQUIRE_SIM_FOR("shrinks the emulated device");
+  char dir[256], json[300];
+  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
+  snprintf(json, sizeof json, "%s/out.json", dir);
+  FILE *f = fopen(json, "w");
+  XSEG_ASSERT_TRUE(f != NULL);
+  fputs("earlier results", f);
+  fclose(f);
+  char *argv[] = {"micro", "--only", "growth", "--device-memory", "64M",
+                  "--json", json, "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_micro, argv);
+  char *kept = file_read(json);
+  XSEG_EXPECT_STREQ(kept, "earlier results");
+  XSEG_EXPECT_EQ(dir_entries(dir), 1);
+  XSEG_EXPECT_EQ(c.rc, 1);
+  captured_release(&c);
+  free(kept);
+  unlink(json);
+  rmdir(dir);
 }
