@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -160,10 +161,29 @@ typedef enum xb_batch_kind {
   XB_BATCH_DEFAULT                  /* compare, plus the varbatch rows */
 } xb_batch_kind;
 
+/* False (printed) when --json is the same file as one of the n traces,
+   whatever the paths: the results would replace it. */
+static bool json_spares_traces(const xb_cli *c, char **paths, size_t n) {
+  struct stat js, ts;
+  if (c->json == NULL || strcmp(c->json, "-") == 0 ||
+      stat(c->json, &js) != 0)
+    return true;
+  for (size_t i = 0; i < n; i++) {
+    if (stat(paths[i], &ts) != 0 || ts.st_dev != js.st_dev ||
+        ts.st_ino != js.st_ino)
+      continue;
+    fprintf(stderr, "xseg-bench: --json %s is the trace %s; the results "
+            "would replace it\n", c->json, paths[i]);
+    return false;
+  }
+  return true;
+}
+
 /* Runs n trace files, or the one trace `built`, in every policy, then
    prints the table and writes the outputs. */
 static int batch_run(const xb_cli *c, char **paths, size_t n,
                      const xb_trace *built, xb_batch_kind kind) {
+  if (built == NULL && !json_spares_traces(c, paths, n)) return 2;
   xb_batch b = {.n_results = 0};
   bool is_default = kind == XB_BATCH_DEFAULT;
   int rc = batch_open(&b, c, n, kind != XB_BATCH_ONE,

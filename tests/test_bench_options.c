@@ -173,3 +173,33 @@ XSEG_TEST(bench_options, failed_micro_keeps_the_earlier_json) {
   unlink(json);
   rmdir(dir);
 }
+
+/* --json naming the trace being replayed (by another path too) is refused
+   before anything is opened: the trace is left as it was. */
+XSEG_TEST(bench_options, json_that_is_a_trace_is_refused) {
+  char dir[256], trace[300], other[300];
+  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
+  snprintf(trace, sizeof trace, "%s/victim.csv", dir);
+  snprintf(other, sizeof other, "%s/../%s/victim.csv", dir,
+           strrchr(dir, '/') + 1);
+  FILE *f = fopen(trace, "w");
+  XSEG_ASSERT_TRUE(f != NULL);
+  fputs(small_trace, f);
+  fclose(f);
+  char *one[] = {"replay", "--trace", trace, "--json", other, "--driver",
+                 (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_replay, one);
+  char *kept = file_read(trace);
+  XSEG_EXPECT_STREQ(kept, small_trace);
+  free(kept);
+  expect_refused(&c, 2, "is the trace");
+  char *all[] = {"xseg-bench", "--traces", dir, "--json", trace, "--driver",
+                 (char *)test_driver(), NULL};
+  c = run_argv(xb_cmd_default, all);
+  kept = file_read(trace);
+  XSEG_EXPECT_STREQ(kept, small_trace);
+  free(kept);
+  expect_refused(&c, 2, "is the trace");
+  unlink(trace);
+  rmdir(dir);
+}
