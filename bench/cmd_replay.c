@@ -1,9 +1,9 @@
 /* cmd_replay.c: `xseg-bench replay` (one trace) and the default run (every
  * bundled trace in every mode, without and with device lag, one table).
  *
- * Each trace is loaded once and replayed by each mode at each lag in turn,
- * on a fresh policy instance with the driver counters reset, so rows are
- * independent.
+ * Every trace is loaded (and so checked) before the first replay, then
+ * replayed by each mode at each lag in turn, on a fresh policy instance
+ * with the driver counters reset, so rows are independent.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -65,17 +65,28 @@ static bool batch_trace(xb_batch *b, const xb_trace *t, size_t *done,
   return true;
 }
 
-static bool batch_file(xb_batch *b, const char *path, size_t *done,
-                       size_t total) {
-  xb_trace t;
-  xb_error err;
-  if (!xb_trace_load(path, &t, &err)) {
-    fprintf(stderr, "xseg-bench: %s\n", err.text);
+static void traces_release(xb_trace *t, size_t n) {
+  for (size_t i = 0; i < n; i++) xb_trace_release(&t[i]);
+  free(t);
+}
+
+/* Loads the n trace files, every one before the first replay, so that a
+   bad trace fails the run at once with its file:line rather than after
+   the replays before it; false (printed) at the first that fails. */
+static bool traces_load(char **paths, size_t n, xb_trace **out) {
+  xb_trace *t = calloc(n ? n : 1, sizeof *t);
+  if (t == NULL) {
+    fprintf(stderr, "xseg-bench: out of host memory\n");
     return false;
   }
-  bool ok = batch_trace(b, &t, done, total);
-  xb_trace_release(&t);
-  return ok;
+  xb_error err;
+  size_t loaded = 0;
+  while (loaded < n && xb_trace_load(paths[loaded], &t[loaded], &err))
+    loaded++;
+  if (loaded == n) return *out = t, true;
+  fprintf(stderr, "xseg-bench: %s\n", err.text);
+  traces_release(t, loaded);
+  return false;
 }
 
 static void batch_release(xb_batch *b) {
@@ -191,12 +202,14 @@ static int batch_run(const xb_cli *c, char **paths, size_t n,
   if (rc >= 0) return rc;
   size_t done = 0;
   uint64_t t0 = xb_now_ns();
-  bool ok = true;
+  xb_trace *loaded = NULL;
+  bool ok = built != NULL || traces_load(paths, n, &loaded);
   for (size_t i = 0; ok && i < n; i++)
-    ok = built != NULL ? batch_trace(&b, built, &done, b.cap_results)
-                       : batch_file(&b, paths[i], &done, b.cap_results);
+    ok = batch_trace(&b, built != NULL ? built : &loaded[i], &done,
+                     b.cap_results);
   if (ok && is_default) ok = batch_varbatch(&b, &done, b.cap_results);
   ok = ok && batch_report(&b, c, t0);
+  if (loaded != NULL) traces_release(loaded, n);
   batch_release(&b);
   xb_env_close(&b.env);
   return ok ? 0 : 1;

@@ -203,3 +203,28 @@ XSEG_TEST(bench_options, json_that_is_a_trace_is_refused) {
   unlink(trace);
   rmdir(dir);
 }
+
+/* --traces: a bad trace among good ones fails the run before the first
+   replay, with its file:line, rather than after the replays before it. */
+XSEG_TEST(bench_options, bad_trace_in_a_folder_fails_before_any_replay) {
+  char dir[256], good[300], bad[300];
+  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
+  snprintf(good, sizeof good, "%s/a_good.csv", dir);
+  snprintf(bad, sizeof bad, "%s/b_bad.csv", dir);
+  FILE *f = fopen(good, "w"), *g = fopen(bad, "w");
+  XSEG_ASSERT_TRUE(f != NULL && g != NULL);
+  fputs(small_trace, f);
+  fputs("Thread,Time,Action,Pointer,Size,Stream\n0,0,allocate,0x10,5,0\n"
+        "0,1,free,0x10,5,0\n0,2,free,0x10,5,0\n", g);
+  fclose(f);
+  fclose(g);
+  char *argv[] = {"xseg-bench", "--traces", dir, "--mode", "exact",
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_default, argv);
+  XSEG_ASSERT_TRUE(c.err != NULL);
+  XSEG_EXPECT_TRUE(strstr(c.err, "[1/") == NULL);
+  expect_refused(&c, 1, "b_bad.csv:4: free of unknown pointer 0x10");
+  unlink(good);
+  unlink(bad);
+  rmdir(dir);
+}
