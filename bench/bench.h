@@ -34,6 +34,10 @@ bool xb_fail(xb_error *e, const char *fmt, ...)
 
 /* The allocator's rounding of a request (PyTorch's kMinBlockSize). */
 enum { XB_ROUND = 512 };
+/* The largest request: xseg refuses larger ones (XS_MAX_REQUEST,
+   alloc/alloc.c), and a workload's sizes stay at most this, so that
+   rounding them to XB_ROUND or to granules cannot wrap. */
+#define XB_MAX_SIZE ((uint64_t)1 << 62)
 static inline uint64_t xb_round_up(uint64_t n, uint64_t to) {
   return (n + to - 1) / to * to;
 }
@@ -68,9 +72,10 @@ typedef struct xb_event {
 struct xb_live;        /* a live block while building (uthash entry) */
 
 /* Invariants once built: every free follows the allocation of its slot and
-   no slot is allocated twice without a free between; peak_live_bytes is the
-   maximum over events of the sum of live sizes rounded to XB_ROUND, first
-   reached just after events[peak_event]. */
+   no slot is allocated twice without a free between; no size is above
+   XB_MAX_SIZE; peak_live_bytes is the maximum over events of the sum of
+   live sizes rounded to XB_ROUND, first reached just after
+   events[peak_event]. */
 typedef struct xb_trace {
   char name[128];                   /* file name less .csv / .csv.gz */
   xb_event *events;
@@ -89,7 +94,8 @@ typedef struct xb_trace {
 
 void xb_trace_init(xb_trace *t, const char *name);
 /* Appends an allocation of `size` bytes at pointer `key` on `stream`. False
-   (with the reason) when key is already live or on host out-of-memory. */
+   (with the reason) when key is already live, size is above XB_MAX_SIZE or
+   on host out-of-memory. */
 bool xb_trace_alloc(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
                     xb_error *err);
 /* Appends the free of the live block at `key`. `size` must match the

@@ -7,7 +7,8 @@
  * lost) and the ceiling on driver calls (7 per allocate/free pair).
  *
  * A zero-byte request maps nothing and gets NULL: the driver has no
- * zero-byte mapping, and there is nothing to reserve.
+ * zero-byte mapping, and there is nothing to reserve. A request above
+ * XB_MAX_SIZE, whose rounding could wrap, is refused as xseg refuses it.
  *
  * Under --gpu-lag a freed block may still be used by work queued on its
  * stream, so its unmap and release wait, without a host wait, for an event
@@ -154,6 +155,9 @@ static xseg_status exact_malloc(void *self, uint32_t slot, size_t size,
   x->bytes[slot] = 0;
   x->stream[slot] = stream;
   *ptr = NULL;
+  if (size > XB_MAX_SIZE)           /* bytes may have wrapped to 0 */
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT, "%zu bytes overflow when "
+                    "rounded to granules", size);
   xseg_status st = x->deferred ? pending_poll(x, false) : XSEG_OK;
   if (bytes == 0 || st != XSEG_OK) return st;
   st = xs_vmm_reserve(x->v, bytes, &x->addr[slot]);

@@ -84,6 +84,9 @@ static void trace_live_add(xb_trace *t, uint64_t size) {
 
 bool xb_trace_alloc(xb_trace *t, uint64_t key, uint64_t size, int64_t stream,
                     xb_error *err) {
+  if (size > XB_MAX_SIZE)
+    return xb_fail(err, "allocate of %llu bytes, above 2^62 (xseg's "
+                   "largest request)", (unsigned long long)size);
   xb_live *e = NULL;
   HASH_FIND(hh, t->live, &key, sizeof key, e);
   if (e != NULL)

@@ -84,7 +84,9 @@ static bool parse_size(const char *s, uint64_t *out, xb_error *err) {
     return xb_fail(err, "bad size '%s' (expected decimal bytes)", s);
   errno = 0;
   *out = strtoull(s, NULL, 10);
-  if (errno != 0) return xb_fail(err, "size '%s' out of range", s);
+  if (errno != 0 || *out > XB_MAX_SIZE)
+    return xb_fail(err, "size '%s' out of range (at most 2^62, xseg's "
+                   "largest request)", s);
   return true;
 }
 

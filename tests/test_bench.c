@@ -130,6 +130,11 @@ static const bad_case bad_cases[] = {
     {"0,1.0,free,0x99,5,0", "free of unknown pointer 0x99"},
     {"0,1.0,allocate,0x10,5,0,9", "extra column"},
     {"0,1.0,allocate,0x1000,5,0", "live already"},
+    /* Above xseg's largest request, 2^62: rounding could wrap to 0. */
+    {"0,1.0,allocate,0x10,4611686018427387905,0",
+     "size '4611686018427387905' out of range"},
+    {"0,1.0,allocate,0x10,18446744073709551615,0",
+     "size '18446744073709551615' out of range"},
 };
 
 static void check_bad_case(const bad_case *c) {
