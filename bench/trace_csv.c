@@ -19,7 +19,8 @@
 
 #include "bench.h"
 
-enum { XB_COLUMNS = 6, XB_LINE_MAX = 1024 };
+/* XB_LINE_MAX: bytes in a line, its newline not counted. */
+enum { XB_COLUMNS = 6, XB_LINE_MAX = 1022 };
 static const char xb_header[] = "Thread,Time,Action,Pointer,Size,Stream";
 
 typedef struct xb_row {
@@ -140,12 +141,45 @@ static bool line_blank(const char *s) {
   return s[strspn(s, " \t\r\n")] == '\0';
 }
 
-/* Reads one line; false at end of file. A line longer than the buffer is
-   an error, not two lines. */
-static bool line_read(gzFile f, char *buf, int size, bool *too_long) {
-  if (gzgets(f, buf, size) == NULL) return false;
-  size_t n = strlen(buf);
-  *too_long = n == (size_t)size - 1 && buf[n - 1] != '\n' && !gzeof(f);
+/* One line of a trace, without its newline. */
+typedef struct xb_line {
+  char text[XB_LINE_MAX + 1];
+  bool too_long;                    /* text holds its first XB_LINE_MAX */
+  bool nul;                         /* a NUL byte: not text */
+  bool newline;                     /* ended by one, not by the file */
+} xb_line;
+
+/* Reads one line byte by byte (gzgets would end the text at a NUL byte
+   and hide the rest); false at end of file. A line longer than the buffer
+   is an error, not two lines: it is not read further. */
+static bool line_read(gzFile f, xb_line *l) {
+  size_t n = 0;
+  int c;
+  l->too_long = l->nul = false;
+  while (!l->too_long && (c = gzgetc(f)) != -1 && c != '\n') {
+    l->nul = l->nul || c == '\0';
+    l->too_long = n == XB_LINE_MAX;
+    if (!l->too_long) l->text[n++] = (char)c;
+  }
+  l->text[n] = '\0';
+  l->newline = c == '\n';
+  return n > 0 || c != -1;
+}
+
+/* True, with why in err, when zlib stopped at an error: a gzip file cut
+   short ends in a line cut short, which is no bad row. */
+static bool read_failed(gzFile f, const char *path, long line,
+                        xb_error *err) {
+  int zerr = Z_OK;
+  const char *msg = gzerror(f, &zerr);
+  if (zerr == Z_OK || zerr == Z_STREAM_END) return false;
+  size_t named = strlen(path);      /* zlib's message starts "path: " */
+  if (strncmp(msg, path, named) == 0 && strncmp(msg + named, ": ", 2) == 0)
+    msg += named + 2;
+  if (zerr == Z_BUF_ERROR)
+    xb_fail(err, "%s:%ld: the file is truncated (%s)", path, line, msg);
+  else
+    xb_fail(err, "%s:%ld: read error: %s", path, line, msg);
   return true;
 }
 
@@ -167,26 +201,26 @@ static void trace_name(const char *path, char *out, size_t size) {
 
 static bool trace_read(gzFile f, const char *path, xb_trace *t,
                        xb_error *err) {
-  char line[XB_LINE_MAX];
-  bool too_long = false;
-  for (long no = 1; line_read(f, line, sizeof line, &too_long); no++) {
+  xb_line line;
+  long no = 1;
+  for (; line_read(f, &line); no++) {
     xb_error why;
     xb_row row = {0};           /* -O3 cannot see row_parse fill it */
     bool ok;
-    if (too_long)
-      ok = xb_fail(&why, "line longer than %d bytes", XB_LINE_MAX - 2);
+    if (line.too_long)
+      ok = xb_fail(&why, "line longer than %d bytes", XB_LINE_MAX);
+    else if (line.nul)
+      ok = xb_fail(&why, "NUL byte in line %ld", no);
     else if (no == 1)
-      ok = header_check(line, &why);
+      ok = header_check(line.text, &why);
     else
-      ok = line_blank(line) ||
-           (row_parse(line, &row, &why) && row_apply(t, &row, &why));
+      ok = line_blank(line.text) ||
+           (row_parse(line.text, &row, &why) && row_apply(t, &row, &why));
+    if (!ok && !line.newline && read_failed(f, path, no, err)) return false;
     if (!ok) return xb_fail(err, "%s:%ld: %s", path, no, why.text);
   }
-  int zerr = Z_OK;
-  const char *msg = gzerror(f, &zerr);
-  if (zerr != Z_OK && zerr != Z_STREAM_END)
-    return xb_fail(err, "%s: read error: %s", path, msg);
-  if (t->n_events == 0 && t->n_allocs == 0 && !too_long)
+  if (read_failed(f, path, no, err)) return false;
+  if (t->n_events == 0 && t->n_allocs == 0)
     return xb_fail(err, "%s: no events (empty file or header only)", path);
   return true;
 }

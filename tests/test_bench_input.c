@@ -54,3 +54,67 @@ XSEG_TEST(bench_input, builder_refuses_a_size_above_the_largest_request) {
   XSEG_EXPECT_EQ(t.peak_live_bytes, XB_MAX_SIZE);
   xb_trace_release(&t);
 }
+
+/* The error of loading `len` bytes of `bytes` as a trace (a file named
+   with `suffix`), into err; false (reported) when it loads. */
+static bool load_fails(const char *bytes, size_t len, const char *suffix,
+                       xb_error *err, char *path, size_t path_size) {
+  if (!temp_write(path, path_size, suffix, "", false))
+    return XSEG_FAIL("cannot write a temporary file");
+  FILE *f = fopen(path, "wb");
+  bool written = f != NULL && fwrite(bytes, 1, len, f) == len;
+  if (f != NULL) fclose(f);
+  xb_trace t;
+  bool loaded = written && xb_trace_load(path, &t, err);
+  unlink(path);
+  if (!written) return XSEG_FAIL("cannot write %s", path);
+  if (loaded) xb_trace_release(&t);
+  if (loaded) return XSEG_FAIL("%s loaded", path);
+  return true;
+}
+
+static void expect_error(const xb_error *err, const char *path, int line,
+                         const char *reason) {
+  char where[300];
+  snprintf(where, sizeof where, "%s:%d: ", path, line);
+  if (strstr(err->text, where) == NULL || strstr(err->text, reason) == NULL)
+    XSEG_FAIL("got \"%s\", want \"%s\" and \"%s\"", err->text, where,
+              reason);
+}
+
+/* A NUL byte is no text: the line is refused, whether what comes before
+   it would parse or not. */
+XSEG_TEST(bench_input, nul_byte_in_a_line_is_an_error) {
+  static const char after_a_row[] =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "0,0,allocate,0x10,64,0\n"
+      "0,1,free,0x10,64,0\0garbage\n";
+  static const char mid_row[] =
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "0,0,allocate,0x10,6\0004,0\n";
+  char path[256];
+  xb_error err;
+  if (load_fails(after_a_row, sizeof after_a_row - 1, ".csv", &err, path,
+                 sizeof path))
+    expect_error(&err, path, 3, "NUL byte");
+  if (load_fails(mid_row, sizeof mid_row - 1, ".csv", &err, path,
+                 sizeof path))
+    expect_error(&err, path, 2, "NUL byte");
+}
+
+/* A gzip file cut short ends in a line cut short: the error says the file
+   is truncated, not that the line lacks a column. */
+XSEG_TEST(bench_input, truncated_gzip_says_truncated) {
+  FILE *f = fopen(XB_TEST_TRACE_DIR "/bert_infer_varbatch.csv.gz", "rb");
+  XSEG_ASSERT_TRUE(f != NULL);
+  static char head[20000];
+  size_t n = fread(head, 1, sizeof head, f);
+  fclose(f);
+  XSEG_ASSERT_EQ(n, sizeof head);
+  char path[256];
+  xb_error err;
+  if (load_fails(head, n, ".csv.gz", &err, path, sizeof path) &&
+      (strstr(err.text, "truncated") == NULL ||
+       strstr(err.text, "missing column") != NULL))
+    XSEG_FAIL("got \"%s\", want \"truncated\"", err.text);
+}
