@@ -183,7 +183,11 @@ static bool read_failed(gzFile f, const char *path, long line,
   return true;
 }
 
+/* A UTF-8 byte-order mark before the header (some editors write one) is
+   no part of it. */
 static bool header_check(char *line, xb_error *err) {
+  static const char bom[] = "\xEF\xBB\xBF";
+  if (strncmp(line, bom, sizeof bom - 1) == 0) line += sizeof bom - 1;
   char *h = field_trim(line);
   if (strcmp(h, xb_header) != 0)
     return xb_fail(err, "expected the header '%s', got '%.60s'", xb_header, h);

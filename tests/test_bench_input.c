@@ -118,3 +118,19 @@ XSEG_TEST(bench_input, truncated_gzip_says_truncated) {
        strstr(err.text, "missing column") != NULL))
     XSEG_FAIL("got \"%s\", want \"truncated\"", err.text);
 }
+
+/* A UTF-8 byte-order mark before the header (as some editors save CSV)
+   is skipped: the trace loads as without it. */
+XSEG_TEST(bench_input, byte_order_mark_before_the_header_is_skipped) {
+  char text[1024], path[256];
+  snprintf(text, sizeof text, "\xEF\xBB\xBF%s", small_trace);
+  XSEG_ASSERT_TRUE(temp_write(path, sizeof path, ".csv", text, false));
+  xb_trace t;
+  xb_error err;
+  bool ok = xb_trace_load(path, &t, &err);
+  unlink(path);
+  if (!ok) XSEG_FAIL("%s", err.text);
+  if (ok) XSEG_EXPECT_EQ(t.n_events, 8);
+  if (ok) XSEG_EXPECT_EQ(t.peak_live_bytes, SMALL_PEAK);
+  if (ok) xb_trace_release(&t);
+}
