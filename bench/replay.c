@@ -246,7 +246,11 @@ static void result_init(xb_result *r, xb_env *env, const xb_trace *t,
 static bool run_policy(xb_run *run, xb_env *env, xb_error *err) {
   uint64_t lag = run->o->gpu_lag_us;
   env->gpu_lag_us = lag;
-  if (lag > 0 && (lag > UINT64_MAX / 1000 || !xb_env_clock_start(env, lag * 1000)))
+  if (lag > UINT64_MAX / 1000)      /* its nanoseconds would wrap */
+    return xb_fail(err, "--gpu-lag %llu is out of range (at most %llu us)",
+                   (unsigned long long)lag,
+                   (unsigned long long)(UINT64_MAX / 1000));
+  if (lag > 0 && !xb_env_clock_start(env, lag * 1000))
     return xb_fail(err, "--gpu-lag %llu needs the emulator's virtual clock "
                    "(driver '%s' has no xsim_clock_enable)",
                    (unsigned long long)lag, env->driver);

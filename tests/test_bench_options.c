@@ -228,3 +228,19 @@ XSEG_TEST(bench_options, bad_trace_in_a_folder_fails_before_any_replay) {
   unlink(bad);
   rmdir(dir);
 }
+
+/* A lag whose nanoseconds wrap is out of range, whatever the driver: not
+   a driver without a virtual clock. */
+XSEG_TEST(bench_options, gpu_lag_too_large_is_out_of_range) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *argv[] = {"replay", "--trace", trace, "--mode", "exact",
+                  "--gpu-lag", "18446744073709552", "--driver",
+                  (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_replay, argv);
+  unlink(trace);
+  XSEG_ASSERT_TRUE(c.err != NULL);
+  XSEG_EXPECT_TRUE(strstr(c.err, "virtual clock") == NULL);
+  expect_refused(&c, 1, "--gpu-lag 18446744073709552 is out of range");
+}
