@@ -283,6 +283,46 @@ bool xb_varbatch_default_trace(uint64_t streams, xb_trace *t, xb_error *err) {
   return varbatch_build(&v, name, t, err);
 }
 
+/* The product of n factors, false when it wraps or passes XB_MAX_SIZE. */
+static bool size_product(const uint64_t *f, size_t n) {
+  uint64_t p = 1;
+  for (size_t i = 0; i < n; i++)
+    if (__builtin_mul_overflow(p, f[i], &p)) return false;
+  return p <= XB_MAX_SIZE;
+}
+
+/* The largest block of each kind varbatch_build makes (at the largest
+   batch and sequence): false (printed, naming the options that size it)
+   when one would wrap or pass xseg's largest request. The others (QKV,
+   the layer output, decoding's temporary) are smaller than these. */
+static bool varbatch_sizes_fit(const xb_varbatch *v) {
+  uint64_t h = v->hidden, b = v->batch_max, t = v->seq_max, cached;
+  if (__builtin_add_overflow(t, v->decode_steps, &cached))
+    cached = UINT64_MAX;
+  const struct {
+    const char *options, *what;
+    uint64_t f[5];
+  } blocks[] = {
+      {"--hidden", "an MLP weight (16 x hidden^2 bytes)", {16, h, h, 1, 1}},
+      {"--batch, --seq and --hidden",
+       "the MLP activation (8 x batch x seq x hidden bytes)", {8, b, t, h, 1}},
+      {"--batch, --heads and --seq",
+       "the attention scores (2 x batch x heads x seq^2 bytes)",
+       {2, b, v->heads, t, t}},
+      {"--batch, --seq, --decode-steps and --hidden",
+       "a KV cache (2 x batch x (seq + decode steps) x hidden bytes)",
+       {2, b, cached, h, 1}},
+  };
+  for (size_t i = 0; i < sizeof blocks / sizeof *blocks; i++) {
+    if (size_product(blocks[i].f, 5)) continue;
+    fprintf(stderr, "xseg-bench varbatch: %s too large: %s would be above "
+            "2^62 bytes (xseg's largest request)\n", blocks[i].options,
+            blocks[i].what);
+    return false;
+  }
+  return true;
+}
+
 /* 1 run, 0 done (help), -1 bad arguments (printed). */
 static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
                           const char **write_trace) {
@@ -332,7 +372,7 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
             (unsigned long long)v->streams, XB_MAX_STREAMS - 1);
     return -1;
   }
-  return 1;
+  return varbatch_sizes_fit(v) ? 1 : -1;
 }
 
 int xb_cmd_varbatch(int argc, char **argv) {

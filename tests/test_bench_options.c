@@ -244,3 +244,31 @@ XSEG_TEST(bench_options, gpu_lag_too_large_is_out_of_range) {
   XSEG_EXPECT_TRUE(strstr(c.err, "virtual clock") == NULL);
   expect_refused(&c, 1, "--gpu-lag 18446744073709552 is out of range");
 }
+
+/* varbatch: sizes that would wrap (or pass 2^62) are refused, naming the
+   options that make them, before anything is built or written. */
+XSEG_TEST(bench_options, varbatch_sizes_too_large_are_refused) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", "kept", false));
+  char *wide[] = {"varbatch", "--hidden", "4294967296", "--layers", "1",
+                  "--requests", "1", "--decode-steps", "0", "--batch", "1:1",
+                  "--seq", "1:1", "--mode", "exact", "--write-trace", trace,
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_varbatch, wide);
+  char *kept = file_read(trace);
+  XSEG_EXPECT_STREQ(kept, "kept");
+  free(kept);
+  expect_refused(&c, 2, "--hidden");
+  char *long_seq[] = {"varbatch", "--hidden", "64", "--requests", "1",
+                      "--batch", "1:65536", "--seq", "1:4294967296",
+                      "--mode", "exact", "--driver", (char *)test_driver(),
+                      NULL};
+  c = run_argv(xb_cmd_varbatch, long_seq);
+  expect_refused(&c, 2, "--batch, --heads and --seq");
+  char *decode[] = {"varbatch", "--requests", "1", "--decode-steps",
+                    "18446744073709551615", "--mode", "exact", "--driver",
+                    (char *)test_driver(), NULL};
+  c = run_argv(xb_cmd_varbatch, decode);
+  expect_refused(&c, 2, "--decode-steps");
+  unlink(trace);
+}
