@@ -6,18 +6,44 @@
  * segments, whose reserved bytes it reproduces). Both are one
  * xseg_allocator per replay, created with the bench's
  * driver and expandable_segments set, then the user's --conf, parsed after
- * them (a key given twice takes its last value). Reserved bytes are the
- * allocator's own reserved_bytes gauge (mapped physical bytes); its peak is
- * reset at each sample so that the replay sees the peak of every window.
+ * them (a key given twice takes its last value); a --conf that sets
+ * expandable_segments against the mode is refused, naming the mode that
+ * runs it. Reserved bytes are the allocator's own reserved_bytes gauge
+ * (mapped physical bytes); its peak is reset at each sample so that the
+ * replay sees the peak of every window.
  */
 #include <stdlib.h>
 
+#include "alloc/config.h"
 #include "bench.h"
 #include "vmm/error.h"
 
 typedef struct xb_xseg {
   xseg_allocator *a;
 } xb_xseg;
+
+static const char *mode_name(bool expandable) {
+  return expandable ? "xseg" : "pytorch-native";
+}
+
+/* A conf that sets expandable_segments the other way would run the other
+   mode's allocator under this mode's name: refused, naming the key and the
+   mode that runs it (as pytorch-expandable refuses what it does not
+   model). Called once the conf is known to fit in a full conf. */
+static xseg_status conf_check(const char *conf, bool expandable) {
+  if (conf == NULL || conf[0] == '\0') return XSEG_OK;
+  char full[2048];
+  snprintf(full, sizeof full, "expandable_segments:%s,%s",
+           expandable ? "True" : "False", conf);
+  xs_config cfg;
+  if (xs_config_parse(full, &cfg) != XSEG_OK ||
+      cfg.expandable_segments == expandable)
+    return XSEG_OK;                 /* a bad conf: xseg_create says why */
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT, "mode %s does not take "
+                  "expandable_segments:%s (--conf or XSEG_ALLOC_CONF): that "
+                  "is --mode %s", mode_name(expandable),
+                  expandable ? "False" : "True", mode_name(!expandable));
+}
 
 xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
                            xseg_allocator **out) {
@@ -28,7 +54,8 @@ xseg_status xb_xseg_create(xb_env *env, const char *conf, bool expandable,
                    conf != NULL && conf[0] ? "," : "", conf ? conf : "");
   if (n < 0 || (size_t)n >= sizeof full)
     return xs_error(XSEG_ERR_INVALID_ARGUMENT, "--conf too long (%d bytes)", n);
-  return xseg_create(env->vmm.device, full, out);
+  xseg_status st = conf_check(conf, expandable);
+  return st != XSEG_OK ? st : xseg_create(env->vmm.device, full, out);
 }
 
 static xseg_status xseg_open_mode(xb_env *env, const char *conf,

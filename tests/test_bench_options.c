@@ -272,3 +272,32 @@ XSEG_TEST(bench_options, varbatch_sizes_too_large_are_refused) {
   expect_refused(&c, 2, "--decode-steps");
   unlink(trace);
 }
+
+/* ---- options a mode or a command would ignore ------------------------- */
+
+/* A --conf that turns expandable_segments against the mode would print
+   the other mode's numbers under this one's name: refused, naming the key
+   and the mode that runs it. Setting it the mode's own way is fine. */
+XSEG_TEST(bench_options, conf_against_the_mode_is_refused) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  const struct {
+    const char *mode, *conf, *why;
+    int rc;
+  } cases[] = {
+      {"xseg", "expandable_segments:False", "--mode pytorch-native", 1},
+      {"pytorch-native", "expandable_segments:True", "--mode xseg", 1},
+      {"xseg", "expandable_segments:True", "", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *argv[] = {"replay", "--trace", trace, "--mode",
+                    (char *)cases[i].mode, "--conf", (char *)cases[i].conf,
+                    "--quiet", "--driver", (char *)test_driver(), NULL};
+    captured c = run_argv(xb_cmd_replay, argv);
+    XSEG_ASSERT_TRUE(c.err != NULL);
+    XSEG_EXPECT_TRUE(cases[i].rc == 0 || strstr(c.err, cases[i].conf));
+    expect_refused(&c, cases[i].rc, cases[i].why);
+  }
+  unlink(trace);
+}
