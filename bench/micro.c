@@ -294,6 +294,12 @@ static bool micro_valid(xb_micro *m) {
             (unsigned long long)XB_MICRO_MAX_PAIRS);
     return false;
   }
+  if (m->live_min > m->live_max) {  /* no live set to run */
+    fprintf(stderr, "xseg-bench micro: --live-min %llu is above --live-max "
+            "%llu\n", (unsigned long long)m->live_min,
+            (unsigned long long)m->live_max);
+    return false;
+  }
   static const char *const names[] = {"cached-repeat", "cached-layers",
                                       "cached-random", "cached-mixed",
                                       "growth", "threads", "deferred"};

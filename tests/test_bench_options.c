@@ -301,3 +301,13 @@ XSEG_TEST(bench_options, conf_against_the_mode_is_refused) {
   }
   unlink(trace);
 }
+
+/* cached-random's live sets run from --live-min up to --live-max: a
+   minimum above the maximum would run none and exit 0 with no rows. */
+XSEG_TEST(bench_options, micro_live_min_above_live_max_is_refused) {
+  char *argv[] = {"micro", "--only", "cached-random", "--live-min", "5000",
+                  "--live-max", "1000", "--pairs", "100", "--rounds", "1",
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_micro, argv);
+  expect_refused(&c, 2, "--live-min 5000 is above --live-max 1000");
+}
