@@ -47,7 +47,8 @@ bool xb_cli_u64(const char *opt, const char *arg, uint64_t *out) {
   return true;
 }
 
-int xb_cli_option(xb_cli *c, int opt, const char *arg) {
+/* A shared option's value (parsed into c); as xb_cli_option. */
+static int cli_value(xb_cli *c, int opt, const char *arg) {
   uint64_t n;
   switch (opt) {
     case XB_OPT_DRIVER: c->driver = arg; return 1;
@@ -80,6 +81,23 @@ int xb_cli_option(xb_cli *c, int opt, const char *arg) {
     default:
       return 0;
   }
+}
+
+int xb_cli_option(xb_cli *c, int opt, const char *arg) {
+  int taken = cli_value(c, opt, arg);
+  if (taken == 1) c->given |= XB_OPT_BIT(opt);
+  return taken;
+}
+
+bool xb_cli_refuse(const xb_cli *c, const char *command, uint32_t ignored) {
+  static const struct option shared[] = {XB_CLI_LONG_OPTIONS};
+  for (size_t i = 0; i < sizeof shared / sizeof *shared; i++) {
+    if (!(c->given & ignored & XB_OPT_BIT(shared[i].val))) continue;
+    fprintf(stderr, "xseg-bench: --%s does not apply to %s (see --help)\n",
+            shared[i].name, command);
+    return false;
+  }
+  return true;
 }
 
 bool xb_cli_env_open(const xb_cli *c, xb_env *env) {

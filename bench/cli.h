@@ -22,6 +22,7 @@ typedef struct xb_cli {
   uint64_t gpu_lag_us;              /* --gpu-lag (trace microseconds) */
   bool gpu_lag_set;
   bool quiet;                       /* --quiet: no progress, no legend */
+  uint32_t given;                   /* XB_OPT_BIT of each option given */
 } xb_cli;
 
 /* Option letters of the shared options, for getopt_long tables. */
@@ -31,6 +32,8 @@ enum {
   XB_OPT_GPU_LAG, XB_OPT_QUIET,
   XB_OPT_FIRST_OWN                  /* commands number theirs from here */
 };
+/* A shared option's bit in xb_cli.given and in xb_cli_refuse's mask. */
+#define XB_OPT_BIT(opt) (1u << ((opt) - XB_OPT_DRIVER))
 
 #define XB_CLI_LONG_OPTIONS                                                  \
   {"driver", required_argument, 0, XB_OPT_DRIVER},                           \
@@ -51,6 +54,10 @@ extern const char xb_cli_output_help[];
 void xb_cli_defaults(xb_cli *c);
 /* A shared option: 1 taken, 0 not a shared one, -1 bad value (printed). */
 int xb_cli_option(xb_cli *c, int opt, const char *arg);
+/* False (printed, naming the option and `command`) when c was given one
+   of the shared options in `ignored` (XB_OPT_BITs), which the command
+   would ignore. */
+bool xb_cli_refuse(const xb_cli *c, const char *command, uint32_t ignored);
 /* Opens the driver and applies --device-memory; prints why on failure. */
 bool xb_cli_env_open(const xb_cli *c, xb_env *env);
 /* The policies --mode names, in report order: every mode for "all".

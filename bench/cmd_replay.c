@@ -285,7 +285,9 @@ int xb_cmd_default(int argc, char **argv) {
   xb_cli c;
   xb_cli_defaults(&c);
   c.mode = "all";
-  if (!parse_common(argc, argv, &c)) return 2;
+  if (!parse_common(argc, argv, &c) ||
+      !xb_cli_refuse(&c, "the default run", XB_OPT_BIT(XB_OPT_TRACE)))
+    return 2;
   const char *dir = c.traces;
   if (dir == NULL) dir = getenv("XSEG_BENCH_TRACES");
   /* The varbatch rows go with the bundled traces, not with another folder. */
@@ -329,7 +331,9 @@ int xb_cmd_replay(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
       return replay_usage(stdout), 0;
-  if (!parse_common(argc, argv, &c)) return 2;
+  if (!parse_common(argc, argv, &c) ||
+      !xb_cli_refuse(&c, "replay", XB_OPT_BIT(XB_OPT_TRACES)))
+    return 2;
   if (c.trace == NULL) {
     fprintf(stderr, "xseg-bench replay: --trace FILE is required\n");
     return 2;

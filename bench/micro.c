@@ -354,11 +354,11 @@ static int micro_parse(int argc, char **argv, xb_micro *m) {
     int common = o == '?' ? -1 : xb_cli_option(&m->cli, o, optarg);
     if (common < 0 || (common == 0 && !micro_option(m, o, optarg))) return -1;
   }
-  if (m->cli.gpu_lag_set) {
-    fprintf(stderr, "xseg-bench micro: --gpu-lag applies to replays "
-            "(replay, varbatch, the default run), not to micro\n");
-    return -1;
-  }
+  /* What only replays take. */
+  uint32_t ignored = XB_OPT_BIT(XB_OPT_SVG) | XB_OPT_BIT(XB_OPT_POINTS) |
+                     XB_OPT_BIT(XB_OPT_TRACE) | XB_OPT_BIT(XB_OPT_TRACES) |
+                     XB_OPT_BIT(XB_OPT_GPU_LAG);
+  if (!xb_cli_refuse(&m->cli, "micro", ignored)) return -1;
   return optind == argc && micro_valid(m) ? 1 : -1;
 }
 

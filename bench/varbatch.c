@@ -207,7 +207,8 @@ enum {
 
 static void varbatch_usage(FILE *out, const xb_varbatch *d) {
   fprintf(out,
-          "usage: xseg-bench varbatch [options] (and the common options)\n"
+          "usage: xseg-bench varbatch [options] (and the common options "
+          "but --trace(s))\n"
           "  --layers N         transformer layers (default %llu)\n"
           "  --hidden N         model width, fp16 (default %llu)\n"
           "  --heads N          attention heads (default %llu)\n"
@@ -352,6 +353,9 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
     if (common < 0 || (common == 0 && !varbatch_option(v, o, optarg)))
       return -1;
   }
+  if (!xb_cli_refuse(c, "varbatch", XB_OPT_BIT(XB_OPT_TRACE) |
+                                     XB_OPT_BIT(XB_OPT_TRACES)))
+    return -1;
   const char *bad = optind < argc ? argv[optind]
                     : v->layers == 0 ? "--layers 0"
                     : v->hidden == 0 ? "--hidden 0"

@@ -311,3 +311,40 @@ XSEG_TEST(bench_options, micro_live_min_above_live_max_is_refused) {
   captured c = run_argv(xb_cmd_micro, argv);
   expect_refused(&c, 2, "--live-min 5000 is above --live-max 1000");
 }
+
+/* Each command refuses the shared options it would ignore, naming the
+   option and the command, before it runs anything. */
+XSEG_TEST(bench_options, options_a_command_ignores_are_refused) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", small_trace,
+                              false));
+  char *drv = (char *)test_driver();
+  char *dflt[] = {"xseg-bench", "--traces", "/nonexistent-dir", "--trace",
+                  trace, "--driver", drv, NULL};
+  captured c = run_argv(xb_cmd_default, dflt);
+  expect_refused(&c, 2, "--trace does not apply to the default run");
+  char *replay[] = {"replay", "--trace", trace, "--traces", "/tmp",
+                    "--driver", drv, NULL};
+  c = run_argv(xb_cmd_replay, replay);
+  expect_refused(&c, 2, "--traces does not apply to replay");
+  char *varbatch[] = {"varbatch", "--requests", "1", "--trace", trace,
+                      "--driver", drv, NULL};
+  c = run_argv(xb_cmd_varbatch, varbatch);
+  expect_refused(&c, 2, "--trace does not apply to varbatch");
+  const char *micro_ignores[][2] = {{"--svg", "x.svg"}, {"--points", "9"},
+                                    {"--trace", trace}, {"--traces", "/tmp"},
+                                    {"--gpu-lag", "5"}};
+  for (size_t i = 0; i < 5; i++) {
+    char *micro[] = {"micro", "--only", "cached-repeat", "--pairs", "10",
+                     "--rounds", "1", (char *)micro_ignores[i][0],
+                     (char *)micro_ignores[i][1], "--driver", drv, NULL};
+    char why[64];
+    snprintf(why, sizeof why, "%s does not apply to micro",
+             micro_ignores[i][0]);
+    c = run_argv(xb_cmd_micro, micro);
+    XSEG_ASSERT_TRUE(c.out != NULL);
+    XSEG_EXPECT_STREQ(c.out, "");
+    expect_refused(&c, 2, why);
+  }
+  unlink(trace);
+}
