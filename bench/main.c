@@ -9,8 +9,10 @@
  *
  * Options shared by all: --driver sim|cuda|PATH (default sim, the emulator),
  * --device-memory SIZE (the emulator's capacity), --conf STR (allocator
- * settings, PYTORCH_CUDA_ALLOC_CONF syntax), --json OUT, --svg OUT,
- * --quiet. Modes: xseg, pytorch-expandable, pytorch-native, exact (policy.c).
+ * settings, PYTORCH_CUDA_ALLOC_CONF syntax), --json OUT, --quiet; by the
+ * replays (not micro): --svg OUT, --points N, --gpu-lag US. A command
+ * refuses one it would ignore. Modes: xseg, pytorch-expandable,
+ * pytorch-native, exact (policy.c).
  */
 #include <stdio.h>
 #include <string.h>
