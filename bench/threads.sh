@@ -52,7 +52,8 @@ for ((i = 1; i <= runs; i++)); do
     busy=$(busy_second)
     [ "$busy" -le 5 ] && break
   done
-  json=$("$bench" micro --only threads "$@" --json - 2>/dev/null)
+  # micro's stderr stays: a failed run says why (set -e then stops here).
+  json=$("$bench" micro --only threads "$@" --json -)
   read -r x g one shared < <(jq -r '.threads |
       "\(.speedup_2) \(.glibc_speedup_2) \(.threads_1_pairs_per_s) \(.threads_2_shared_a_core or .glibc_threads_2_shared_a_core)"' <<<"$json")
   if [ "$x" = null ]; then

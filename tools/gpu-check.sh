@@ -64,7 +64,9 @@ summarize_log() {
     /^ *[0-9]+\/[0-9]+ +Test +#[0-9]+: / {
       name = $0; sub(/^ *[0-9]+\/[0-9]+ +Test +#[0-9]+: /, "", name)
       sub(/ .*/, "", name)
-      if ($0 ~ /\*\*\*Skipped|Not Run|Disabled/) skipped++
+      # "Not Run" is a test that could not start (its program or
+      # interpreter missing): a failure, not a skip.
+      if ($0 ~ /\*\*\*Skipped|Disabled/) skipped++
       else if ($0 ~ /\*\*\*Timeout/) {
         timeout++; bad[++nbad] = name " (timeout)"
       }

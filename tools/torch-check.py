@@ -163,13 +163,25 @@ def parent(args):
     print("torch %s, %s" % (torch.__version__, describe_gpu(torch)))
     print("date %s" % time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     failed = False
+    done = {}
+
+    def save(key, value):
+        """Every result so far into --json, after each worker: a run
+        stopped at its time limit keeps what it measured."""
+        done[key] = value
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(done, f, indent=1)
+
     checks = run_worker("xseg", "checks", args.quick, args.timeout)
+    save("checks", checks)
     rows = checks_table(checks)
     print("\nCorrectness (xseg installed)\n" +
           format_table(["check", "result", "detail"], rows))
     failed |= any(r[1] != "ok" for r in rows)
     cost = {a: run_worker(a, "mp_cost", args.quick, args.timeout)
             for a in ("native", "xseg")}
+    save("mp_cost", cost)
     print("\nSharing a 1 MiB CUDA tensor through torch.multiprocessing "
           "(median us)\n" + format_table(
               ["allocator", "share", "open", "close"],
@@ -183,8 +195,11 @@ def parent(args):
             print("mp_cost under %s: %s" % (a, c["error"]))
     results = {}
     for workload in args.workloads:
-        results[workload] = {a: run_worker(a, "bench:" + workload, args.quick,
-                                           args.timeout) for a in ALLOCATORS}
+        results[workload] = {}
+        for a in ALLOCATORS:
+            results[workload][a] = run_worker(a, "bench:" + workload,
+                                              args.quick, args.timeout)
+            save("bench", results)
     rows, mismatched = bench_rows(results)
     print("\nSide by side (one process per allocator and workload)\n" +
           format_table(["workload", "metric", *ALLOCATORS], rows))
@@ -198,10 +213,6 @@ def parent(args):
     if mismatched:
         failed = True
         print("outputs differ between allocators: %s" % ", ".join(mismatched))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"checks": checks, "mp_cost": cost, "bench": results},
-                      f, indent=1)
     print("\n%s" % ("FAILED" if failed else "all passed"))
     return 1 if failed else 0
 
