@@ -23,7 +23,7 @@ libraries call directly) with ones that, for a block xseg allocated:
   consumer sees the producer's queued work without the producer waiting.
 
 The consumer opens the block (xseg_ipc_open), gives the ticket back, and
-wraps it as a DLPack capsule whose deleter synchronizes the consumer's
+wraps it as a DLPack capsule (xseg_dlpack) whose deleter synchronizes the consumer's
 current stream (as PyTorch's does) and closes it (xseg_ipc_close); the
 tensor gets the sender's dtype, shape, strides and storage offset. Tensors
 of one storage share one storage (one open) in the consumer. A consumer
@@ -54,6 +54,7 @@ import threading
 from multiprocessing import context as _mp_context
 from multiprocessing import reduction as _mp_reduction
 
+import xseg_dlpack
 import xseg_fd_courier
 
 __all__ = ["install", "installed", "stats", "ShareError"]
@@ -61,7 +62,6 @@ __all__ = ["install", "installed", "stats", "ShareError"]
 XSEG_OK = 0
 XSEG_ERR_UNKNOWN_POINTER = 3
 EVENT_BYTES = 64
-_CUDA = 2                     # DLPack's kDLCUDA
 
 
 class ShareError(RuntimeError):
@@ -254,69 +254,6 @@ def _import_of(ptr):
     return imp
 
 
-# DLPack (dlpack.h), as torch.utils.dlpack.from_dlpack takes it: the
-# managed tensor's deleter runs when torch frees the storage.
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice),
-                ("ndim", ctypes.c_int32), ("dtype", _DLDataType),
-                ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    pass
-
-
-_DLDeleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor),
-                             ("manager_ctx", ctypes.c_void_p),
-                             ("deleter", _DLDeleter)]
-
-_managed = {}          # address of a managed tensor -> (it, shape, _Import)
-
-
-def _dl_delete(managed):
-    entry = _managed.pop(ctypes.addressof(managed.contents), None)
-    if entry is not None:
-        entry[2].close()
-
-
-_dl_deleter = _DLDeleter(_dl_delete)
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-def _storage_of(imp):
-    """A CUDA storage over the whole block, whose deleter closes imp."""
-    import torch
-    import torch.utils.dlpack
-    shape = (ctypes.c_int64 * 1)(imp.nbytes)
-    m = _DLManagedTensor()
-    m.dl_tensor.data = imp.ptr
-    m.dl_tensor.device = _DLDevice(_CUDA, imp.device)
-    m.dl_tensor.ndim = 1
-    m.dl_tensor.dtype = _DLDataType(1, 8, 1)         # kDLUInt, 8 bits
-    m.dl_tensor.shape = shape
-    m.dl_tensor.strides = None
-    m.dl_tensor.byte_offset = 0
-    m.deleter = _dl_deleter
-    _managed[ctypes.addressof(m)] = (m, shape, imp)
-    capsule = _capsule_new(ctypes.addressof(m), b"dltensor", None)
-    base = torch.utils.dlpack.from_dlpack(capsule)
-    return base.untyped_storage()
-
-
 def _come_home(lib, device, carried, ticket, event, storage):
     """A block this process exported, back with its storage alive: the
     carried handle is dropped unopened, the ticket given back and the
@@ -377,7 +314,7 @@ def _receive(path, device, carried, ticket, event, nbytes, origin):
             lib.c.xseg_ipc_handle_free(handle)
             return storage
     imp = _Import(lib, device, a, handle, ptr, nbytes, origin)
-    storage = _storage_of(imp)
+    storage = xseg_dlpack.cuda_storage(ptr, nbytes, device, imp.close)
     imp.storage_ref = StorageWeakRef(storage)
     with _lock:
         _imports[ptr] = imp
@@ -595,13 +532,4 @@ def _at_exit():
     _shutting_down.append(True)
     for _, sock in _spawn_fds:
         sock.close()
-    # Storages still alive now are freed in the interpreter's last
-    # collection, when this module's functions and the ctypes thunk of the
-    # deleter may be gone: calling back into them then crashed the process.
-    # The process unmaps everything as it exits, so their deleters go
-    # (torch calls a managed tensor's deleter only when it is set), and
-    # the managed structs, which torch reads then, are kept.
-    with _lock:
-        for managed, _, _ in _managed.values():
-            managed.deleter = _DLDeleter()
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(_managed))
+    # (Received storages still alive: xseg_dlpack's own exit handler.)
