@@ -23,6 +23,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -379,6 +380,16 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
   return varbatch_sizes_fit(v) ? 1 : -1;
 }
 
+/* Whether --write-trace and --json name one file (the same path, or one
+   file already there under two): the results would replace the trace. */
+static bool varbatch_outputs_collide(const char *trace, const char *json) {
+  if (trace == NULL || json == NULL || strcmp(json, "-") == 0) return false;
+  if (strcmp(trace, json) == 0) return true;
+  struct stat ts, js;
+  return stat(trace, &ts) == 0 && stat(json, &js) == 0 &&
+         ts.st_dev == js.st_dev && ts.st_ino == js.st_ino;
+}
+
 int xb_cmd_varbatch(int argc, char **argv) {
   xb_cli c;
   xb_cli_defaults(&c);
@@ -387,6 +398,12 @@ int xb_cmd_varbatch(int argc, char **argv) {
   const char *write_trace = NULL;
   int parsed = varbatch_parse(argc, argv, &c, &v, &write_trace);
   if (parsed <= 0) return parsed == 0 ? 0 : 2;
+  if (varbatch_outputs_collide(write_trace, c.json)) {
+    fprintf(stderr, "xseg-bench varbatch: --write-trace and --json are the "
+            "same file %s; the results would replace the trace\n",
+            write_trace);
+    return 2;
+  }
   xb_trace t;
   xb_error err;
   if (!varbatch_build(&v, "varbatch", &t, &err) ||

@@ -273,6 +273,22 @@ XSEG_TEST(bench_options, varbatch_sizes_too_large_are_refused) {
   unlink(trace);
 }
 
+/* varbatch --write-trace F --json F: the results would replace the trace
+   just written; refused before anything is written. */
+XSEG_TEST(bench_options, varbatch_trace_and_json_in_one_file_are_refused) {
+  char trace[256];
+  XSEG_ASSERT_TRUE(temp_write(trace, sizeof trace, ".csv", "kept", false));
+  char *same[] = {"varbatch", "--requests", "1", "--decode-steps", "0",
+                  "--mode", "exact", "--write-trace", trace, "--json", trace,
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_varbatch, same);
+  char *kept = file_read(trace);
+  XSEG_EXPECT_STREQ(kept, "kept");
+  free(kept);
+  expect_refused(&c, 2, "same file");
+  unlink(trace);
+}
+
 /* ---- options a mode or a command would ignore ------------------------- */
 
 /* A --conf that turns expandable_segments against the mode would print
