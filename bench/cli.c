@@ -1,9 +1,9 @@
 /* cli.c: options every xseg-bench command shares, and their effects. */
 #include <ctype.h>
 #include <errno.h>
+#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -129,51 +129,28 @@ size_t xb_cli_policies(const char *mode, const xb_policy **out) {
   return 0;
 }
 
-/* What a new file gets from fopen "w": 0666 less the umask; an existing
-   one keeps its mode across the rename. */
-static mode_t json_mode(const struct stat *st, bool exists) {
-  if (exists) return st->st_mode & 07777;
-  mode_t mask = umask(0);
-  umask(mask);
-  return 0666 & ~mask;
-}
-
-/* Opens a temporary beside json->target with the mode the file would
-   have had; NULL (errno set) on failure. */
-static FILE *json_temp_open(xb_json_out *json, const struct stat *st,
-                            bool exists) {
-  size_t n = strlen(json->target) + sizeof ".XXXXXX";
-  json->tmp = malloc(n);
-  if (json->tmp == NULL) return errno = ENOMEM, NULL;
-  snprintf(json->tmp, n, "%s.XXXXXX", json->target);
-  int fd = mkstemp(json->tmp);
-  FILE *f = fd >= 0 && fchmod(fd, json_mode(st, exists)) == 0
-                ? fdopen(fd, "w") : NULL;
-  if (f != NULL) return f;
-  int why = errno;
-  if (fd >= 0) close(fd), unlink(json->tmp);
-  free(json->tmp);
-  json->tmp = NULL;
-  errno = why;
-  return NULL;
-}
-
-/* A temporary beside the file --json names (a link's target), unless that
-   is no regular file: a device or a pipe is written in place. */
-static FILE *json_file_open(xb_json_out *json) {
-  struct stat st;
-  bool exists = stat(json->path, &st) == 0;
-  if (exists && !S_ISREG(st.st_mode)) return fopen(json->path, "w");
-  if (exists && access(json->path, W_OK) != 0) return NULL;
-  json->target = exists ? realpath(json->path, NULL) : strdup(json->path);
-  if (json->target == NULL) return NULL;
-  return json_temp_open(json, &st, exists);
+/* Whether the file --json names can be written: the file itself, or, when
+   it does not exist yet, the folder it would be made in. errno set when
+   not. */
+static bool json_writable(const char *path) {
+  if (access(path, W_OK) == 0) return true;
+  if (errno != ENOENT) return false;
+  char *copy = strdup(path);
+  if (copy == NULL) return errno = ENOMEM, false;
+  bool ok = access(dirname(copy), W_OK | X_OK) == 0;
+  free(copy);
+  return ok;
 }
 
 bool xb_cli_json_open(const xb_cli *c, xb_json_out *json) {
   *json = (xb_json_out){.path = c->json};
   if (c->json == NULL) return true;
-  json->f = strcmp(c->json, "-") == 0 ? stdout : json_file_open(json);
+  if (strcmp(c->json, "-") == 0) {
+    json->f = stdout;
+    return true;
+  }
+  if (json_writable(c->json))
+    json->f = open_memstream(&json->buf, &json->len);
   if (json->f != NULL) return true;
   fprintf(stderr, "xseg-bench: --json %s: %s\n", c->json, strerror(errno));
   xb_cli_json_close(json);
@@ -182,22 +159,21 @@ bool xb_cli_json_open(const xb_cli *c, xb_json_out *json) {
 
 void xb_cli_json_close(xb_json_out *json) {
   if (json->f != NULL && json->f != stdout) fclose(json->f);
-  if (json->tmp != NULL) unlink(json->tmp);
-  free(json->tmp);
-  free(json->target);
+  free(json->buf);
   *json = (xb_json_out){.path = json->path};
 }
 
 bool xb_cli_json_commit(xb_json_out *json) {
   if (json->f == NULL) return true;
   bool ok = fflush(json->f) == 0 && !ferror(json->f);
-  if (json->f != stdout) ok = fclose(json->f) == 0 && ok;
-  json->f = NULL;
-  if (ok && json->tmp != NULL) ok = rename(json->tmp, json->target) == 0;
-  if (ok && json->tmp != NULL) {
-    free(json->tmp);
-    json->tmp = NULL;               /* renamed: nothing left to remove */
+  if (json->f != stdout) {
+    ok = fclose(json->f) == 0 && ok;
+    json->f = NULL;
+    FILE *out = ok ? fopen(json->path, "w") : NULL;
+    ok = out != NULL && fwrite(json->buf, 1, json->len, out) == json->len;
+    if (out != NULL) ok = fclose(out) == 0 && ok;
   }
+  json->f = NULL;
   if (!ok) fprintf(stderr, "xseg-bench: --json %s: write failed\n",
                    json->path);
   xb_cli_json_close(json);

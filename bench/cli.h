@@ -65,26 +65,27 @@ bool xb_cli_env_open(const xb_cli *c, xb_env *env);
 size_t xb_cli_policies(const char *mode, const xb_policy **out);
 /* Where tables and summaries go: stderr when --json - takes stdout. */
 FILE *xb_cli_table_out(const xb_cli *c);
-/* --json's output while a run writes it. A regular file (or a new one) is
-   written to a temporary beside it and renamed over it only once complete,
-   so that a run that fails leaves an earlier file as it was; anything else
-   (a device, a pipe) is written in place, and "-" is stdout. */
+/* --json's output while a run writes it: in memory, written to --json's
+   path only once the run is complete, so that a run that fails (or is
+   killed) leaves an earlier file as it was and nothing beside it; the file
+   is written in place then, as fopen "w" writes it (its owner, links and
+   mode kept, a symlink's target written). "-" is stdout. */
 typedef struct xb_json_out {
   FILE *f;                          /* NULL without --json */
   const char *path;                 /* --json's, for messages */
-  char *target, *tmp;               /* renamed tmp -> target; NULL when f
-                                       is written in place (malloc'd) */
+  char *buf;                        /* f's memory (open_memstream) */
+  size_t len;
 } xb_json_out;
 
-/* Opens --json's output before a run, so that a path that cannot be
-   written fails at once instead of after the run; prints why and returns
-   false. */
+/* Checks before a run that --json's path can be written (the file, or the
+   folder it would be made in), so that it fails at once instead of after
+   the run; prints why and returns false. */
 bool xb_cli_json_open(const xb_cli *c, xb_json_out *json);
-/* Closes json's file and removes its temporary: the run failed, and
-   --json's path keeps what it had. Nothing when committed. */
+/* Drops what json holds: the run failed, and --json's path keeps what it
+   had. Nothing when committed. */
 void xb_cli_json_close(xb_json_out *json);
-/* Closes json's file and puts it in place (the rename); false, printed,
-   on a write error, the temporary then removed. */
+/* Writes what json holds to --json's path; false, printed, on a write
+   error. */
 bool xb_cli_json_commit(xb_json_out *json);
 /* Writes the results to `json` (committing it) and --svg, if given;
    prints why on failure. */

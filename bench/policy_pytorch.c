@@ -564,7 +564,10 @@ static xseg_status pytorch_conf(const char *conf, xs_config *cfg) {
       !cfg->expandable_segments ? "expandable_segments:False"
       : cfg->max_split_size != SIZE_MAX ? "max_split_size_mb"
       : cfg->garbage_collection_threshold != 0 ? "garbage_collection_threshold"
-                                                : NULL;
+      : cfg->memory_fraction != 1.0
+          ? "a memory fraction (per_process_memory_fraction or "
+            "xseg_memory_fraction)"
+          : NULL;
   if (unmodelled == NULL) return XSEG_OK;
   return xs_error(XSEG_ERR_INVALID_ARGUMENT, "pytorch-expandable models "
                   "PyTorch's defaults and roundup_power2_divisions only, not "

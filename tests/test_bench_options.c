@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -146,6 +147,46 @@ XSEG_TEST(bench_options, failed_run_keeps_the_earlier_json) {
   free(written);
   unlink(trace);
   unlink(bad);
+  unlink(json);
+  rmdir(dir);
+}
+
+/* --json is written in place once the run is complete: the file keeps
+   its inode, so a hard link to it sees the results (a temporary renamed
+   over it left the link with the old contents and the file with another
+   owner); and a folder that cannot be written is no bar to a file in it
+   that can. */
+XSEG_TEST(bench_options, json_is_written_in_place) {
+  char dir[256], trace[300], json[300], link_path[300];
+  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
+  snprintf(trace, sizeof trace, "%s/small.csv", dir);
+  snprintf(json, sizeof json, "%s/out.json", dir);
+  snprintf(link_path, sizeof link_path, "%s/link.json", dir);
+  FILE *f = fopen(trace, "w"), *h = fopen(json, "w");
+  XSEG_ASSERT_TRUE(f != NULL && h != NULL);
+  fputs(small_trace, f);
+  fputs("earlier results", h);
+  fclose(f);
+  fclose(h);
+  XSEG_ASSERT_TRUE(link(json, link_path) == 0);
+  char *argv[] = {"replay", "--trace", trace, "--mode", "exact", "--json",
+                  json, "--driver", (char *)test_driver(), NULL};
+  captured ok = run_argv(xb_cmd_replay, argv);
+  XSEG_EXPECT_EQ(ok.rc, 0);
+  char *through_link = file_read(link_path);
+  XSEG_EXPECT_TRUE(through_link != NULL &&
+                   strncmp(through_link, "{\"runs\": [", 10) == 0);
+  XSEG_EXPECT_EQ(dir_entries(dir), 3);
+  free(through_link);
+  captured_release(&ok);
+  /* The folder read-only (root ignores it: then only the file is seen). */
+  XSEG_ASSERT_TRUE(chmod(dir, 0555) == 0);
+  captured again = run_argv(xb_cmd_replay, argv);
+  XSEG_EXPECT_EQ(again.rc, 0);
+  captured_release(&again);
+  XSEG_ASSERT_TRUE(chmod(dir, 0755) == 0);
+  unlink(link_path);
+  unlink(trace);
   unlink(json);
   rmdir(dir);
 }

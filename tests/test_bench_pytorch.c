@@ -126,7 +126,9 @@ XSEG_TEST(bench_pytorch, conf_rounds_by_divisions_and_refuses_the_rest) {
   f.self = NULL;
   const char *unmodelled[] = {"max_split_size_mb:20",
                               "garbage_collection_threshold:0.5",
-                              "expandable_segments:False", "no_such_key:1"};
+                              "expandable_segments:False", "no_such_key:1",
+                              "per_process_memory_fraction:0.5",
+                              "xseg_memory_fraction:0.5"};
   for (size_t i = 0; i < sizeof unmodelled / sizeof *unmodelled; i++) {
     void *self = NULL;
     XSEG_EXPECT_EQ(f.p->open(&f.env, unmodelled[i], 16, &self),
