@@ -177,17 +177,25 @@ static inline xseg_stats at_stats(xseg_allocator *a) {
 /* The sum of the segments' total_size in xseg_snapshot_json (only
    segments carry that key); -1 when the snapshot could not be written.
    PyTorch's memory viewer takes it for the reserved bytes. */
-static inline int64_t at_snapshot_total(xseg_allocator *a) {
+/* a's snapshot as a string to free, or NULL if it fails. */
+static inline char *at_snapshot_text(xseg_allocator *a) {
   char *json = NULL;
   size_t len = 0;
   FILE *f = open_memstream(&json, &len);
-  if (f == NULL) return -1;
+  if (f == NULL) return NULL;
   xseg_status st = xseg_snapshot_json(a, f);
   fclose(f);
-  int64_t total = st == XSEG_OK ? 0 : -1;
+  if (st == XSEG_OK) return json;
+  free(json);
+  return NULL;
+}
+
+static inline int64_t at_snapshot_total(xseg_allocator *a) {
+  char *json = at_snapshot_text(a);
+  if (json == NULL) return -1;
+  int64_t total = 0;
   static const char key[] = "\"total_size\": ";
-  for (const char *k = json; st == XSEG_OK && (k = strstr(k, key)) != NULL;
-       k += sizeof key - 1)
+  for (const char *k = json; (k = strstr(k, key)) != NULL; k += sizeof key - 1)
     total += strtoll(k + sizeof key - 1, NULL, 10);
   free(json);
   return total;
@@ -197,17 +205,13 @@ static inline int64_t at_snapshot_total(xseg_allocator *a) {
    segment_map and segment_alloc less every segment_unmap and segment_free,
    as PyTorch's viewer replays it; -1 if the snapshot fails. */
 static inline int64_t at_trace_mapped(xseg_allocator *a) {
-  char *json = NULL;
-  size_t len = 0;
-  FILE *f = open_memstream(&json, &len);
-  if (f == NULL) return -1;
-  xseg_status st = xseg_snapshot_json(a, f);
-  fclose(f);
-  int64_t mapped = st == XSEG_OK ? 0 : -1;
+  char *json = at_snapshot_text(a);
+  if (json == NULL) return -1;
+  int64_t mapped = 0;
   static const struct { const char *action; int sign; } kinds[] = {
       {"segment_map", 1}, {"segment_alloc", 1},
       {"segment_unmap", -1}, {"segment_free", -1}};
-  for (size_t i = 0; st == XSEG_OK && i < 4; i++) {
+  for (size_t i = 0; i < 4; i++) {
     char key[64];
     snprintf(key, sizeof key, "{\"action\": \"%s\", \"addr\": ",
              kinds[i].action);

@@ -110,83 +110,57 @@ static size_t dir_entries(const char *dir) {
   return n;
 }
 
+/* Writes `text` to dir/name, its path in path[size]; false on failure. */
+static bool file_put(const char *dir, const char *name, const char *text,
+                     char *path, size_t size) {
+  snprintf(path, size, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return false;
+  bool ok = fputs(text, f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
 /* A run that fails after --json was opened leaves the file as it was (an
-   earlier run's results) and no temporary beside it; one that succeeds
-   replaces it. */
+   earlier run's results) and nothing beside it; one that succeeds writes
+   it in place: a hard link to it sees the results (a temporary renamed
+   over it left the link with the old contents and the file with another
+   owner), and a folder that cannot be written is no bar to a file in it
+   that can (root ignores the folder's mode: then only the file is seen). */
 XSEG_TEST(bench_options, failed_run_keeps_the_earlier_json) {
   char dir[256], trace[300], bad[300], json[300];
   XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
-  snprintf(trace, sizeof trace, "%s/small.csv", dir);
-  snprintf(bad, sizeof bad, "%s/bad.csv", dir);
-  snprintf(json, sizeof json, "%s/out.json", dir);
-  FILE *f = fopen(trace, "w"), *g = fopen(bad, "w"), *h = fopen(json, "w");
-  XSEG_ASSERT_TRUE(f != NULL && g != NULL && h != NULL);
-  fputs(small_trace, f);
-  fputs("Thread,Time,Action,Pointer,Size,Stream\n0,0,free,0x10,5,0\n", g);
-  fputs("earlier results", h);
-  fclose(f);
-  fclose(g);
-  fclose(h);
+  XSEG_ASSERT_TRUE(
+      file_put(dir, "small.csv", small_trace, trace, sizeof trace) &&
+      file_put(dir, "bad.csv",
+               "Thread,Time,Action,Pointer,Size,Stream\n0,0,free,0x10,5,0\n",
+               bad, sizeof bad) &&
+      file_put(dir, "out.json", "earlier results", json, sizeof json));
+  char link_path[300];
+  snprintf(link_path, sizeof link_path, "%s/link.json", dir);
+  XSEG_ASSERT_TRUE(link(json, link_path) == 0);
   char *argv[] = {"replay", "--trace", bad, "--mode", "exact", "--json",
                   json, "--driver", (char *)test_driver(), NULL};
   captured c = run_argv(xb_cmd_replay, argv);
   char *kept = file_read(json);
   size_t entries = dir_entries(dir);
   argv[2] = trace;
+  XSEG_ASSERT_TRUE(chmod(dir, 0555) == 0);
   captured ok = run_argv(xb_cmd_replay, argv);
-  char *written = file_read(json);
+  XSEG_ASSERT_TRUE(chmod(dir, 0755) == 0);
+  char *written = file_read(link_path);
   XSEG_EXPECT_STREQ(kept, "earlier results");
-  XSEG_EXPECT_EQ(entries, 3);
+  XSEG_EXPECT_EQ(entries, 4);
   XSEG_EXPECT_EQ(ok.rc, 0);
   XSEG_EXPECT_TRUE(written != NULL &&
                    strncmp(written, "{\"runs\": [", 10) == 0);
-  XSEG_EXPECT_EQ(dir_entries(dir), 3);
+  XSEG_EXPECT_EQ(dir_entries(dir), 4);
   expect_refused(&c, 1, "free of unknown pointer 0x10");
   captured_release(&ok);
   free(kept);
   free(written);
-  unlink(trace);
-  unlink(bad);
-  unlink(json);
-  rmdir(dir);
-}
-
-/* --json is written in place once the run is complete: the file keeps
-   its inode, so a hard link to it sees the results (a temporary renamed
-   over it left the link with the old contents and the file with another
-   owner); and a folder that cannot be written is no bar to a file in it
-   that can. */
-XSEG_TEST(bench_options, json_is_written_in_place) {
-  char dir[256], trace[300], json[300], link_path[300];
-  XSEG_ASSERT_TRUE(temp_dir(dir, sizeof dir));
-  snprintf(trace, sizeof trace, "%s/small.csv", dir);
-  snprintf(json, sizeof json, "%s/out.json", dir);
-  snprintf(link_path, sizeof link_path, "%s/link.json", dir);
-  FILE *f = fopen(trace, "w"), *h = fopen(json, "w");
-  XSEG_ASSERT_TRUE(f != NULL && h != NULL);
-  fputs(small_trace, f);
-  fputs("earlier results", h);
-  fclose(f);
-  fclose(h);
-  XSEG_ASSERT_TRUE(link(json, link_path) == 0);
-  char *argv[] = {"replay", "--trace", trace, "--mode", "exact", "--json",
-                  json, "--driver", (char *)test_driver(), NULL};
-  captured ok = run_argv(xb_cmd_replay, argv);
-  XSEG_EXPECT_EQ(ok.rc, 0);
-  char *through_link = file_read(link_path);
-  XSEG_EXPECT_TRUE(through_link != NULL &&
-                   strncmp(through_link, "{\"runs\": [", 10) == 0);
-  XSEG_EXPECT_EQ(dir_entries(dir), 3);
-  free(through_link);
-  captured_release(&ok);
-  /* The folder read-only (root ignores it: then only the file is seen). */
-  XSEG_ASSERT_TRUE(chmod(dir, 0555) == 0);
-  captured again = run_argv(xb_cmd_replay, argv);
-  XSEG_EXPECT_EQ(again.rc, 0);
-  captured_release(&again);
-  XSEG_ASSERT_TRUE(chmod(dir, 0755) == 0);
   unlink(link_path);
   unlink(trace);
+  unlink(bad);
   unlink(json);
   rmdir(dir);
 }
@@ -286,6 +260,17 @@ XSEG_TEST(bench_options, gpu_lag_too_large_is_out_of_range) {
   expect_refused(&c, 1, "--gpu-lag 18446744073709552 is out of range");
 }
 
+/* varbatch run with argv is refused (exit 2, naming `needle`), and the
+   file at `trace`, which holds "kept", is untouched. */
+static void expect_varbatch_refused_keeping(char **argv, const char *trace,
+                                            const char *needle) {
+  captured c = run_argv(xb_cmd_varbatch, argv);
+  char *kept = file_read(trace);
+  XSEG_EXPECT_STREQ(kept, "kept");
+  free(kept);
+  expect_refused(&c, 2, needle);
+}
+
 /* varbatch: sizes that would wrap (or pass 2^62) are refused, naming the
    options that make them, before anything is built or written. */
 XSEG_TEST(bench_options, varbatch_sizes_too_large_are_refused) {
@@ -295,16 +280,12 @@ XSEG_TEST(bench_options, varbatch_sizes_too_large_are_refused) {
                   "--requests", "1", "--decode-steps", "0", "--batch", "1:1",
                   "--seq", "1:1", "--mode", "exact", "--write-trace", trace,
                   "--driver", (char *)test_driver(), NULL};
-  captured c = run_argv(xb_cmd_varbatch, wide);
-  char *kept = file_read(trace);
-  XSEG_EXPECT_STREQ(kept, "kept");
-  free(kept);
-  expect_refused(&c, 2, "--hidden");
+  expect_varbatch_refused_keeping(wide, trace, "--hidden");
   char *long_seq[] = {"varbatch", "--hidden", "64", "--requests", "1",
                       "--batch", "1:65536", "--seq", "1:4294967296",
                       "--mode", "exact", "--driver", (char *)test_driver(),
                       NULL};
-  c = run_argv(xb_cmd_varbatch, long_seq);
+  captured c = run_argv(xb_cmd_varbatch, long_seq);
   expect_refused(&c, 2, "--batch, --heads and --seq");
   char *decode[] = {"varbatch", "--requests", "1", "--decode-steps",
                     "18446744073709551615", "--mode", "exact", "--driver",
@@ -322,11 +303,7 @@ XSEG_TEST(bench_options, varbatch_trace_and_json_in_one_file_are_refused) {
   char *same[] = {"varbatch", "--requests", "1", "--decode-steps", "0",
                   "--mode", "exact", "--write-trace", trace, "--json", trace,
                   "--driver", (char *)test_driver(), NULL};
-  captured c = run_argv(xb_cmd_varbatch, same);
-  char *kept = file_read(trace);
-  XSEG_EXPECT_STREQ(kept, "kept");
-  free(kept);
-  expect_refused(&c, 2, "same file");
+  expect_varbatch_refused_keeping(same, trace, "same file");
   unlink(trace);
 }
 
