@@ -53,5 +53,5 @@ if(XSEG_BUILD_TORCH_ADAPTER)
 endif()
 install(FILES python/xseg_torch.py python/xseg_torch_oom.cc
               python/xseg_multiprocessing.py python/xseg_fd_courier.py
-              python/xseg_dlpack.py
+              python/xseg_dlpack.py python/xseg_torch_oom.py
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/xseg/python)

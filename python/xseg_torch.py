@@ -14,6 +14,7 @@ use_mem_pool's thread), asked at every allocation, decides which
 allocations go into the pool. The hooks are libxseg_torch.so's C++ wrappers
 (torch_adapter/xseg_torch.h), which throw at the failing call: an allocation
 xseg cannot serve raises torch.cuda.OutOfMemoryError (xseg_torch_oom.cc,
+built by xseg_torch_oom.py
 compiled once against the installed torch when a C++ compiler is present;
 otherwise a RuntimeError whose message starts "CUDA out of memory."), in the
 thread that asked, autograd's included.
@@ -35,16 +36,12 @@ Configuration comes from XSEG_ALLOC_CONF, as for xseg_create.
 """
 
 import ctypes
-import hashlib
 import json
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
-import warnings
+
+import xseg_torch_oom
 
 __all__ = ["Library", "OutOfMemoryError", "XsegError", "install",
            "installed", "library", "memory_stats", "memory_snapshot",
@@ -420,67 +417,6 @@ def _address(lib, name):
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
-def _oom_thrower(torch):
-    """The address of xseg_torch_throw_oom built against this torch (cached
-    by torch version, C++ ABI and source), or None with a warning when it
-    cannot be built (no C++ compiler, no torch headers)."""
-    if os.environ.get("XSEG_TORCH_NO_COMPILE"):
-        return None
-    here = os.path.dirname(os.path.abspath(__file__))
-    source = os.path.join(here, "xseg_torch_oom.cc")
-    torch_dir = os.path.dirname(torch.__file__)
-    include = os.path.join(torch_dir, "include")
-    cxx = shlex.split(os.environ.get("CXX") or "") or \
-        [c for c in (shutil.which("c++") or shutil.which("g++"),) if c]
-    why = None
-    if not os.path.exists(source):
-        why = "%s is missing" % source
-    elif not cxx:
-        why = "no C++ compiler (c++, g++ or $CXX)"
-    elif not os.path.exists(os.path.join(include, "c10", "util",
-                                         "Exception.h")):
-        why = "torch's C++ headers are not installed (%s)" % include
-    if why:
-        warnings.warn("xseg_torch: %s: out of memory raises RuntimeError "
-                      "('CUDA out of memory. ...') instead of "
-                      "torch.cuda.OutOfMemoryError" % why)
-        return None
-    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    with open(source, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    cache = os.environ.get("XSEG_TORCH_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "xseg")
-    name = "xseg_torch_oom-%s-abi%d-%s.so" % (
-        re.sub(r"[^0-9A-Za-z.]", "_", torch.__version__), abi, digest)
-    path = os.path.join(cache, name)
-    if not os.path.exists(path):
-        lib_dir = os.path.join(torch_dir, "lib")
-        tmp, cmd = None, cxx
-        try:
-            os.makedirs(cache, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-            os.close(fd)
-            cmd = cxx + ["-shared", "-fPIC", "-O2", "-std=c++17",
-                         "-D_GLIBCXX_USE_CXX11_ABI=%d" % abi, "-I" + include,
-                         source, "-L" + lib_dir, "-lc10",
-                         "-Wl,-rpath," + lib_dir, "-o", tmp]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            failure = done.stderr[-2000:] if done.returncode != 0 else None
-            if failure is None:
-                os.replace(tmp, path)
-        except OSError as err:          # no compiler there, no cache folder
-            failure = str(err)
-        if failure is not None:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
-            warnings.warn("xseg_torch: building %s failed (%s): out of "
-                          "memory raises RuntimeError instead of "
-                          "torch.cuda.OutOfMemoryError\n%s" % (
-                              source, " ".join(cmd), failure))
-            return None
-    return _address(ctypes.CDLL(path), "xseg_torch_throw_oom")
-
-
 def _torch_memory_api(torch):
     """Replacements for torch._C's functions beneath torch.cuda's memory API
     (torch/cuda/memory.py calls each through the torch._C module at call
@@ -599,7 +535,7 @@ def install(path=None, patch_memory_api=True, adapter_path=None):
                                          ", ".join(missing)))
     for setter, fn in _HOOKS:
         getattr(hooks, setter)(_address(adapter, fn))
-    thrower = _oom_thrower(torch)
+    thrower = xseg_torch_oom.thrower(torch)
     adapter.xseg_torch_cxx_set_oom_thrower.argtypes = [ctypes.c_void_p]
     adapter.xseg_torch_cxx_set_oom_thrower(thrower)
     # What may fail comes before the swap, which cannot be undone (torch

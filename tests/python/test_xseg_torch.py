@@ -195,6 +195,7 @@ expect(done.returncode == 0 and done.stdout.startswith("0 "),
 # raises RuntimeError), not a failed install, and no file left behind.
 import tempfile  # noqa: E402
 import types  # noqa: E402
+import xseg_torch_oom  # noqa: E402
 import warnings  # noqa: E402
 with tempfile.TemporaryDirectory() as tmp:
     torch_dir = os.path.join(tmp, "torch")
@@ -215,7 +216,7 @@ with tempfile.TemporaryDirectory() as tmp:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                got = xseg_torch._oom_thrower(fake)
+                got = xseg_torch_oom.thrower(fake)
             except OSError as err:
                 got = err
         expect(got is None and any("raises RuntimeError" in str(w.message)
