@@ -14,8 +14,8 @@ use_mem_pool's thread), asked at every allocation, decides which
 allocations go into the pool. The hooks are libxseg_torch.so's C++ wrappers
 (torch_adapter/xseg_torch.h), which throw at the failing call: an allocation
 xseg cannot serve raises torch.cuda.OutOfMemoryError (xseg_torch_oom.cc,
-built by xseg_torch_oom.py
-compiled once against the installed torch when a C++ compiler is present;
+compiled once by xseg_torch_oom.py against the installed torch when a C++
+compiler is present;
 otherwise a RuntimeError whose message starts "CUDA out of memory."), in the
 thread that asked, autograd's included.
 
