@@ -4,8 +4,8 @@
  * runs them for expandable segments, with PyTorch's defaults (no
  * max_split_size, no garbage collection, no record_stream) and --conf's
  * roundup_power2_divisions (round_size); a --conf that sets what is not
- * modelled (max_split_size_mb, garbage_collection_threshold,
- * expandable_segments:False) is refused, naming it, rather than ignored,
+ * modelled (max_split_size_mb, garbage_collection_threshold, a memory
+ * fraction, expandable_segments:False) is refused, naming it, not ignored,
  * so that no row runs under other settings than the command gave. xseg's
  * own keys (xseg_*) do not apply to PyTorch's allocator.
  *
