@@ -7,6 +7,7 @@
 #include "alloc/capture.h"
 #include "alloc/capture_mode.h"
 #include "alloc/enter.h"
+#include "alloc/ipc.h"
 #include "alloc/pairs.h"
 #include "alloc/reclaim.h"
 #include "alloc/types.h"
@@ -173,6 +174,9 @@ static xseg_status peer_grant_segment(xs_vmm *v, const xs_segment *s) {
   return XSEG_OK;
 }
 
+/* Every mapping: the pools' segments, and the blocks of other processes
+   opened here (xseg_ipc_open), whose access list was the one of their
+   open. */
 static xseg_status peer_grant_all_locked(xseg_allocator *a) {
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2; k++)
@@ -180,6 +184,11 @@ static xseg_status peer_grant_all_locked(xseg_allocator *a) {
         xseg_status st = peer_grant_segment(&a->vmm, s);
         if (st != XSEG_OK) return st;
       }
+  if (a->ipc == NULL) return XSEG_OK;
+  for (xs_ipc_mapping *m = a->ipc->mappings; m != NULL; m = m->next) {
+    xseg_status st = xs_vmm_set_access(&a->vmm, m->va, m->size);
+    if (st != XSEG_OK) return st;
+  }
   return XSEG_OK;
 }
 

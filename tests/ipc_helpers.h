@@ -265,4 +265,16 @@ static inline int ipc_open_fds(void) {
   return n;
 }
 
+/* An exported handle received back through a stream socket pair (the
+   message may arrive in pieces there). */
+static inline xseg_ipc_handle *ipc_roundtrip(const xseg_ipc_handle *h) {
+  int sv[2];
+  xseg_ipc_handle *got = NULL;
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return NULL;
+  if (XT_OK(xseg_ipc_send(sv[0], h))) XT_OK(xseg_ipc_recv(sv[1], &got));
+  close(sv[0]);
+  close(sv[1]);
+  return got;
+}
+
 #endif /* XSEG_TESTS_IPC_HELPERS_H */

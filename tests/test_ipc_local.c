@@ -22,18 +22,6 @@
 
 /* ---- in one process (a second allocator is the consumer) --------------- */
 
-/* An exported handle received back through a stream socket pair (the
-   message may arrive in pieces there). */
-static xseg_ipc_handle *ipc_roundtrip(const xseg_ipc_handle *h) {
-  int sv[2];
-  xseg_ipc_handle *got = NULL;
-  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return NULL;
-  if (XT_OK(xseg_ipc_send(sv[0], h))) XT_OK(xseg_ipc_recv(sv[1], &got));
-  close(sv[0]);
-  close(sv[1]);
-  return got;
-}
-
 /* 2,000 opens and closes map and unmap the block's handles each time and
    leave no reservation, mapping or handle behind: the consumer's address
    space does not grow. */

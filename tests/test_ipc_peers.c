@@ -221,3 +221,34 @@ XSEG_TEST(ipc_peers, a_table_no_hold_was_published_in_is_not_kept) {
   xseg_destroy(b);
   producers_end(&s);
 }
+
+/* xseg_enable_peer_access: "every current and future mapping" includes the
+   blocks of other processes opened here before it (their access was the
+   list of their open). */
+XSEG_TEST(ipc, peer_access_reaches_a_block_opened_before) {
+  XT_REQUIRE_SIM_FOR("emulates a second device");
+  setenv("XSIM_DEVICE_COUNT", "2", 1);
+  xsim_reset();
+  xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
+  void *p = NULL, *q = NULL;
+  XT_OK(xseg_malloc(a, 4 * MiB, NULL, &p));
+  xseg_ipc_handle *h = NULL;
+  XT_OK(xseg_ipc_export(a, p, &h));
+  xseg_ipc_handle *got = ipc_roundtrip(h);
+  XSEG_ASSERT_TRUE(got != NULL);
+  XT_OK(xseg_ipc_open(b, got, &q));
+  XT_OK(xseg_enable_peer_access(b, 1));
+  CUmemLocation peer = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  unsigned long long flags = 0;
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  XSEG_EXPECT_CU(cuMemGetAccess(&flags, &peer, (CUdeviceptr)(uintptr_t)q));
+  XSEG_EXPECT_EQ(flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  XT_OK(xseg_ipc_close(b, q));
+  xseg_ipc_handle_free(got);
+  xseg_ipc_handle_free(h);
+  XT_OK(xseg_free(a, p));
+  xseg_destroy(b);
+  xseg_destroy(a);
+  unsetenv("XSIM_DEVICE_COUNT");
+  xsim_reset();
+}
