@@ -5,7 +5,8 @@
  * goes at the next new producer; and a handle whose table fd is not the
  * table mapped for it is refused, whether its producer has a block open
  * here or none. Tables are counted in /proc/self/maps (the memfd's name),
- * so these run on a GPU as well.
+ * so these run on a GPU as well. Last, a peer device (not process):
+ * xseg_enable_peer_access reaches the blocks opened here before it.
  */
 #define _GNU_SOURCE
 #include <stddef.h>
