@@ -116,6 +116,10 @@ void xseg_torch_init(int device_count) {
                         memory_order_relaxed);
 }
 
+int xseg_torch_device_count(void) {
+  return atomic_load_explicit(&torch_device_count, memory_order_relaxed);
+}
+
 void xs_torch_devices_destroy(void) {
   pthread_mutex_lock(&torch_create_lock);
   for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++)

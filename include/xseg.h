@@ -215,6 +215,9 @@ void  xseg_torch_set_memory_fraction(double fraction, int device);
 /* PyTorch's init(device_count): devices from device_count on are refused
    from then on (at most xseg_torch_device_limit()). */
 void  xseg_torch_init(int device_count);
+/* The count xseg_torch_init was given (0 before it): torch's devices, one
+   list of memory_snapshot()'s device_traces each. */
+int   xseg_torch_device_count(void);
 /* Graph pools, named by PyTorch's MempoolId_t {first, second}. From the
    begin to the end, an allocation of `device` on a stream for which
    filter(ctx, stream) returns 1 comes from the pool (0: not this stream;

@@ -112,6 +112,7 @@ class Library:
         self._sig("xseg_torch_clear_error", None)
         self._sig("xseg_torch_allocator", vp, i)
         self._sig("xseg_torch_has_allocator", i, i)
+        self._sig("xseg_torch_device_count", i)
         self._sig("xseg_torch_device_limit", i)
         self._sig("xseg_torch_record_memory_history", None, sz)
         self._sig("xseg_torch_pool_id", ctypes.c_uint64, i, ctypes.c_ulonglong,
@@ -145,6 +146,18 @@ class Library:
         """The devices whose allocator exists (used since start)."""
         return [dev for dev in range(self.lib.xseg_torch_device_limit())
                 if self.lib.xseg_torch_has_allocator(dev)]
+
+    def device_count(self):
+        """Torch's device count (xseg_torch_init's), 0 before its init."""
+        return self.lib.xseg_torch_device_count()
+
+    def valid_device(self, device):
+        """Raises, as PyTorch's assertValidDevice, for a device torch does
+        not have (once its init gave the count)."""
+        count = self.device_count()
+        if count > 0 and not 0 <= device < count:
+            raise RuntimeError("Invalid device argument %d: did you call "
+                               "init?" % device)
 
     def allocator(self, device):
         """Device's xseg_allocator *, created if need be."""
@@ -225,6 +238,7 @@ def memory_stats(device=0):
     `device`, with PyTorch's keys (zeros for a device xseg has not served:
     reading stats creates no allocator)."""
     lib = library()
+    lib.valid_device(device)
     stats = lib.json("stats", device) if lib.lib.xseg_torch_has_allocator(
         device) else _zero_stats()
     for name in _UNTRACKED:
@@ -251,6 +265,7 @@ def _nested(flat):
 def reset_peak_memory_stats(device=0):
     """Every peak becomes the current value (torch.cuda's)."""
     lib = library()
+    lib.valid_device(device)
     if lib.lib.xseg_torch_has_allocator(device):
         lib.call("reset_peak_stats", device)
 
@@ -299,7 +314,9 @@ def memory_snapshot(pool=None, include_traces=True):
     lib = library()
     devices = lib.devices()
     snap = {"segments": [], "device_traces": []}
-    for dev in range(max(devices, default=0) + 1):
+    # A list per device, as PyTorch's snapshot() has one per allocator it
+    # made at init, used or not.
+    for dev in range(max(max(devices, default=0) + 1, lib.device_count())):
         part = lib.json("snapshot", dev) if dev in devices else \
             {"segments": [], "device_traces": [[]]}
         for seg in part["segments"]:

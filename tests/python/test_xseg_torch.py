@@ -230,4 +230,21 @@ with tempfile.TemporaryDirectory() as tmp:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+# Once torch's init gave the device count: memory_snapshot() has a trace
+# list per device, as PyTorch's (one per allocator made at init, used or
+# not), and memory_stats of a device torch does not have raises, as its
+# assertValidDevice. (Last: init's count stays for the process.)
+lib = xseg_torch.library()
+lib.lib.xseg_torch_init(3)
+expect(len(xseg_torch.memory_snapshot()["device_traces"]) == 3,
+       "a trace list per device: %d" %
+       len(xseg_torch.memory_snapshot()["device_traces"]))
+for bad in (3, -1):
+    try:
+        xseg_torch.memory_stats(bad)
+        expect(False, "memory_stats(%d) of 3 devices answered" % bad)
+    except RuntimeError as err:
+        expect("Invalid device argument" in str(err), str(err))
+expect(xseg_torch.memory_stats(2)["allocated_bytes.all.current"] == 0,
+       "an unused device reads zeros")
 finish("test_xseg_torch")
