@@ -53,6 +53,21 @@ static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
   return xs_stream_set_add(&b->uses, stream);
 }
 
+/* Whether `stream` may carry this allocator's events (xs_vmm_stream_is_ours):
+   a driver call for each new stream a thread records, not for each record
+   (a program records the same few streams again and again). */
+static bool record_stream_ours(xseg_allocator *a, struct CUstream_st *stream) {
+  static _Thread_local struct {
+    uint64_t allocator;
+    struct CUstream_st *stream;
+  } last;
+  if (last.allocator == a->id && last.stream == stream) return true;
+  if (!xs_vmm_stream_is_ours(&a->vmm, stream)) return false;
+  last.allocator = a->id;
+  last.stream = stream;
+  return true;
+}
+
 /* No lock held: xseg_record_stream under the block's pair lock alone, which
    it takes. A live block's recorded streams are read and written only by
    operations that hold its pair's lock (every slow path holds all of them),
@@ -80,6 +95,13 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
+  /* Refused now, not at the free, whose events could not be recorded. */
+  if (!record_stream_ours(a, stream))
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_record_stream(%p, stream %p): the stream is another "
+                    "context's (another device's) than the allocator of "
+                    "device %d, whose events cannot be recorded on it; not "
+                    "supported", ptr, (void *)stream, a->vmm.device);
   xseg_status st = XSEG_OK;
   if (record_cached(a, addr, stream, &st)) return st;
   xs_alloc_enter(a);

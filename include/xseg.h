@@ -59,8 +59,9 @@ xseg_status xseg_create(int device, const char *conf, xseg_allocator **out);
    before unmapping. NULL is ignored. */
 void        xseg_destroy(xseg_allocator *a);
 
-/* A block of at least `size` bytes for work on `stream`, 512-byte aligned.
-   size 0 gives a unique 512-byte block. */
+/* A block of at least `size` bytes for work on `stream` (NULL, a special
+   handle, or a stream of the allocator's device's context), 512-byte
+   aligned. size 0 gives a unique 512-byte block. */
 xseg_status xseg_malloc(xseg_allocator *a, size_t size,
                         struct CUstream_st *stream, void **ptr);
 /* NULL is ignored, as by free(). A block that xseg_record_stream tagged
@@ -78,7 +79,11 @@ xseg_status xseg_malloc(xseg_allocator *a, size_t size,
 xseg_status xseg_free(xseg_allocator *a, void *ptr);
 /* Marks the live block at ptr as used by work on `stream` (PyTorch's
    recordStream); its own allocation stream is ignored. A pointer that is
-   not the start of a live block gives XSEG_ERR_UNKNOWN_POINTER. */
+   not the start of a live block gives XSEG_ERR_UNKNOWN_POINTER. A stream
+   of another context (another device's) gives XSEG_ERR_INVALID_ARGUMENT,
+   as its first xseg_malloc does: the events xseg records in its device's
+   context cannot go on it (cuEventRecord), and PyTorch's recording across
+   devices is not supported yet. */
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream);
 /* Before cuStreamDestroy of a stream xseg has seen: waits (on the host)

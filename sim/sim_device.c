@@ -74,6 +74,8 @@ static bool xsim_ctx_live(CUcontext c) {
   return atomic_load_explicit(&c->state, memory_order_acquire) == XSIM_CTX_LIVE;
 }
 
+CUcontext xsim_ctx_current(void) { return xsim_ctx_top(); }
+
 CUresult xsim_current_device(int *device) {
   CUresult r = xsim_require_init();
   if (r != CUDA_SUCCESS) return r;

@@ -142,6 +142,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     return r;
   r = xsim_event_new(Flags, ipc, phEvent);
   if (r != CUDA_SUCCESS) xsim_ipc_event_free(ipc);
+  else (*phEvent)->device = device;
   return r;
 }
 
@@ -193,6 +194,10 @@ static CUresult xsim_event_record(CUevent hEvent, CUstream hStream,
   CUresult r = xsim_stream_acquire(hStream, &s);
   if (r != CUDA_SUCCESS) return r;
   if (!xsim_event_valid_locked(hEvent)) r = CUDA_ERROR_INVALID_HANDLE;
+  /* cuda.h: "hEvent and hStream must be from the same context otherwise
+     CUDA_ERROR_INVALID_HANDLE is returned" (a device's contexts are one
+     here). */
+  else if (hEvent->device != s->device) r = CUDA_ERROR_INVALID_HANDLE;
   else if ((flags & CU_EVENT_RECORD_EXTERNAL) && !s->capture)
     r = CUDA_ERROR_ILLEGAL_STATE;
   else if (s->capture && !(flags & CU_EVENT_RECORD_EXTERNAL))

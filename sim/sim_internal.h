@@ -77,6 +77,8 @@ CUresult xsim_require_init(void);
    CUDA_ERROR_INVALID_CONTEXT when none is current (most driver calls need
    one). Implies xsim_require_init. */
 CUresult xsim_current_device(int *device);
+/* The calling thread's current context, or NULL. */
+CUcontext xsim_ctx_current(void);
 /* CUDA_ERROR_INVALID_DEVICE unless 0 <= device < the device count. */
 CUresult xsim_device_check(int device);
 /* "CUDA_ERROR_OUT_OF_MEMORY" -> CUDA_ERROR_OUT_OF_MEMORY; false if unknown.

@@ -289,5 +289,6 @@ CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
   r = xsim_event_new(CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS, x,
                    phEvent);
   if (r != CUDA_SUCCESS) xsim_ipc_event_free(x);
+  else (*phEvent)->device = device;
   return r;
 }

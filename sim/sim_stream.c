@@ -685,6 +685,7 @@ static CUresult xsim_stream_create(CUstream *out, unsigned flags,
   pthread_once(&xsim_fork_once, xsim_fork_install);
   struct CUstream_st *s = xsim_stream_new(device, flags, priority, false);
   if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+  s->ctx = xsim_ctx_current();
   xsim_lock();
   s->id = xsim_next_stream_id++;
   xsim_registry_insert_locked(s);
@@ -752,6 +753,26 @@ static CUresult xsim_stream_property(CUstream h, xsim_prop p, uint64_t *out) {
   if (p == XSIM_PROP_FLAGS) *out = s->flags;
   else if (p == XSIM_PROP_PRIORITY) *out = (uint64_t)(int64_t)s->priority;
   else *out = s->id;
+  xsim_unlock();
+  return CUDA_SUCCESS;
+}
+
+/* cuda.h: "the context that was active in the calling thread when the
+   stream was created"; for "any of the special handles ... the context
+   current to the calling thread", CUDA_ERROR_INVALID_CONTEXT when none. */
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+  XSIM_ENTER("cuStreamGetCtx");
+  if (pctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (xsim_stream_is_legacy_handle(hStream)) {
+    int device;
+    CUresult r = xsim_current_device(&device);
+    if (r == CUDA_SUCCESS) *pctx = xsim_ctx_current();
+    return r;
+  }
+  struct CUstream_st *s;
+  CUresult r = xsim_stream_acquire(hStream, &s);
+  if (r != CUDA_SUCCESS) return r;
+  *pctx = s->ctx;
   xsim_unlock();
   return CUDA_SUCCESS;
 }

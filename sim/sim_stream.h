@@ -98,6 +98,8 @@ typedef struct xsim_capture xsim_capture;
 struct CUstream_st {
   uint32_t magic;
   int device;
+  CUcontext ctx;               /* current at its creation (cuStreamGetCtx);
+                                  NULL for a device's legacy stream */
   unsigned flags;              /* CU_STREAM_DEFAULT or CU_STREAM_NON_BLOCKING */
   int priority;
   bool legacy;                 /* the device's NULL stream */
@@ -186,6 +188,8 @@ struct CUevent_st {
   struct CUstream_st *cap_stream;
   size_t cap_pos;              /* graph length after the recorded node */
   struct xsim_ipc_event *ipc;    /* CU_EVENT_INTERPROCESS: the shared state */
+  int device;                  /* its context's: cuEventRecord refuses a
+                                  stream of another */
 };
 
 /* A new event (refs 1) with flags already checked; takes `ipc` over. */

@@ -1,9 +1,10 @@
-/* Seven defects that adversarial testing found, each pinned by the test
+/* Eight defects that adversarial testing found, each pinned by the test
    that would have caught it: a private pool shared by two streams, release
    passes that skipped segments of another granule, configuration values
    that crashed or wrapped, memory stuck on a destroyed stream, handles lost
    when cuMemRelease failed, huge requests that allocated host memory in
-   proportion, and *ptr left unchanged by a failed malloc. */
+   proportion, *ptr left unchanged by a failed malloc, and another device's
+   stream taken until a free failed on it. */
 #include <stdio.h>
 #include <string.h>
 
@@ -477,4 +478,39 @@ XSEG_TEST(hardening, failed_malloc_sets_ptr_to_null) {
                      XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(p == NULL);
   xseg_destroy(a);
+}
+
+/* ---- 8. another device's stream ----------------------------------------- */
+
+/* A stream of another device's context cannot carry this allocator's
+   events (cuda.h's cuEventRecord): recording it on a block, or
+   allocating on it, is refused at once with the cause, nothing changed;
+   before, the block's free failed later (its events unrecordable) and the
+   block stayed live. */
+XSEG_TEST(hardening, another_devices_stream_is_refused_at_once) {
+  if (xt_have_sim()) {
+    setenv("XSIM_DEVICE_COUNT", "2", 1);
+    xsim_reset();
+  }
+  XT_REQUIRE_DEVICES(2);
+  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  void *p, *q = (void *)1;
+  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &p));
+  XSEG_EXPECT_STATUS(xseg_record_stream(a, p, s1), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another context") != NULL);
+  XSEG_EXPECT_STATUS(xseg_malloc(a, MiB, s1, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_TRUE(q == NULL);
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_EQ(at_stats(a).allocated_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  if (xt_have_sim()) {
+    unsetenv("XSIM_DEVICE_COUNT");
+    xsim_reset();
+  }
 }

@@ -270,3 +270,37 @@ XSEG_TEST(SimEvent, live_count_and_stale_handles) {
                      CUDA_ERROR_INVALID_HANDLE);
   XSEG_EXPECT_CU(cuEventDestroy(e));
 }
+
+/* cuda.h, cuEventRecord: "hEvent and hStream must be from the same context
+   otherwise CUDA_ERROR_INVALID_HANDLE is returned"; cuStreamGetCtx: the
+   context "active in the calling thread when the stream was created", the
+   current one for the special handles. */
+XSEG_TEST(SimEvent, record_needs_the_streams_context) {
+  if (xt_have_sim()) {
+    setenv("XSIM_DEVICE_COUNT", "2", 1);
+    xsim_reset();
+  }
+  XT_REQUIRE_DEVICES(2);
+  CUcontext c0 = xt_context(0), c1 = xt_context(1), got = NULL;
+  XSEG_ASSERT_TRUE(c0 != NULL && c1 != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  XSEG_EXPECT_CU(cuStreamGetCtx(s1, &got));
+  XSEG_EXPECT_TRUE(got == c1);
+  XSEG_ASSERT_TRUE(xt_context(0) == c0);
+  XSEG_EXPECT_CU(cuStreamGetCtx(s1, &got));       /* its creator's still */
+  XSEG_EXPECT_TRUE(got == c1);
+  XSEG_EXPECT_CU(cuStreamGetCtx(NULL, &got));     /* the current one */
+  XSEG_EXPECT_TRUE(got == c0);
+  CUevent e0;
+  XSEG_ASSERT_CU(cuEventCreate(&e0, CU_EVENT_DISABLE_TIMING));
+  XSEG_EXPECT_CU_ERR(cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE);
+  XSEG_EXPECT_CU(cuEventRecord(e0, NULL));
+  XSEG_EXPECT_CU(cuEventSynchronize(e0));
+  XSEG_EXPECT_CU(cuEventDestroy(e0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  if (xt_have_sim()) {
+    unsetenv("XSIM_DEVICE_COUNT");
+    xsim_reset();
+  }
+}

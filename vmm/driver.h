@@ -44,6 +44,7 @@
   X(cuMemImportFromShareableHandle) X(cuMemRetainAllocationHandle)           \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                \
   X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamGetCaptureInfo)            \
+  X(cuStreamGetCtx)                                                          \
   X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)                \
   X(cuEventCreate) X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize)    \
   X(cuEventDestroy) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle)

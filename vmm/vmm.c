@@ -84,6 +84,15 @@ void xs_vmm_close(xs_vmm *v) {
   v->ctx = NULL;
 }
 
+bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream) {
+  if (stream == NULL || stream == CU_STREAM_LEGACY ||
+      stream == CU_STREAM_PER_THREAD)
+    return true;
+  CUcontext ctx = NULL;
+  return XS_DRV(v->drv, cuStreamGetCtx, stream, &ctx) != CUDA_SUCCESS ||
+         ctx == v->ctx;
+}
+
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
   XS_CHECK(v, XS_DRV(v->drv, cuCtxGetCurrent, saved), "cuCtxGetCurrent");
   if (*saved == v->ctx) return XSEG_OK;

@@ -52,6 +52,14 @@ xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device);
 /* Releases the primary context. Everything mapped must be gone. */
 void xs_vmm_close(xs_vmm *v);
 
+/* Whether `stream` may carry v's events: NULL and the special handles
+   (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current context's stream,
+   and xseg uses them in v's), or a stream made in v's context. Events
+   cannot be recorded on another context's stream (cuda.h's cuEventRecord).
+   A stream the driver cannot place (destroyed, say) passes: what uses it
+   reports that. */
+bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream);
+
 /* Makes v's context current, returning the caller's in *saved. */
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
