@@ -95,15 +95,12 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  /* Refused now, not at the free, whose events could not be recorded. */
-  if (!record_stream_ours(a, stream))
-    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                    "xseg_record_stream(%p, stream %p): the stream is another "
-                    "context's (another device's) than the allocator of "
-                    "device %d, whose events cannot be recorded on it; not "
-                    "supported", ptr, (void *)stream, a->vmm.device);
+  /* Another context's stream is refused now, not at the free, whose events
+     could not be recorded; a pointer that is not ours says so first (the
+     torch entry point asks each device's allocator in turn). */
+  bool ours = record_stream_ours(a, stream);
   xseg_status st = XSEG_OK;
-  if (record_cached(a, addr, stream, &st)) return st;
+  if (ours && record_cached(a, addr, stream, &st)) return st;
   xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
@@ -112,6 +109,12 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   "xseg_record_stream(%p, stream %p): not the start of a live "
                   "block of the allocator of device %d", ptr, (void *)stream,
                   a->vmm.device);
+  else if (!ours)
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_record_stream(%p, stream %p): the stream is another "
+                  "context's (another device's) than the allocator of "
+                  "device %d, whose events cannot be recorded on it; not "
+                  "supported", ptr, (void *)stream, a->vmm.device);
   else
     st = record_use(b, stream);
   xs_alloc_leave(a);

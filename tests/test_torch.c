@@ -241,15 +241,28 @@ XSEG_TEST(torch, history_reaches_devices_used_later) {
   XSEG_ASSERT_TRUE(xt_context(1) != NULL);
   void *p = xseg_torch_malloc(1000, 1, NULL);
   XSEG_ASSERT_TRUE(p != NULL);
+  /* Recorded on a stream of its own device, with device 0's allocator
+     there too, asked first: that one does not refuse the stream of a
+     block it does not have. */
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  void *p0 = xseg_torch_malloc(1000, 0, NULL);
+  XSEG_ASSERT_TRUE(p0 != NULL);
+  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  xseg_torch_record_stream(p, s1);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
   char *snap = xseg_torch_snapshot_json(1);
   XSEG_ASSERT_TRUE(snap != NULL);
   XSEG_EXPECT_TRUE(strstr(snap, "\"action\": \"alloc\"") != NULL);
   XSEG_EXPECT_TRUE(strstr(snap, "\"size\": 1000,") != NULL);
   xseg_torch_string_free(snap);
   xseg_torch_free(p, 1000, 1, NULL);
+  xseg_torch_free(p0, 1000, 0, NULL);
   xseg_torch_record_memory_history(0);
   XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
   xs_torch_destroy_all();
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
   if (xt_have_sim()) {
     unsetenv("XSIM_DEVICE_COUNT");
     xsim_reset();
