@@ -160,6 +160,10 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
   mid->mapped = false;
   xs_stats_move(p->stats, XS_GAUGE_reserved_bytes, p->kind,
                 -(int64_t)(n * s->granule));
+  /* The range leaves the pool's memory (and the snapshot) now, lent or
+     not: a lent one's alias stays mapped until xs_pool_retire, but the
+     trace says so now, before the borrower maps the handles again. */
+  if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   if (lend) {
     xs_segment_record_lend(s, lo, n, handles_out);
     size_t g = xs_segment_granule_of(s, lo);
@@ -171,15 +175,9 @@ static void release_cut(xs_pool *p, xs_block *b, uint64_t lo, size_t n,
     mid->retire_next = p->retiring;
     p->retiring = mid;
     p->n_retiring++;
-    /* The range leaves the pool's memory (and the snapshot) now, though
-       its alias stays mapped until xs_pool_retire: the trace says so now,
-       before the borrower maps the handles again. */
-    if (p->on_unmap != NULL)
-      p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
     return;
   }
   xs_segment_record_unmap(s, lo, n, handles_out);
-  if (p->on_unmap != NULL) p->on_unmap(p->on_unmap_ctx, p, lo, n * s->granule);
   xs_pool_coalesce(p, mid);
 }
 
