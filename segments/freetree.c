@@ -29,16 +29,11 @@ void xs_freetree_init(xs_freetree *t, xs_freebin *bins) {
   t->bin_limit = bins != NULL ? XS_FREETREE_BIN_MAX : 0;
 }
 
-/* Whether a block of this size lives in a bin (else in the tree). */
-static bool freetree_binned(const xs_freetree *t, size_t size) {
-  return size <= t->bin_limit;
-}
-
 /* Whether blocks of these sizes share a structure: one bin (a bin holds
    one size) or the tree. */
 static inline bool freetree_same_structure(const xs_freetree *t, size_t a,
                                            size_t b) {
-  return a == b || (!freetree_binned(t, a) && !freetree_binned(t, b));
+  return a == b || (!xs_freetree_binned(t, a) && !xs_freetree_binned(t, b));
 }
 
 /* ---- the bitmap ------------------------------------------------------- */
@@ -83,7 +78,7 @@ static xs_block *freebin_last(xs_freetree *t, size_t i) {
 /* ---- the index -------------------------------------------------------- */
 
 void xs_freetree_tree_insert(xs_freetree *t, xs_block *b) {
-  assert(!freetree_binned(t, b->size));
+  assert(!xs_freetree_binned(t, b->size));
   xs_block *dup = RB_INSERT(xs_freetree_rb, &t->root, b);
   assert(dup == NULL && "(size, address) is unique: blocks never overlap");
   (void)dup;
@@ -93,7 +88,7 @@ void xs_freetree_tree_insert(xs_freetree *t, xs_block *b) {
 }
 
 void xs_freetree_tree_remove(xs_freetree *t, xs_block *b) {
-  assert(!freetree_binned(t, b->size));
+  assert(!xs_freetree_binned(t, b->size));
   if (t->tree_min == b) t->tree_min = RB_NEXT(xs_freetree_rb, &t->root, b);
   RB_REMOVE(xs_freetree_rb, &t->root, b);
   t->count--;
@@ -109,13 +104,13 @@ static int freetree_cmp_key(size_t size, uint64_t addr, const xs_block *b) {
 /* b's neighbours in the order within its own structure: its bin's list
    (the newer one first), or the tree. */
 static xs_block *freetree_prev_in(const xs_freetree *t, xs_block *b) {
-  return freetree_binned(t, b->size) ? b->bin.newer
+  return xs_freetree_binned(t, b->size) ? b->bin.newer
                                      : xs_freetree_rb_RB_PREV(b);
 }
 
 bool xs_freetree_tree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                               uint64_t addr) {
-  assert(!freetree_binned(t, size) && !freetree_binned(t, b->size));
+  assert(!xs_freetree_binned(t, size) && !xs_freetree_binned(t, b->size));
   (void)t;
   /* Moving down the order, only the predecessor can be passed; moving up,
      only the successor. */
@@ -136,7 +131,7 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
   assert(!repl->allocated && "only free blocks are indexed");
   assert(freetree_same_structure(t, old_size, repl->size) &&
          "xs_freetree_fits_at said so: the same bin, or the tree");
-  if (repl != old && freetree_binned(t, old_size)) {
+  if (repl != old && xs_freetree_binned(t, old_size)) {
     xs_freebin *bin = &t->bins[xs_freetree_bin_index(old_size)];
     xs_block *newer = old->bin.newer, *older = old->bin.older;
     repl->bin = old->bin;
@@ -168,14 +163,14 @@ xs_block *xs_freetree_largest(xs_freetree *t) {
 xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
   xs_block *p = freetree_prev_in(t, b);
   if (p != NULL) return p;
-  size_t i = freetree_binned(t, b->size) ? xs_freetree_bin_index(b->size)
+  size_t i = xs_freetree_binned(t, b->size) ? xs_freetree_bin_index(b->size)
                                          : XS_FREETREE_BINS;
   i = freetree_bin_below(t, i);
   return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {
-  if (!freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
+  if (!xs_freetree_binned(t, b->size)) return xs_freetree_rb_RB_NEXT(b);
   xs_block *n = b->bin.older;
   if (n != NULL) return n;
   size_t i = freetree_bin_from(t, xs_freetree_bin_index(b->size) + 1);
@@ -267,7 +262,7 @@ static bool freetree_check_tree(xs_freetree *t, freetree_walk *w) {
   const xs_block *prev = NULL;
   xs_block *b;
   RB_FOREACH(b, xs_freetree_rb, &t->root) {
-    if (freetree_binned(t, b->size)) {
+    if (xs_freetree_binned(t, b->size)) {
       snprintf(w->msg, w->msg_size,
                "block 0x%llx of %zu bytes is in the free tree, not a bin",
                (unsigned long long)b->addr, b->size);

@@ -185,6 +185,11 @@ void xs_freetree_tree_remove(xs_freetree *t, xs_block *b);
 bool xs_freetree_tree_fits_at(xs_freetree *t, xs_block *b, size_t size,
                               uint64_t addr);
 
+/* Whether a block of this size lives in a bin (else in the tree). */
+static inline bool xs_freetree_binned(const xs_freetree *t, size_t size) {
+  return size <= t->bin_limit;
+}
+
 /* The bin a block of `size` bytes lives in, when it lives in one. */
 static inline size_t xs_freetree_bin_index(size_t size) {
   assert(size > 0 && size % XS_FREETREE_BIN_STEP == 0 &&
@@ -197,7 +202,7 @@ static inline size_t xs_freetree_bin_index(size_t size) {
 
 static inline void xs_freetree_insert(xs_freetree *t, xs_block *b) {
   assert(!b->allocated && "only free blocks are indexed");
-  if (b->size <= t->bin_limit) {
+  if (xs_freetree_binned(t, b->size)) {
     /* b goes first: the newest of its size. */
     size_t i = xs_freetree_bin_index(b->size);
     xs_freebin *bin = &t->bins[i];
@@ -220,7 +225,7 @@ static inline void xs_freetree_insert(xs_freetree *t, xs_block *b) {
 
 static inline void xs_freetree_remove(xs_freetree *t, xs_block *b) {
   assert(t->count > 0);
-  if (b->size <= t->bin_limit) {
+  if (xs_freetree_binned(t, b->size)) {
     size_t i = xs_freetree_bin_index(b->size);
     xs_freebin *bin = &t->bins[i];
     xs_block *newer = b->bin.newer, *older = b->bin.older;
@@ -241,7 +246,7 @@ static inline bool xs_freetree_fits_at(xs_freetree *t, xs_block *b,
                                        size_t size, uint64_t addr) {
   /* In a bin (one size) the key fits only as its head: an insert goes
      first. */
-  if (b->size <= t->bin_limit || size <= t->bin_limit)
+  if (xs_freetree_binned(t, b->size) || xs_freetree_binned(t, size))
     return size == b->size && b->bin.newer == NULL;
   return xs_freetree_tree_fits_at(t, b, size, addr);
 }
