@@ -110,11 +110,7 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   "block of the allocator of device %d", ptr, (void *)stream,
                   a->vmm.device);
   else if (!ours)
-    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                  "xseg_record_stream(%p, stream %p): the stream is another "
-                  "context's (another device's) than the allocator of "
-                  "device %d, whose events cannot be recorded on it; not "
-                  "supported", ptr, (void *)stream, a->vmm.device);
+    st = xs_vmm_stream_refused(&a->vmm, "xseg_record_stream", stream);
   else
     st = record_use(b, stream);
   xs_alloc_leave(a);

@@ -257,11 +257,7 @@ xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
   if (pair == NULL) {
     /* Its pools' frees and guards record events on it. */
     if (!xs_vmm_stream_is_ours(&a->vmm, stream))
-      return xs_error(XSEG_ERR_INVALID_ARGUMENT,
-                      "stream %p is another context's (another device's) "
-                      "than the allocator of device %d, whose events cannot "
-                      "be recorded on it; not supported", (void *)stream,
-                      a->vmm.device);
+      return xs_vmm_stream_refused(&a->vmm, "a malloc", stream);
     pair = xs_pairs_new_locked(a, stream, 0);
     if (pair == NULL)
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,

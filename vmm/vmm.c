@@ -93,6 +93,15 @@ bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream) {
          ctx == v->ctx;
 }
 
+xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
+                                  struct CUstream_st *stream) {
+  return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "%s on stream %p: the stream is another context's (another "
+                  "device's) than the allocator of device %d, whose events "
+                  "cannot be recorded on it; not supported", what,
+                  (void *)stream, v->device);
+}
+
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
   XS_CHECK(v, XS_DRV(v->drv, cuCtxGetCurrent, saved), "cuCtxGetCurrent");
   if (*saved == v->ctx) return XSEG_OK;

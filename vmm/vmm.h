@@ -59,6 +59,10 @@ void xs_vmm_close(xs_vmm *v);
    A stream the driver cannot place (destroyed, say) passes: what uses it
    reports that. */
 bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream);
+/* The refusal of a stream that is not ours: XSEG_ERR_INVALID_ARGUMENT,
+   the message naming `what` asked (a call's name), the stream and why. */
+xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
+                                  struct CUstream_st *stream);
 
 /* Makes v's context current, returning the caller's in *saved. */
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
