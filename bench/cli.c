@@ -4,6 +4,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -100,6 +101,12 @@ bool xb_cli_refuse(const xb_cli *c, const char *command, uint32_t ignored) {
   return true;
 }
 
+bool xb_same_file(const char *a, const char *b) {
+  struct stat as, bs;
+  return stat(a, &as) == 0 && stat(b, &bs) == 0 && as.st_dev == bs.st_dev &&
+         as.st_ino == bs.st_ino;
+}
+
 bool xb_cli_env_open(const xb_cli *c, xb_env *env) {
   if (xb_env_open(env, c->driver) != XSEG_OK) {
     fprintf(stderr, "xseg-bench: driver '%s': %s\n", c->driver,
@@ -168,7 +175,6 @@ bool xb_cli_json_commit(xb_json_out *json) {
   bool ok = fflush(json->f) == 0 && !ferror(json->f);
   if (json->f != stdout) {
     ok = fclose(json->f) == 0 && ok;
-    json->f = NULL;
     FILE *out = ok ? fopen(json->path, "w") : NULL;
     ok = out != NULL && fwrite(json->buf, 1, json->len, out) == json->len;
     if (out != NULL) ok = fclose(out) == 0 && ok;

@@ -58,6 +58,9 @@ int xb_cli_option(xb_cli *c, int opt, const char *arg);
    of the shared options in `ignored` (XB_OPT_BITs), which the command
    would ignore. */
 bool xb_cli_refuse(const xb_cli *c, const char *command, uint32_t ignored);
+/* Whether both paths exist and are one file, whatever their names (an
+   output that would replace an input). */
+bool xb_same_file(const char *a, const char *b);
 /* Opens the driver and applies --device-memory; prints why on failure. */
 bool xb_cli_env_open(const xb_cli *c, xb_env *env);
 /* The policies --mode names, in report order: every mode for "all".

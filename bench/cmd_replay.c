@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -175,14 +174,9 @@ typedef enum xb_batch_kind {
 /* False (printed) when --json is the same file as one of the n traces,
    whatever the paths: the results would replace it. */
 static bool json_spares_traces(const xb_cli *c, char **paths, size_t n) {
-  struct stat js, ts;
-  if (c->json == NULL || strcmp(c->json, "-") == 0 ||
-      stat(c->json, &js) != 0)
-    return true;
+  if (c->json == NULL || strcmp(c->json, "-") == 0) return true;
   for (size_t i = 0; i < n; i++) {
-    if (stat(paths[i], &ts) != 0 || ts.st_dev != js.st_dev ||
-        ts.st_ino != js.st_ino)
-      continue;
+    if (!xb_same_file(c->json, paths[i])) continue;
     fprintf(stderr, "xseg-bench: --json %s is the trace %s; the results "
             "would replace it\n", c->json, paths[i]);
     return false;

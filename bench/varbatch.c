@@ -23,7 +23,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 
@@ -384,10 +383,7 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
    file already there under two): the results would replace the trace. */
 static bool varbatch_outputs_collide(const char *trace, const char *json) {
   if (trace == NULL || json == NULL || strcmp(json, "-") == 0) return false;
-  if (strcmp(trace, json) == 0) return true;
-  struct stat ts, js;
-  return stat(trace, &ts) == 0 && stat(json, &js) == 0 &&
-         ts.st_dev == js.st_dev && ts.st_ino == js.st_ino;
+  return strcmp(trace, json) == 0 || xb_same_file(trace, json);
 }
 
 int xb_cmd_varbatch(int argc, char **argv) {
