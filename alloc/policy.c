@@ -12,8 +12,9 @@
 #define XS_ROUND_LARGE ((size_t)2 << 20)
 
 /* get_allocation_size: 2 MiB segments for the small pool,
-   large_segment_size_mb (20 MiB unless set) for requests under 10 MiB, else the request rounded up to 2 MiB; and a
-   multiple of the device's granularity. */
+   large_segment_size_mb (20 MiB unless set) for requests under 10 MiB,
+   else the request rounded up to 2 MiB; and a multiple of the device's
+   granularity. */
 size_t xs_alloc_classic_size(const xseg_allocator *a, size_t rounded) {
   size_t size;
   if (rounded <= XS_SMALL_SIZE)

@@ -476,10 +476,7 @@ XSEG_TEST(alloc, a_full_reservation_gets_another_range) {
 /* The caller's current context (another device's) is restored, and the
    allocator's driver work happens in its own device's context. */
 XSEG_TEST(alloc, caller_context_on_another_device_is_kept) {
-  if (xt_have_sim()) {
-    setenv("XSIM_DEVICE_COUNT", "2", 1);
-    xsim_reset();
-  }
+  xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
   CUcontext c1 = xt_context(1);
   XSEG_ASSERT_TRUE(c1 != NULL);
@@ -494,16 +491,12 @@ XSEG_TEST(alloc, caller_context_on_another_device_is_kept) {
   XSEG_EXPECT_CU(cuCtxGetCurrent(&now));
   XSEG_EXPECT_TRUE(now == c1);
   xseg_destroy(a);
-  if (xt_have_sim()) {
-    unsetenv("XSIM_DEVICE_COUNT");
-    xsim_reset();
-  }
+  xt_emulated_devices_end();
 }
 
 XSEG_TEST(alloc, one_allocator_per_device_and_peer_access) {
   XT_REQUIRE_SIM_FOR("counts driver calls on a second emulated device");
-  setenv("XSIM_DEVICE_COUNT", "2", 1);
-  xsim_reset();
+  xt_emulate_devices(2);
   xseg_allocator *a0 = at_create(NULL), *a1 = NULL;
   XSEG_ASSERT_OK(xseg_create(1, "xseg_driver:sim", &a1));
   void *p0, *p1, *p2;
@@ -535,8 +528,7 @@ XSEG_TEST(alloc, one_allocator_per_device_and_peer_access) {
   XSEG_ASSERT_OK(xseg_free(a1, p1));
   xseg_destroy(a0);
   xseg_destroy(a1);
-  unsetenv("XSIM_DEVICE_COUNT");
-  xsim_reset();
+  xt_emulated_devices_end();
 }
 
 XSEG_TEST(alloc, destroy_with_live_blocks_reports_and_releases) {

@@ -488,10 +488,7 @@ XSEG_TEST(hardening, failed_malloc_sets_ptr_to_null) {
    before, the block's free failed later (its events unrecordable) and the
    block stayed live. */
 XSEG_TEST(hardening, another_devices_stream_is_refused_at_once) {
-  if (xt_have_sim()) {
-    setenv("XSIM_DEVICE_COUNT", "2", 1);
-    xsim_reset();
-  }
+  xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
   XSEG_ASSERT_TRUE(xt_context(1) != NULL);
   CUstream s1;
@@ -509,8 +506,5 @@ XSEG_TEST(hardening, another_devices_stream_is_refused_at_once) {
   XSEG_EXPECT_OK(xseg_check(a));
   xseg_destroy(a);
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  if (xt_have_sim()) {
-    unsetenv("XSIM_DEVICE_COUNT");
-    xsim_reset();
-  }
+  xt_emulated_devices_end();
 }

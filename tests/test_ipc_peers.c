@@ -228,8 +228,7 @@ XSEG_TEST(ipc_peers, a_table_no_hold_was_published_in_is_not_kept) {
    list of their open). */
 XSEG_TEST(ipc, peer_access_reaches_a_block_opened_before) {
   XT_REQUIRE_SIM_FOR("emulates a second device");
-  setenv("XSIM_DEVICE_COUNT", "2", 1);
-  xsim_reset();
+  xt_emulate_devices(2);
   xseg_allocator *a = at_create(NULL), *b = at_create(NULL);
   void *p = NULL, *q = NULL;
   XT_OK(xseg_malloc(a, 4 * MiB, NULL, &p));
@@ -250,6 +249,5 @@ XSEG_TEST(ipc, peer_access_reaches_a_block_opened_before) {
   XT_OK(xseg_free(a, p));
   xseg_destroy(b);
   xseg_destroy(a);
-  unsetenv("XSIM_DEVICE_COUNT");
-  xsim_reset();
+  xt_emulated_devices_end();
 }

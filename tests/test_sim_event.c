@@ -276,10 +276,7 @@ XSEG_TEST(SimEvent, live_count_and_stale_handles) {
    context "active in the calling thread when the stream was created", the
    current one for the special handles. */
 XSEG_TEST(SimEvent, record_needs_the_streams_context) {
-  if (xt_have_sim()) {
-    setenv("XSIM_DEVICE_COUNT", "2", 1);
-    xsim_reset();
-  }
+  xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
   CUcontext c0 = xt_context(0), c1 = xt_context(1), got = NULL;
   XSEG_ASSERT_TRUE(c0 != NULL && c1 != NULL);
@@ -299,8 +296,5 @@ XSEG_TEST(SimEvent, record_needs_the_streams_context) {
   XSEG_EXPECT_CU(cuEventSynchronize(e0));
   XSEG_EXPECT_CU(cuEventDestroy(e0));
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  if (xt_have_sim()) {
-    unsetenv("XSIM_DEVICE_COUNT");
-    xsim_reset();
-  }
+  xt_emulated_devices_end();
 }

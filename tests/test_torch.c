@@ -229,10 +229,7 @@ XSEG_TEST(torch, graph_pool_misuse_is_kept_and_undone) {
    PyTorch's recordHistory reaches every device's allocator; an alloc is
    traced with the size asked for, as PyTorch's record_trace. */
 XSEG_TEST(torch, history_reaches_devices_used_later) {
-  if (xt_have_sim()) {
-    setenv("XSIM_DEVICE_COUNT", "2", 1);
-    xsim_reset();
-  }
+  xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
   torch_setup();
@@ -263,10 +260,7 @@ XSEG_TEST(torch, history_reaches_devices_used_later) {
   XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
   xs_torch_destroy_all();
   XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  if (xt_have_sim()) {
-    unsetenv("XSIM_DEVICE_COUNT");
-    xsim_reset();
-  }
+  xt_emulated_devices_end();
 }
 
 /* A pool whose filter claims one thread's allocations (use_mem_pool's). */

@@ -24,6 +24,7 @@
 #define XSEG_TEST_H
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,22 @@ static inline const char *xt_driver_name(void) {
    every test takes the path it takes on a GPU: a dry run of a GPU run. */
 static inline bool xt_have_sim(void) {
   return xsim_get_live != NULL && xt_driver_name() != NULL;
+}
+
+/* On the emulator, `n` devices from here on (XSIM_DEVICE_COUNT, then a
+   reset); on a real driver nothing: the test asks XT_REQUIRE_DEVICES.
+   xt_emulated_devices_end() goes back to the emulator's default. */
+static inline void xt_emulate_devices(int n) {
+  if (!xt_have_sim()) return;
+  char count[16];
+  snprintf(count, sizeof count, "%d", n);
+  setenv("XSIM_DEVICE_COUNT", count, 1);
+  xsim_reset();
+}
+static inline void xt_emulated_devices_end(void) {
+  if (!xt_have_sim()) return;
+  unsetenv("XSIM_DEVICE_COUNT");
+  xsim_reset();
 }
 
 /* A context on device `dev` made current on the calling thread (the primary
