@@ -6,6 +6,7 @@
 #include "alloc/account.h"
 #include "alloc/capture.h"
 #include "alloc/capture_mode.h"
+#include "alloc/deferred.h"
 #include "alloc/enter.h"
 #include "alloc/ipc.h"
 #include "alloc/pairs.h"
@@ -116,6 +117,7 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
        own pair keeps no segment. Other streams keep their caches, and
        their work is not waited for (reclaim.h says when it is). */
     st = xs_alloc_release_stream_locked(a, stream);
+    if (st == XSEG_OK) st = xs_alloc_forget_pending_locked(a, stream);
     /* A free made during a capture whose events are still to be recorded
        on this stream (another of its streams captures, unseen: the release
        above recorded the others) would name it after it is destroyed. */

@@ -53,21 +53,6 @@ static xseg_status record_use(xs_block *b, struct CUstream_st *stream) {
   return xs_stream_set_add(&b->uses, stream);
 }
 
-/* Whether `stream` may carry this allocator's events (xs_vmm_stream_is_ours):
-   a driver call for each new stream a thread records, not for each record
-   (a program records the same few streams again and again). */
-static bool record_stream_ours(xseg_allocator *a, struct CUstream_st *stream) {
-  static _Thread_local struct {
-    uint64_t allocator;
-    struct CUstream_st *stream;
-  } last;
-  if (last.allocator == a->id && last.stream == stream) return true;
-  if (!xs_vmm_stream_is_ours(&a->vmm, stream)) return false;
-  last.allocator = a->id;
-  last.stream = stream;
-  return true;
-}
-
 /* No lock held: xseg_record_stream under the block's pair lock alone, which
    it takes. A live block's recorded streams are read and written only by
    operations that hold its pair's lock (every slow path holds all of them),
@@ -95,12 +80,11 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
     return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                     "xseg_record_stream(%p): allocator is NULL", ptr);
   uint64_t addr = (uint64_t)(uintptr_t)ptr;
-  /* Another context's stream is refused now, not at the free, whose events
-     could not be recorded; a pointer that is not ours says so first (the
-     torch entry point asks each device's allocator in turn). */
-  bool ours = record_stream_ours(a, stream);
+  /* Any context's stream: a free records events of the stream's own
+     context on it (streams/pending.h), as PyTorch's insert_events does
+     on the stream's device. */
   xseg_status st = XSEG_OK;
-  if (ours && record_cached(a, addr, stream, &st)) return st;
+  if (record_cached(a, addr, stream, &st)) return st;
   xs_alloc_enter(a);
   size_t slot;
   xs_block *b = xs_alloc_find_live_locked(a, addr, &slot);
@@ -109,8 +93,6 @@ xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                   "xseg_record_stream(%p, stream %p): not the start of a live "
                   "block of the allocator of device %d", ptr, (void *)stream,
                   a->vmm.device);
-  else if (!ours)
-    st = xs_vmm_stream_refused(&a->vmm, "xseg_record_stream", stream);
   else
     st = record_use(b, stream);
   xs_alloc_leave(a);
@@ -306,6 +288,23 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair) {
     xs_capture_mode_restore(a, mode);
   }
   xs_vmm_ctx_leave(&a->vmm, saved);
+}
+
+xseg_status xs_alloc_forget_pending_locked(xseg_allocator *a,
+                                           struct CUstream_st *stream) {
+  XS_ASSERT_LOCKED(a);
+  assert(!xs_alloc_capturing(a) && "no event wait during a capture");
+  CUstreamCaptureMode mode;
+  xseg_status st = xs_capture_mode_relax(a, &mode);
+  if (st != XSEG_OK) return st;
+  for (xs_pair *pair = a->streams; pair != NULL && st == XSEG_OK;
+       pair = pair->next) {
+    /* Completions give blocks back to their pools: settled pools. */
+    if (pair->pending.entries != 0) xs_park_settle_pair(pair);
+    st = xs_pending_forget(&pair->pending, stream, deferred_fired, a);
+  }
+  xs_capture_mode_restore(a, mode);
+  return st;
 }
 
 xseg_status xs_alloc_drain_pair_locked(xseg_allocator *a, xs_pair *pair) {

@@ -75,5 +75,11 @@ void xs_alloc_poll_pair(xseg_allocator *a, xs_pair *pair);
    during a capture and not recorded yet are xs_alloc_process_pending's.
    Enters the context. */
 xseg_status xs_alloc_drain_pair_locked(xseg_allocator *a, xs_pair *pair);
+/* Every lock held, no capture under way, the context entered
+   (xseg_forget_stream): waits for the frees recorded on `stream` in every
+   pair and drops its queues (streams/pending.h, xs_pending_forget), so
+   that a stream made later at its address, of any context, starts anew. */
+xseg_status xs_alloc_forget_pending_locked(xseg_allocator *a,
+                                           struct CUstream_st *stream);
 
 #endif /* XS_ALLOC_DEFERRED_H */

@@ -80,10 +80,11 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr);
 /* Marks the live block at ptr as used by work on `stream` (PyTorch's
    recordStream); its own allocation stream is ignored. A pointer that is
    not the start of a live block gives XSEG_ERR_UNKNOWN_POINTER. A stream
-   of another context (another device's) gives XSEG_ERR_INVALID_ARGUMENT,
-   as its first xseg_malloc does: the events xseg records in its device's
-   context cannot go on it (cuEventRecord), and PyTorch's recording across
-   devices is not supported yet. */
+   of another context (another device's) is recorded as any other, as
+   PyTorch records one: the free records an event of that stream's
+   context on it, making that context current for a moment (the caller's
+   is current again on return); only allocating on such a stream is
+   refused (xseg_malloc). */
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream);
 /* Before cuStreamDestroy of a stream xseg has seen: waits (on the host)

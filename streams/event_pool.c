@@ -10,12 +10,34 @@ void xs_event_pool_init(xs_event_pool *p, xs_vmm *vmm) {
   *p = (xs_event_pool){.vmm = vmm};
 }
 
+void xs_event_pool_init_in(xs_event_pool *p, xs_vmm *vmm, CUcontext ctx) {
+  *p = (xs_event_pool){.vmm = vmm, .ctx = ctx == vmm->ctx ? NULL : ctx};
+}
+
+/* A new event of p's context. */
+static xseg_status event_pool_create(xs_event_pool *p, CUevent *out) {
+  CUcontext saved = NULL;
+  if (p->ctx != NULL) {
+    xseg_status st = xs_vmm_ctx_switch(p->vmm, p->ctx, &saved);
+    if (st != XSEG_OK) return st;
+  }
+  CUresult r = XS_DRV(p->vmm->drv, cuEventCreate, out, CU_EVENT_DISABLE_TIMING);
+  if (p->ctx != NULL) xs_vmm_ctx_return(p->vmm, p->ctx, saved);
+  if (r != CUDA_SUCCESS)
+    return xs_driver_error(p->vmm->drv, r,
+                           "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device "
+                           "%d%s", p->vmm->device,
+                           p->ctx != NULL ? ", in a recorded stream's context"
+                                          : "");
+  return XSEG_OK;
+}
+
 void xs_event_pool_destroy(xs_event_pool *p) {
   assert(p->in_flight == 0 && "every taken event was given back");
   for (size_t i = 0; i < p->n_idle; i++)
     XS_DRV(p->vmm->drv, cuEventDestroy, p->idle[i]);
   free(p->idle);
-  *p = (xs_event_pool){.vmm = p->vmm};
+  *p = (xs_event_pool){.vmm = p->vmm, .ctx = p->ctx};
 }
 
 xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out) {
@@ -24,11 +46,8 @@ xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out) {
     p->in_flight++;
     return XSEG_OK;
   }
-  CUresult r = XS_DRV(p->vmm->drv, cuEventCreate, out, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS)
-    return xs_driver_error(p->vmm->drv, r,
-                           "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device %d",
-                           p->vmm->device);
+  xseg_status st = event_pool_create(p, out);
+  if (st != XSEG_OK) return st;
   p->created++;
   p->in_flight++;
   return XSEG_OK;
@@ -46,6 +65,7 @@ void xs_event_pool_give(xs_event_pool *p, CUevent ev) {
 
 void xs_event_pool_absorb(xs_event_pool *into, xs_event_pool *from) {
   assert(from->in_flight == 0 && "every taken event was given back");
+  assert(into->ctx == from->ctx && "one context's events");
   size_t moved = 0;
   if (XS_ARRAY_RESERVE(into->idle, into->cap_idle,
                        into->n_idle + from->n_idle, 16)) {
@@ -55,5 +75,5 @@ void xs_event_pool_absorb(xs_event_pool *into, xs_event_pool *from) {
   for (size_t i = moved; i < from->n_idle; i++)   /* host OOM: let go */
     XS_DRV(from->vmm->drv, cuEventDestroy, from->idle[i]);
   free(from->idle);
-  *from = (xs_event_pool){.vmm = from->vmm};
+  *from = (xs_event_pool){.vmm = from->vmm, .ctx = from->ctx};
 }

@@ -10,7 +10,10 @@
  * Not thread-safe: its owner's lock guards it (the allocator keeps one
  * for unmap guards under every lock, and one per pair of pools for the
  * frees of its blocks under the pair's lock).
- * Needs the device's context current (xs_vmm_ctx_enter).
+ * Needs the device's context current (xs_vmm_ctx_enter). A pool of another
+ * context's events (`ctx`: a stream of another device recorded on a
+ * block, as PyTorch allows) makes that context current to create one:
+ * cuEventRecord wants the event's and the stream's contexts to be one.
  */
 #ifndef XS_STREAMS_EVENT_POOL_H
 #define XS_STREAMS_EVENT_POOL_H
@@ -22,6 +25,8 @@
 
 typedef struct xs_event_pool {
   xs_vmm  *vmm;
+  CUcontext ctx;          /* whose events: NULL for the vmm's own (current
+                             already), else another context's */
   CUevent *idle;          /* events not in flight, a stack */
   size_t   n_idle, cap_idle;
   uint64_t created;       /* events ever created by this pool */
@@ -29,6 +34,8 @@ typedef struct xs_event_pool {
 } xs_event_pool;
 
 void xs_event_pool_init(xs_event_pool *p, xs_vmm *vmm);
+/* A pool of context ctx's events (NULL or vmm's own: xs_event_pool_init). */
+void xs_event_pool_init_in(xs_event_pool *p, xs_vmm *vmm, CUcontext ctx);
 /* Destroys every idle event. Events still in flight are the caller's bug:
    asserted in debug builds, and left to the driver otherwise. */
 void xs_event_pool_destroy(xs_event_pool *p);

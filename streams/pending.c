@@ -11,26 +11,43 @@ void xs_pending_init(xs_pending *p, xs_event_pool *events) {
   *p = (xs_pending){.events = events};
 }
 
+/* Frees q's rings and its own events (another context's), if any. */
+static void pending_queue_free(xs_pending *p, xs_pending_queue *q) {
+  assert(q->count == 0 && q->bcount == 0);
+  if (q->pool != p->events) {
+    xs_event_pool_destroy(q->pool);
+    free(q->pool);
+  }
+  free(q->events);
+  free(q->blocks);
+}
+
 void xs_pending_destroy(xs_pending *p) {
   assert(p->entries == 0 && "pending frees were drained before destroy");
-  for (size_t i = 0; i < p->n_queues; i++) {
-    free(p->queues[i].events);
-    free(p->queues[i].blocks);
-  }
+  for (size_t i = 0; i < p->n_queues; i++)
+    pending_queue_free(p, &p->queues[i]);
   free(p->queues);
   *p = (xs_pending){.events = p->events};
 }
 
 /* The queue of `stream`, made on first use; NULL on host OOM. Queues may
-   move (realloc): callers keep indices, not pointers, across calls. */
+   move (realloc): callers keep indices, not pointers, across calls. A
+   stream of another context gets a pool of that context's events. */
 static xs_pending_queue *pending_queue_find(xs_pending *p,
                                             struct CUstream_st *stream) {
   for (size_t i = 0; i < p->n_queues; i++)
     if (p->queues[i].stream == stream) return &p->queues[i];
   if (!XS_ARRAY_RESERVE(p->queues, p->cap_queues, p->n_queues + 1, 8))
     return NULL;
+  xs_vmm *vmm = p->events->vmm;
+  CUcontext ctx = xs_vmm_stream_ctx(vmm, stream);
+  xs_event_pool *pool = p->events;
+  if (ctx != vmm->ctx) {
+    if ((pool = malloc(sizeof *pool)) == NULL) return NULL;
+    xs_event_pool_init_in(pool, vmm, ctx);
+  }
   xs_pending_queue *q = &p->queues[p->n_queues++];
-  *q = (xs_pending_queue){.stream = stream};
+  *q = (xs_pending_queue){.stream = stream, .pool = pool};
   return q;
 }
 
@@ -83,12 +100,12 @@ static xseg_status pending_mark(xs_pending *p, xs_pending_queue *q,
   if (q->count >= XS_PENDING_MAX_EVENTS) {
     ev = pending_tail(q)->event;
   } else {
-    xseg_status st = xs_event_pool_take(p->events, &ev);
+    xseg_status st = xs_event_pool_take(q->pool, &ev);
     if (st != XSEG_OK) return st;
   }
   CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)q->stream);
   if (r != CUDA_SUCCESS) {
-    if (q->count < XS_PENDING_MAX_EVENTS) xs_event_pool_give(p->events, ev);
+    if (q->count < XS_PENDING_MAX_EVENTS) xs_event_pool_give(q->pool, ev);
     return xs_driver_error(drv, r, "cuEventRecord(stream %p)",
                            (void *)q->stream);
   }
@@ -148,7 +165,8 @@ xseg_status xs_pending_add_all(xs_pending *p, const xs_stream_set *streams,
   }
   /* Undo: fresh events go back; one recorded again only waits longer. */
   for (uint32_t i = 0; st != XSEG_OK && i < done; i++)
-    if (at[i].fresh != NULL) xs_event_pool_give(p->events, at[i].fresh);
+    if (at[i].fresh != NULL)
+      xs_event_pool_give(p->queues[at[i].queue].pool, at[i].fresh);
   for (uint32_t i = 0; st == XSEG_OK && i < streams->n; i++)
     pending_push(p, &p->queues[at[i].queue], at[i].fresh, block);
   if (at != stack) free(at);
@@ -162,7 +180,7 @@ static size_t pending_queue_pop(xs_pending *p, xs_pending_queue *q,
   xs_pending_event e = q->events[q->head];
   q->head = pending_wrap(q->head + 1, q->cap);
   q->count--;
-  xs_event_pool_give(p->events, e.event);
+  xs_event_pool_give(q->pool, e.event);
   assert(e.n_blocks > 0 && e.n_blocks <= q->bcount);
   for (size_t i = 0; i < e.n_blocks; i++) {
     void *b = q->blocks[q->bhead];
@@ -217,4 +235,18 @@ size_t xs_pending_poll(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
 size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
                         xseg_status *error) {
   return pending_drain_all(p, true, ready, ctx, error);
+}
+
+xseg_status xs_pending_forget(xs_pending *p, struct CUstream_st *stream,
+                              xs_pending_ready_fn ready, void *ctx) {
+  for (size_t i = 0; i < p->n_queues; i++) {
+    if (p->queues[i].stream != stream) continue;
+    xseg_status st = XSEG_OK;
+    pending_queue_drain(p, i, true, ready, ctx, &st);
+    if (st != XSEG_OK) return st;
+    pending_queue_free(p, &p->queues[i]);
+    p->queues[i] = p->queues[--p->n_queues];
+    return XSEG_OK;
+  }
+  return XSEG_OK;
 }

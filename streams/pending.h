@@ -20,6 +20,11 @@
  * So a steady state creates no events beyond that bound per stream,
  * whatever the free rate.
  *
+ * Another device's stream (PyTorch records them too): its queue takes
+ * events of the stream's context from a pool of its own, which makes that
+ * context current to create one (streams/event_pool.h); queries and
+ * waits need no particular context.
+ *
  * Not thread-safe: its owner's lock guards it (each pair of pools keeps
  * one for the frees of its blocks, under the pair's lock).
  * Needs the device's context current.
@@ -47,6 +52,8 @@ typedef struct xs_pending_event {
    and of the blocks behind them, in order. */
 typedef struct xs_pending_queue {
   struct CUstream_st *stream;
+  xs_event_pool *pool;        /* its events' pool: the owner's, or its
+                                 own for another context's stream */
   xs_pending_event *events;
   size_t head, count, cap;
   void **blocks;
@@ -54,7 +61,7 @@ typedef struct xs_pending_queue {
 } xs_pending_queue;
 
 typedef struct xs_pending {
-  xs_event_pool *events;
+  xs_event_pool *events;      /* the owner's context's */
   xs_pending_queue *queues;   /* one per stream that ever had an entry */
   size_t n_queues, cap_queues;
   uint64_t entries;           /* blocks queued, over every queue */
@@ -86,5 +93,12 @@ size_t xs_pending_poll(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
    every entry queued now. For the out-of-memory path and destroy. */
 size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
                         xseg_status *error);
+
+/* Before `stream` is destroyed (xseg_forget_stream): waits for its queue's
+   entries, as xs_pending_drain, and drops the queue, so that a stream made
+   later at the same address (another context's, maybe) gets a queue of its
+   own. XSEG_OK, or the failed wait (the queue then stays). */
+xseg_status xs_pending_forget(xs_pending *p, struct CUstream_st *stream,
+                              xs_pending_ready_fn ready, void *ctx);
 
 #endif /* XS_STREAMS_PENDING_H */

@@ -263,6 +263,41 @@ XSEG_TEST(torch, history_reaches_devices_used_later) {
   xt_emulated_devices_end();
 }
 
+/* Tensor.record_stream with a stream of another device (PyTorch records
+   it, on the stream's device): the hook finds the block's allocator, and
+   the free waits for that stream's work, held back here. */
+XSEG_TEST(torch, record_stream_of_another_device_waits_for_it) {
+  xt_emulate_devices(2);
+  XT_REQUIRE_DEVICES(2);
+  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
+  CUstream s1;
+  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  void *p = xseg_torch_malloc(SIZE, 0, NULL);
+  XSEG_ASSERT_TRUE(p != NULL);
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(s1, l));
+  xseg_torch_record_stream(p, s1);
+  xseg_torch_free(p, SIZE, 0, NULL);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_EQ(torch_stats().pending_free_bytes, SIZE);
+  void *q = xseg_torch_malloc(SIZE, 0, NULL);
+  XSEG_EXPECT_TRUE(q != NULL && q != p);
+  xt_latch_open(l);
+  XSEG_EXPECT_CU(cuStreamSynchronize(s1));
+  xt_latch_free(l);
+  xseg_torch_free(q, SIZE, 0, NULL);
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(xseg_torch_allocator(0)));
+  XSEG_EXPECT_EQ(torch_stats().pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(torch_stats().reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xs_torch_destroy_all();
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  xt_emulated_devices_end();
+}
+
 /* A pool whose filter claims one thread's allocations (use_mem_pool's). */
 typedef struct thread_pool_ctx {
   pthread_t owner;

@@ -84,34 +84,52 @@ void xs_vmm_close(xs_vmm *v) {
   v->ctx = NULL;
 }
 
-bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream) {
+CUcontext xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream) {
   if (stream == NULL || stream == CU_STREAM_LEGACY ||
       stream == CU_STREAM_PER_THREAD)
-    return true;
+    return v->ctx;
   CUcontext ctx = NULL;
-  return XS_DRV(v->drv, cuStreamGetCtx, stream, &ctx) != CUDA_SUCCESS ||
-         ctx == v->ctx;
+  if (XS_DRV(v->drv, cuStreamGetCtx, stream, &ctx) != CUDA_SUCCESS ||
+      ctx == NULL)
+    return v->ctx;
+  return ctx;
+}
+
+bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream) {
+  return xs_vmm_stream_ctx(v, stream) == v->ctx;
 }
 
 xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
                                   struct CUstream_st *stream) {
   return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                   "%s on stream %p: the stream is another context's (another "
-                  "device's) than the allocator of device %d, whose events "
-                  "cannot be recorded on it; not supported", what,
-                  (void *)stream, v->device);
+                  "device's) than the allocator of device %d, which allocates "
+                  "only on its own device's streams", what, (void *)stream,
+                  v->device);
 }
 
-xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
+xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
   XS_CHECK(v, XS_DRV(v->drv, cuCtxGetCurrent, saved), "cuCtxGetCurrent");
-  if (*saved == v->ctx) return XSEG_OK;
-  XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, v->ctx),
-           "cuCtxSetCurrent(primary context of device %d)", v->device);
+  if (*saved == ctx) return XSEG_OK;
+  if (ctx == v->ctx)
+    XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, ctx),
+             "cuCtxSetCurrent(primary context of device %d)", v->device);
+  else
+    XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, ctx),
+             "cuCtxSetCurrent(context %p of a recorded stream)", (void *)ctx);
   return XSEG_OK;
 }
 
+void xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
+  if (saved != ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
+}
+
+xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
+  return xs_vmm_ctx_switch(v, v->ctx, saved);
+}
+
 void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
-  if (saved != v->ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  xs_vmm_ctx_return(v, v->ctx, saved);
 }
 
 xseg_status xs_vmm_add_peer(xs_vmm *v, int peer) {

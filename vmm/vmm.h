@@ -52,21 +52,29 @@ xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device);
 /* Releases the primary context. Everything mapped must be gone. */
 void xs_vmm_close(xs_vmm *v);
 
-/* Whether `stream` may carry v's events: NULL and the special handles
-   (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current context's stream,
-   and xseg uses them in v's), or a stream made in v's context. Events
-   cannot be recorded on another context's stream (cuda.h's cuEventRecord).
-   A stream the driver cannot place (destroyed, say) passes: what uses it
-   reports that. */
+/* Whether `stream` is of v's context (xs_vmm_stream_ctx): NULL and the
+   special handles (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current
+   context's stream, and xseg uses them in v's), or a stream made in it.
+   Only such a stream allocates (its pools' growth and unmap guards record
+   v's events on it, and cuda.h's cuEventRecord wants one context). */
 bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream);
 /* The refusal of a stream that is not ours: XSEG_ERR_INVALID_ARGUMENT,
    the message naming `what` asked (a call's name), the stream and why. */
 xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
                                   struct CUstream_st *stream);
 
+/* The context of `stream`: v's own for NULL and the special handles, and
+   for a stream the driver cannot place (destroyed, say: what uses it
+   reports that). */
+CUcontext xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream);
+
 /* Makes v's context current, returning the caller's in *saved. */
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
+/* The same for context `ctx` (another device's, say): current until
+   xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again. */
+xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved);
+void        xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved);
 
 /* Adds read-write access for `peer` to what xs_vmm_set_access grants from
    now on (existing mappings are the caller's to update). Idempotent. */
