@@ -27,6 +27,14 @@ static const uint32_t xb_layer_sizes[] = {
 };
 enum { XB_LAYER_TENSORS = sizeof xb_layer_sizes / sizeof *xb_layer_sizes };
 
+/* A row's xseg call failed: says which row and xseg's message (false). A
+   row that fails for another reason (host memory) says so itself. */
+static bool cached_failed(const char *row) {
+  fprintf(stderr, "xseg-bench micro: %s failed: %s\n", row,
+          xseg_last_error());
+  return false;
+}
+
 static bool repeat_xseg(xseg_allocator *a, uint64_t pairs, double *ns) {
   uint64_t t0 = xb_now_ns();
   for (uint64_t i = 0; i < pairs; i++) {
@@ -53,7 +61,8 @@ static bool cached_repeat(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
   double xs[64], gl[64];
   size_t rounds = m->rounds;
   for (size_t r = 0; r < rounds; r++) {
-    if (!repeat_xseg(a, m->pairs, &xs[r])) return false;
+    if (!repeat_xseg(a, m->pairs, &xs[r]))
+      return cached_failed("cached-repeat");
     repeat_glibc(m->pairs, &gl[r]);
   }
   *row = (xb_cached_row){"cached-repeat", 0, m->pairs,
@@ -182,11 +191,11 @@ static bool cached_random(xb_micro *m, xseg_allocator *a, const char *name,
   }
   churn_drain(&c, a);
   churn_release(&c);
-  if (ok)
-    *row = (xb_cached_row){name, live, m->pairs,
-                           xb_micro_median(xs, m->rounds),
-                           xb_micro_median(gl, m->rounds)};
-  return ok;
+  if (!ok) return cached_failed(name);
+  *row = (xb_cached_row){name, live, m->pairs,
+                         xb_micro_median(xs, m->rounds),
+                         xb_micro_median(gl, m->rounds)};
+  return true;
 }
 
 /* cached-layers: `pairs` rounded down to whole batches (at least one). */
@@ -225,7 +234,8 @@ static bool cached_layers(xb_micro *m, xseg_allocator *a, xb_cached_row *row) {
   double xs[64], gl[64];
   uint64_t batches = layer_batches(m->pairs);
   for (size_t r = 0; r < m->rounds; r++) {
-    if (!layers_xseg(a, batches, &xs[r])) return false;
+    if (!layers_xseg(a, batches, &xs[r]))
+      return cached_failed("cached-layers");
     layers_glibc(batches, &gl[r]);
   }
   *row = (xb_cached_row){"cached-layers", XB_LAYER_TENSORS,
@@ -255,6 +265,9 @@ bool xb_micro_cached(xb_micro *m, xb_cached_row *rows, size_t *n) {
   if (!xb_micro_allocator(m, &a)) return false;
   struct CUstream_st *others[XB_OTHER_STREAMS_MAX] = {NULL};
   bool ok = other_streams_open(m, a, m->other_streams, others);
+  if (!ok)
+    fprintf(stderr, "xseg-bench micro: --other-streams %llu: %s\n",
+            (unsigned long long)m->other_streams, xseg_last_error());
   bool row_failed = false;
   if (ok && xb_micro_selected(m, "cached-repeat"))
     row_failed = !(ok = cached_repeat(m, a, &rows[(*n)++]));
@@ -269,9 +282,6 @@ bool xb_micro_cached(xb_micro *m, xb_cached_row *rows, size_t *n) {
     row_failed = !(ok = cached_random(m, a, "cached-mixed", m->mixed_live,
                                       &rows[(*n)++]));
   if (row_failed) (*n)--;
-  if (!ok)
-    fprintf(stderr, "xseg-bench micro: cached path failed: %s\n",
-            xseg_last_error());
   xseg_destroy(a);
   for (uint64_t i = 0; i < m->other_streams; i++)
     if (others[i] != NULL) xb_env_stream_destroy(&m->env, others[i]);

@@ -189,6 +189,24 @@ XSEG_TEST(bench_options, failed_micro_keeps_the_earlier_json) {
   rmdir(dir);
 }
 
+/* A cached row whose allocations fail names itself and xseg's message,
+   once (no line about the cached path as a whole that could repeat an
+   older message). */
+XSEG_TEST(bench_options, failed_cached_row_names_itself) {
+  XT_REQUIRE_SIM_FOR("shrinks the emulated device");
+  char *argv[] = {"micro", "--only", "cached-mixed", "--mixed-live", "3000",
+                  "--pairs", "100", "--rounds", "1", "--device-memory", "64M",
+                  "--driver", (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_micro, argv);
+  XSEG_ASSERT_TRUE(c.err != NULL);
+  XSEG_EXPECT_EQ(c.rc, 1);
+  if (strstr(c.err, "xseg-bench micro: cached-mixed failed: ") == NULL ||
+      strstr(c.err, "out of memory") == NULL)
+    XSEG_FAIL("stderr lacks the row and xseg's message:\n%s", c.err);
+  XSEG_EXPECT_EQ(count_of(c.err, "xseg-bench micro:"), 1);
+  captured_release(&c);
+}
+
 /* --json naming the trace being replayed (by another path too) is refused
    before anything is opened: the trace is left as it was. */
 XSEG_TEST(bench_options, json_that_is_a_trace_is_refused) {
