@@ -358,6 +358,9 @@ static int varbatch_parse(int argc, char **argv, xb_cli *c, xb_varbatch *v,
     return -1;
   const char *bad = optind < argc ? argv[optind]
                     : v->layers == 0 ? "--layers 0"
+                    /* The layer arrays' counts (2 * layers + 1) must not
+                       wrap; no trace of more layers fits in host memory. */
+                    : v->layers > UINT32_MAX ? "--layers (at most 4294967295)"
                     : v->hidden == 0 ? "--hidden 0"
                     : v->heads == 0  ? "--heads 0"
                                      : NULL;

@@ -189,6 +189,15 @@ XSEG_TEST(bench_options, failed_micro_keeps_the_earlier_json) {
   rmdir(dir);
 }
 
+/* --layers whose arrays' counts would wrap is refused by name, before
+   anything is built. */
+XSEG_TEST(bench_options, varbatch_layers_too_many_is_refused) {
+  char *argv[] = {"varbatch", "--layers", "9223372036854775808", "--driver",
+                  (char *)test_driver(), NULL};
+  captured c = run_argv(xb_cmd_varbatch, argv);
+  expect_refused(&c, 2, "--layers (at most 4294967295)");
+}
+
 /* A cached row whose allocations fail names itself and xseg's message,
    once (no line about the cached path as a whole that could repeat an
    older message). */
