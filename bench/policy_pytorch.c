@@ -36,64 +36,17 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdlib.h>
-#include <bsd/sys/tree.h>
 
 #include "alloc/config.h"
-#include "pytorch.h"
+#include "pytorch_blocks.h"
 #include "vmm/error.h"
 
-/* A Block: a run of one segment, allocated, free and mapped (in its pool's
-   `blocks`), or unmapped (in its pool's `unmapped`). Invariants: the
-   blocks of a segment tile its range in address order through prev/next;
-   no two neighbours are both unallocated with the same mapped state;
-   unmapped blocks cover whole pages. */
-typedef struct pt_block {
-  RB_ENTRY(pt_block) link;          /* in blocks or unmapped, never both */
-  struct pt_block *prev, *next;
-  xb_pt_segment *seg;
-  struct pt_pool *pool;
-  uint64_t ptr, size;
-  bool allocated, mapped;
-} pt_block;
-
-static int pt_by_size_cmp(const pt_block *a, const pt_block *b) {
-  if (a->size != b->size) return a->size < b->size ? -1 : 1;
-  return (a->ptr > b->ptr) - (a->ptr < b->ptr);
-}
-
-static int pt_by_addr_cmp(const pt_block *a, const pt_block *b) {
-  return (a->ptr > b->ptr) - (a->ptr < b->ptr);
-}
-
-RB_HEAD(pt_by_size, pt_block);
-RB_HEAD(pt_by_addr, pt_block);
-/* RB_GENERATE_STATIC marks what it generates __unused, which libbsd's
-   cdefs.h leaves undefined on Linux. */
+/* RB_GENERATE marks what it generates __unused, which libbsd's cdefs.h
+   leaves undefined on Linux. */
 #define __unused __attribute__((__unused__))
-RB_GENERATE_STATIC(pt_by_size, pt_block, link, pt_by_size_cmp)
-RB_GENERATE_STATIC(pt_by_addr, pt_block, link, pt_by_addr_cmp)
+RB_GENERATE(pt_by_size, pt_block, link, pt_by_size_cmp)
+RB_GENERATE(pt_by_addr, pt_block, link, pt_by_addr_cmp)
 #undef __unused
-
-/* One stream's small or large BlockPool. */
-typedef struct pt_pool {
-  CUstream stream;
-  bool small;
-  struct pt_by_size blocks;         /* free and mapped, by (size, address) */
-  struct pt_by_addr unmapped;       /* by address */
-} pt_pool;
-
-typedef struct xb_pytorch {
-  xs_vmm *v;
-  CUcontext saved;                  /* the caller's context, for close */
-  uint64_t total_memory;            /* cuDeviceTotalMem at open */
-  pt_pool pools[2 * XB_MAX_STREAMS];
-  size_t n_pools;
-  xb_pt_segment *segments;          /* every live ExpandableSegment */
-  pt_block **slot;                  /* per slot, while allocated */
-  uint32_t n_slots;
-  uint64_t mapped, window_peak;
-  xs_config cfg;                    /* --conf: roundup_power2_divisions */
-} xb_pytorch;
 
 static pt_pool *pool_of(xb_pytorch *x, CUstream stream, bool small) {
   for (size_t i = 0; i < x->n_pools; i++)
@@ -446,81 +399,6 @@ static void pytorch_usage(void *self, xb_usage *u) {
   x->window_peak = x->mapped;
 }
 
-/* The head of b's segment. */
-static const pt_block *segment_head(const pt_block *b) {
-  while (b->prev != NULL) b = b->prev;
-  return b;
-}
-
-/* One segment's blocks against the invariants at pt_block; adds its mapped
-   bytes to *mapped. */
-static bool segment_check(const pt_block *head, uint64_t *mapped,
-                          xb_error *err) {
-  const xb_pt_segment *s = head->seg;
-  uint64_t at = s->base;
-  for (const pt_block *b = head; b != NULL; at += b->size, b = b->next) {
-    if (b->ptr != at || b->seg != s)
-      return xb_fail(err, "block at 0x%llx does not follow its neighbour",
-                     (unsigned long long)b->ptr);
-    if (b->next != NULL && !b->allocated && !b->next->allocated &&
-        b->mapped == b->next->mapped)
-      return xb_fail(err, "free neighbours at 0x%llx are not merged",
-                     (unsigned long long)b->ptr);
-    for (uint64_t p = b->ptr; p < b->ptr + b->size; p += XB_PT_MIN_BLOCK) {
-      size_t page = (size_t)((p - s->base) / s->page);
-      if (s->present[page] != b->mapped)
-        return xb_fail(err, "block at 0x%llx: page %zu is %smapped",
-                       (unsigned long long)b->ptr, page,
-                       s->present[page] ? "" : "not ");
-      p = s->base + (page + 1) * s->page - XB_PT_MIN_BLOCK;
-    }
-    if (b->mapped) *mapped += b->size;
-  }
-  if (at != s->base + s->n_pages * s->page)
-    return xb_fail(err, "segment at 0x%llx: blocks end at 0x%llx",
-                   (unsigned long long)s->base, (unsigned long long)at);
-  return true;
-}
-
-/* Every segment of every pool, and the mapped bytes against the pages. */
-static bool pytorch_check(void *self, xb_error *err) {
-  xb_pytorch *x = self;
-  uint64_t mapped = 0;
-  size_t n_segments = 0;
-  for (const xb_pt_segment *s = x->segments; s != NULL; s = s->next)
-    n_segments++;
-  size_t seen = 0;
-  for (size_t i = 0; i < x->n_pools; i++) {
-    pt_block *b;
-    /* Each segment has an unmapped block or a free one, unless it is
-       wholly allocated: walk from the heads found in either set. */
-    RB_FOREACH(b, pt_by_addr, &x->pools[i].unmapped) {
-      if (segment_head(b) != b) continue;
-      if (!segment_check(b, &mapped, err)) return false;
-      seen++;
-    }
-    RB_FOREACH(b, pt_by_size, &x->pools[i].blocks) {
-      if (segment_head(b) != b) continue;
-      if (!segment_check(b, &mapped, err)) return false;
-      seen++;
-    }
-  }
-  for (uint32_t i = 0; x->slot != NULL && i < x->n_slots; i++) {
-    const pt_block *b = x->slot[i];
-    if (b == NULL || segment_head(b) != b) continue;
-    if (!segment_check(b, &mapped, err)) return false;
-    seen++;
-  }
-  if (seen != n_segments)
-    return xb_fail(err, "%zu segments, %zu found through their blocks",
-                   n_segments, seen);
-  if (mapped != x->mapped)
-    return xb_fail(err, "blocks map %llu bytes, the count says %llu",
-                   (unsigned long long)mapped,
-                   (unsigned long long)x->mapped);
-  return true;
-}
-
 static void pool_drop(pt_pool *pool) {
   pt_block *b, *next;
   RB_FOREACH_SAFE(b, pt_by_size, &pool->blocks, next) {
@@ -554,7 +432,6 @@ static void pytorch_close(void *self) {
   xs_vmm_ctx_leave(v, saved);
 }
 
-/* The whole replay runs on one thread: enter the context once, here. */
 /* --conf for PyTorch's policy: what it models, or a refusal naming what it
    does not (see the top of this file). */
 static xseg_status pytorch_conf(const char *conf, xs_config *cfg) {
@@ -619,6 +496,6 @@ const xb_policy xb_policy_pytorch_expandable = {
     .free = pytorch_free,
     .usage = pytorch_usage,
     .snapshot = NULL,
-    .check = pytorch_check,
+    .check = xb_pt_check,
     .close = pytorch_close,
 };
