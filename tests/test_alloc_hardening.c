@@ -493,10 +493,8 @@ XSEG_TEST(hardening, failed_malloc_sets_ptr_to_null) {
 XSEG_TEST(hardening, another_devices_stream_is_recorded_and_waited_for) {
   xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
-  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
-  CUstream s1;
-  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1 = xt_stream_of_device(1);
+  XSEG_ASSERT_TRUE(s1 != NULL);
   CUcontext mine, now;
   XSEG_ASSERT_CU(cuCtxGetCurrent(&mine));
   xseg_allocator *a = at_create(NULL);
@@ -558,10 +556,8 @@ XSEG_TEST(hardening, another_devices_stream_failures_lose_nothing) {
   XSEG_ASSERT_CU(cuCtxGetCurrent(&mine));
   xseg_allocator *a = at_create(NULL);
   for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
-    XSEG_ASSERT_TRUE(xt_context(1) != NULL);
-    CUstream s1;
-    XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-    XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+    CUstream s1 = xt_stream_of_device(1);
+    XSEG_ASSERT_TRUE(s1 != NULL);
     void *p;
     XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &p));
     XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));

@@ -269,10 +269,8 @@ XSEG_TEST(torch, history_reaches_devices_used_later) {
 XSEG_TEST(torch, record_stream_of_another_device_waits_for_it) {
   xt_emulate_devices(2);
   XT_REQUIRE_DEVICES(2);
-  XSEG_ASSERT_TRUE(xt_context(1) != NULL);
-  CUstream s1;
-  XSEG_ASSERT_CU(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
-  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  CUstream s1 = xt_stream_of_device(1);
+  XSEG_ASSERT_TRUE(s1 != NULL);
   torch_setup();
   void *p = xseg_torch_malloc(SIZE, 0, NULL);
   XSEG_ASSERT_TRUE(p != NULL);

@@ -111,6 +111,17 @@ static inline void xt_emulated_devices_end(void) {
    for the process's lifetime anyway). */
 CUcontext xt_context(int dev);
 
+/* A non-blocking stream of device `dev`'s context, device 0's context
+   current again afterwards (another device's stream, for an allocator of
+   device 0); NULL when a call failed. */
+static inline CUstream xt_stream_of_device(int dev) {
+  CUstream s = NULL;
+  if (xt_context(dev) == NULL ||
+      cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    s = NULL;
+  return xt_context(0) != NULL ? s : NULL;
+}
+
 /* A latch that holds a stream back (latch.c): xt_latch_hold enqueues a host
    function that blocks the stream until xt_latch_open. Open every latch
    before the test ends, then synchronise, then free it. On a real driver
