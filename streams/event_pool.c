@@ -22,14 +22,18 @@ static xseg_status event_pool_create(xs_event_pool *p, CUevent *out) {
     if (st != XSEG_OK) return st;
   }
   CUresult r = XS_DRV(p->vmm->drv, cuEventCreate, out, CU_EVENT_DISABLE_TIMING);
-  if (p->ctx != NULL) xs_vmm_ctx_return(p->vmm, p->ctx, saved);
+  xseg_status back =
+      p->ctx != NULL ? xs_vmm_ctx_return(p->vmm, p->ctx, saved) : XSEG_OK;
   if (r != CUDA_SUCCESS)
     return xs_driver_error(p->vmm->drv, r,
                            "cuEventCreate(CU_EVENT_DISABLE_TIMING) on device "
                            "%d%s", p->vmm->device,
                            p->ctx != NULL ? ", in a recorded stream's context"
                                           : "");
-  return XSEG_OK;
+  /* The caller's thread is left in the other context: said, not hidden
+     (the event goes: nothing was recorded on it). */
+  if (back != XSEG_OK) XS_DRV(p->vmm->drv, cuEventDestroy, *out);
+  return back;
 }
 
 void xs_event_pool_destroy(xs_event_pool *p) {

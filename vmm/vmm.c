@@ -120,8 +120,12 @@ xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
   return XSEG_OK;
 }
 
-void xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
-  if (saved != ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
+xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
+  if (saved != ctx)
+    XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, saved),
+             "cuCtxSetCurrent(the caller's context %p, back from %p)",
+             (void *)saved, (void *)ctx);
+  return XSEG_OK;
 }
 
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
@@ -129,7 +133,7 @@ xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
 }
 
 void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
-  xs_vmm_ctx_return(v, v->ctx, saved);
+  if (saved != v->ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
 }
 
 xseg_status xs_vmm_add_peer(xs_vmm *v, int peer) {

@@ -72,9 +72,10 @@ CUcontext xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream);
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
 /* The same for context `ctx` (another device's, say): current until
-   xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again. */
+   xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again, or
+   says that it could not (the caller's thread is then left in ctx). */
 xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved);
-void        xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved);
+xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved);
 
 /* Adds read-write access for `peer` to what xs_vmm_set_access grants from
    now on (existing mappings are the caller's to update). Idempotent. */
