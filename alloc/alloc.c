@@ -134,11 +134,8 @@ static xseg_status alloc_chosen_pools_locked(xseg_allocator *a,
                                              xseg_pool_id pool,
                                              xs_pair **out) {
   if (pool == 0) return xs_pairs_lookup_locked(a, stream, out);
-  *out = xs_capture_private_pair_locked(a, pool, stream);
-  if (*out != NULL) return XSEG_OK;
-  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                  "out of host memory for private pool %llu",
-                  (unsigned long long)pool);
+  return xs_capture_private_pair_locked(a, "xseg_malloc_from_pool", pool,
+                                        stream, out);
 }
 
 /* `chosen`: the pools xseg_malloc_from_pool named, or NULL: where the

@@ -117,7 +117,6 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
        own pair keeps no segment. Other streams keep their caches, and
        their work is not waited for (reclaim.h says when it is). */
     st = xs_alloc_release_stream_locked(a, stream);
-    if (st == XSEG_OK) st = xs_alloc_forget_pending_locked(a, stream);
     /* A free made during a capture whose events are still to be recorded
        on this stream (another of its streams captures, unseen: the release
        above recorded the others) would name it after it is destroyed. */
@@ -125,6 +124,9 @@ xseg_status xseg_forget_stream(xseg_allocator *a,
       st = xs_error(XSEG_ERR_CAPTURE, "xseg_forget_stream(stream %p): a "
                     "free recorded on it waits for a graph capture on "
                     "another of its streams to end", (void *)stream);
+    /* Frees recorded on it, of any pair: waited for (after every refusal
+       that changes nothing), their queues dropped. */
+    if (st == XSEG_OK) st = xs_alloc_forget_pending_locked(a, stream);
     /* Nothing of the stream may remain: its own pair without memory, and
        no private pair of it (unreleased ones were refused, and the
        release drops the released ones that hold nothing). */

@@ -53,27 +53,39 @@ xs_pair *xs_capture_pools_locked(xseg_allocator *a,
   return c != NULL ? capture_pair_find_locked(a, c->pool, stream) : NULL;
 }
 
-xs_pair *xs_capture_private_pair_locked(xseg_allocator *a, xseg_pool_id pool,
-                                        struct CUstream_st *stream) {
-  xs_pair *pair = capture_pair_find_locked(a, pool, stream);
-  return pair != NULL ? pair : xs_pairs_new_locked(a, stream, pool);
+xseg_status xs_capture_private_pair_locked(xseg_allocator *a,
+                                           const char *what,
+                                           xseg_pool_id pool,
+                                           struct CUstream_st *stream,
+                                           xs_pair **out) {
+  *out = capture_pair_find_locked(a, pool, stream);
+  if (*out != NULL) return XSEG_OK;
+  /* Its pools' growth and guards record events on it. */
+  xseg_status st = xs_vmm_stream_allocates(&a->vmm, what, stream);
+  if (st != XSEG_OK) return st;
+  *out = xs_pairs_new_locked(a, stream, pool);
+  if (*out != NULL) return XSEG_OK;
+  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                  "out of host memory for private pool %llu",
+                  (unsigned long long)pool);
 }
 
-/* A new entry; its private pair is found or created. */
-static xseg_status capture_add_locked(xseg_allocator *a, xs_capture c,
-                                      xs_pair **out) {
+/* A new entry; its private pair is found or created (`what`: the caller,
+   as xs_capture_private_pair_locked's). */
+static xseg_status capture_add_locked(xseg_allocator *a, const char *what,
+                                      xs_capture c, xs_pair **out) {
   if (!XS_ARRAY_RESERVE(a->captures, a->cap_captures, a->n_captures + 1, 4))
-    goto oom;
-  xs_pair *pair = xs_capture_private_pair_locked(a, c.pool, c.stream);
-  if (pair == NULL) goto oom;
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for private pool %llu",
+                    (unsigned long long)c.pool);
+  xs_pair *pair;
+  xseg_status st =
+      xs_capture_private_pair_locked(a, what, c.pool, c.stream, &pair);
+  if (st != XSEG_OK) return st;
   a->captures[a->n_captures++] = c;
   a->n_implicit += c.implicit;
   if (out != NULL) *out = pair;
   return XSEG_OK;
-oom:
-  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                  "out of host memory for private pool %llu",
-                  (unsigned long long)c.pool);
 }
 
 static void capture_remove_locked(xseg_allocator *a, size_t i) {
@@ -120,7 +132,7 @@ xseg_status xs_capture_detect_locked(xseg_allocator *a,
   if (st != XSEG_OK || !active) return st;
   xs_capture c = {.stream = stream, .pool = XSEG_CAPTURE_POOL(id),
                   .capture_id = id, .implicit = true};
-  return capture_add_locked(a, c, out);
+  return capture_add_locked(a, "a malloc in a graph capture", c, out);
 }
 
 xseg_status xs_capture_any_on(xseg_allocator *a, const xs_stream_set *streams,
@@ -182,7 +194,7 @@ xseg_status xs_capture_sweep_locked(xseg_allocator *a) {
       continue;
     xs_capture c = {.stream = pair->stream, .pool = XSEG_CAPTURE_POOL(id),
                     .capture_id = id, .implicit = true};
-    st = capture_add_locked(a, c, NULL);
+    st = capture_add_locked(a, "a graph capture", c, NULL);
   }
   return st;
 }
@@ -206,7 +218,8 @@ xseg_status xseg_begin_allocate_to_pool(xseg_allocator *a, xseg_pool_id pool,
                   (void *)stream, (unsigned long long)c->pool);
   else {
     if (c != NULL) capture_remove_locked(a, (size_t)(c - a->captures));
-    st = capture_add_locked(a, (xs_capture){.stream = stream, .pool = pool},
+    st = capture_add_locked(a, "xseg_begin_allocate_to_pool",
+                            (xs_capture){.stream = stream, .pool = pool},
                             NULL);
   }
   xs_alloc_leave(a);

@@ -11,11 +11,16 @@
 /* The private pools that allocations on `stream` go to, or NULL. */
 xs_pair *xs_capture_pools_locked(xseg_allocator *a,
                                  struct CUstream_st *stream);
-/* Private pool `pool`'s pair of pools for `stream`, made if need be
-   (xseg_malloc_from_pool: the caller chose the pool, whether or not the
-   stream is announced to it); NULL on host OOM. */
-xs_pair *xs_capture_private_pair_locked(xseg_allocator *a, xseg_pool_id pool,
-                                        struct CUstream_st *stream);
+/* Private pool `pool`'s pair of pools for `stream` in *out, made if need
+   be (xseg_malloc_from_pool: the caller chose the pool, whether or not the
+   stream is announced to it); a stream of another context is refused, as
+   for any allocation (xs_vmm_stream_allocates), and host OOM said. `what`
+   names the caller in a refusal. */
+xseg_status xs_capture_private_pair_locked(xseg_allocator *a,
+                                           const char *what,
+                                           xseg_pool_id pool,
+                                           struct CUstream_st *stream,
+                                           xs_pair **out);
 /* Slow path: an unannounced capture on `stream` (cuStreamGetCaptureInfo)
    becomes an implicit entry, whose private pools are returned in *out
    (NULL when the stream does not capture). Context current. */

@@ -255,9 +255,9 @@ xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
                                    xs_pair **out) {
   xs_pair *pair = xs_pairs_own_locked(a, stream);
   if (pair == NULL) {
-    /* Its pools' frees and guards record events on it. */
-    if (!xs_vmm_stream_is_ours(&a->vmm, stream))
-      return xs_vmm_stream_refused(&a->vmm, "a malloc", stream);
+    /* Its pools' growth and guards record events on it. */
+    xseg_status st = xs_vmm_stream_allocates(&a->vmm, "a malloc", stream);
+    if (st != XSEG_OK) return st;
     pair = xs_pairs_new_locked(a, stream, 0);
     if (pair == NULL)
       return xs_error(XSEG_ERR_OUT_OF_MEMORY,

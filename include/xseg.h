@@ -83,16 +83,19 @@ xseg_status xseg_free(xseg_allocator *a, void *ptr);
    of another context (another device's) is recorded as any other, as
    PyTorch records one: the free records an event of that stream's
    context on it, making that context current for a moment (the caller's
-   is current again on return); only allocating on such a stream is
-   refused (xseg_malloc). */
+   is current again on return; when the driver fails to make it so, the
+   free says so and the allocator's next call tries again); only
+   allocating on such a stream is refused (xseg_malloc, a private pool's
+   xseg_begin_allocate_to_pool and xseg_malloc_from_pool). */
 xseg_status xseg_record_stream(xseg_allocator *a, void *ptr,
                                struct CUstream_st *stream);
 /* Before cuStreamDestroy of a stream xseg has seen: waits (on the host)
-   for the work that guards the free memory of the stream's own pools,
-   gives back all of it (as xseg_empty_cache_blocking does for every
-   stream; other streams keep their caches, and their work is not waited
-   for), and stops asking the stream anything, so that the caller may
-   destroy it. Refused, with nothing changed, while
+   for the work that guards the free memory of the stream's own pools and
+   for the stream's work that frees recorded on it wait for (blocks of any
+   stream), gives back all of the stream's free memory (as
+   xseg_empty_cache_blocking does for every stream; other streams keep
+   their caches, and their work is not waited for), and stops asking the
+   stream anything, so that the caller may destroy it. Refused, with nothing changed, while
    blocks allocated on the stream or recorded on it are live, while a
    private pool allocates on it (xseg_release_pool first), and during a
    graph capture, or while a free recorded on it waits for a capture on

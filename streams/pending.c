@@ -30,27 +30,6 @@ void xs_pending_destroy(xs_pending *p) {
   *p = (xs_pending){.events = p->events};
 }
 
-/* The queue of `stream`, made on first use; NULL on host OOM. Queues may
-   move (realloc): callers keep indices, not pointers, across calls. A
-   stream of another context gets a pool of that context's events. */
-static xs_pending_queue *pending_queue_find(xs_pending *p,
-                                            struct CUstream_st *stream) {
-  for (size_t i = 0; i < p->n_queues; i++)
-    if (p->queues[i].stream == stream) return &p->queues[i];
-  if (!XS_ARRAY_RESERVE(p->queues, p->cap_queues, p->n_queues + 1, 8))
-    return NULL;
-  xs_vmm *vmm = p->events->vmm;
-  CUcontext ctx = xs_vmm_stream_ctx(vmm, stream);
-  xs_event_pool *pool = p->events;
-  if (ctx != vmm->ctx) {
-    if ((pool = malloc(sizeof *pool)) == NULL) return NULL;
-    xs_event_pool_init_in(pool, vmm, ctx);
-  }
-  xs_pending_queue *q = &p->queues[p->n_queues++];
-  *q = (xs_pending_queue){.stream = stream, .pool = pool};
-  return q;
-}
-
 /* Position i of a ring of capacity cap (a power of two). */
 static inline size_t pending_wrap(size_t i, size_t cap) {
   assert(cap != 0 && (cap & (cap - 1)) == 0);
@@ -83,6 +62,42 @@ static bool pending_queue_room(xs_pending_queue *q) {
   return q->count < q->cap || q->count >= XS_PENDING_MAX_EVENTS ||
          pending_ring_grow((void **)&q->events, sizeof *q->events, &q->head,
                            q->count, &q->cap);
+}
+
+/* Host memory ran out making room for a free on `stream`. */
+static xseg_status pending_no_room(struct CUstream_st *stream) {
+  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                  "out of host memory queueing a free on stream %p",
+                  (void *)stream);
+}
+
+/* The queue of `stream` in *out, made on first use with room for one more
+   block (and event); nothing made when that fails (host memory, or the
+   driver asked for the stream's context). Queues may move (realloc):
+   callers keep indices, not pointers, across calls. A stream of another
+   context gets a pool of that context's events. */
+static xseg_status pending_queue_find(xs_pending *p,
+                                      struct CUstream_st *stream,
+                                      xs_pending_queue **out) {
+  xs_pending_queue *q = NULL;
+  for (size_t i = 0; i < p->n_queues && q == NULL; i++)
+    if (p->queues[i].stream == stream) q = &p->queues[i];
+  if (q == NULL) {
+    xs_vmm *vmm = p->events->vmm;
+    CUcontext ctx;
+    xseg_status st = xs_vmm_stream_ctx(vmm, stream, &ctx);
+    if (st != XSEG_OK) return st;
+    xs_event_pool *pool = p->events;
+    if (!XS_ARRAY_RESERVE(p->queues, p->cap_queues, p->n_queues + 1, 8) ||
+        (ctx != vmm->ctx && (pool = malloc(sizeof *pool)) == NULL))
+      return pending_no_room(stream);
+    if (pool != p->events) xs_event_pool_init_in(pool, vmm, ctx);
+    q = &p->queues[p->n_queues++];
+    *q = (xs_pending_queue){.stream = stream, .pool = pool};
+  }
+  if (!pending_queue_room(q)) return pending_no_room(stream);
+  *out = q;
+  return XSEG_OK;
 }
 
 static xs_pending_event *pending_tail(xs_pending_queue *q) {
@@ -140,12 +155,9 @@ typedef struct pending_mark_at {
 static xseg_status pending_make_room(xs_pending *p, const xs_stream_set *set,
                                      pending_mark_at *at) {
   for (uint32_t i = 0; i < set->n; i++) {
-    struct CUstream_st *s = xs_stream_set_at(set, i);
-    xs_pending_queue *q = pending_queue_find(p, s);
-    if (q == NULL || !pending_queue_room(q))
-      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                      "out of host memory queueing a free on stream %p",
-                      (void *)s);
+    xs_pending_queue *q = NULL;
+    xseg_status st = pending_queue_find(p, xs_stream_set_at(set, i), &q);
+    if (st != XSEG_OK) return st;
     at[i] = (pending_mark_at){.queue = (size_t)(q - p->queues)};
   }
   return XSEG_OK;

@@ -6,8 +6,10 @@
    proportion, and *ptr left unchanged by a failed malloc. (An eighth,
    another device's stream taken until a free failed on it, became
    test_alloc_devices.c when such a stream came to be recorded.) */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "alloc/enter.h"
 #include "alloc/pairs.h"
@@ -377,6 +379,59 @@ XSEG_TEST(hardening, forget_stream_refuses_while_the_stream_is_in_use) {
   xseg_destroy(a);
   XSEG_EXPECT_CU(cuStreamDestroy(s));
   XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
+
+static void *open_after_100ms(void *latch) {
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  xt_latch_open(latch);
+  return NULL;
+}
+
+/* A forget refused because a free recorded on the stream waits,
+   unrecorded, for a capture on another of its block's streams: refused
+   before any wait, nothing changed (before, it first waited on the host,
+   every lock held, for the other frees recorded on the stream: here until
+   another thread opened their latch). */
+XSEG_TEST(hardening, forget_refused_for_a_capture_waits_for_nothing) {
+  XT_REQUIRE_SIM_FOR("counts the driver's calls");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream home = at_stream_new(), captured = at_stream_new(),
+           held = at_stream_new();
+  xt_latch *l = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(held, l));
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, MiB, home, &p));          /* recorded */
+  XSEG_ASSERT_OK(xseg_record_stream(a, p, held));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 4 * MiB, home, &q));      /* unrecorded */
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, captured));
+  XSEG_ASSERT_OK(xseg_record_stream(a, q, held));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(captured,
+                                      CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 5 * MiB);
+  pthread_t opener;          /* a regression waits, and fails, not hangs */
+  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
+  uint64_t syncs = xsim_call_count("cuEventSynchronize");
+  XSEG_EXPECT_STATUS(xseg_forget_stream(a, held), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_EQ(xsim_call_count("cuEventSynchronize") - syncs, 0);
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 5 * MiB);
+  pthread_join(opener, NULL);
+  CUgraph g = NULL;
+  XSEG_EXPECT_CU(cuStreamEndCapture(captured, &g));
+  if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_CU(cuStreamSynchronize(held));
+  XSEG_EXPECT_OK(xseg_forget_stream(a, held));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(a));
+  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(home));
+  XSEG_EXPECT_CU(cuStreamDestroy(captured));
+  XSEG_EXPECT_CU(cuStreamDestroy(held));
 }
 
 /* ---- 5. a failed cuMemRelease ------------------------------------------ */

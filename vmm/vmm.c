@@ -84,23 +84,26 @@ void xs_vmm_close(xs_vmm *v) {
   v->ctx = NULL;
 }
 
-CUcontext xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream) {
+xseg_status xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream,
+                              CUcontext *ctx) {
+  *ctx = v->ctx;
   if (stream == NULL || stream == CU_STREAM_LEGACY ||
       stream == CU_STREAM_PER_THREAD)
-    return v->ctx;
-  CUcontext ctx = NULL;
-  if (XS_DRV(v->drv, cuStreamGetCtx, stream, &ctx) != CUDA_SUCCESS ||
-      ctx == NULL)
-    return v->ctx;
-  return ctx;
+    return XSEG_OK;
+  CUcontext c = NULL;
+  CUresult r = XS_DRV(v->drv, cuStreamGetCtx, stream, &c);
+  if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    return XSEG_OK;
+  XS_CHECK(v, r, "cuStreamGetCtx(stream %p)", (void *)stream);
+  if (c != NULL) *ctx = c;
+  return XSEG_OK;
 }
 
-bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream) {
-  return xs_vmm_stream_ctx(v, stream) == v->ctx;
-}
-
-xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
-                                  struct CUstream_st *stream) {
+xseg_status xs_vmm_stream_allocates(xs_vmm *v, const char *what,
+                                    struct CUstream_st *stream) {
+  CUcontext ctx;
+  xseg_status st = xs_vmm_stream_ctx(v, stream, &ctx);
+  if (st != XSEG_OK || ctx == v->ctx) return st;
   return xs_error(XSEG_ERR_INVALID_ARGUMENT,
                   "%s on stream %p: the stream is another context's (another "
                   "device's) than the allocator of device %d, which allocates "
@@ -120,12 +123,17 @@ xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
   return XSEG_OK;
 }
 
+/* Set when a xs_vmm_ctx_return failed: the thread is in another context
+   than the one its caller (xs_vmm_ctx_enter's, say) takes for current. */
+static _Thread_local bool vmm_ctx_displaced;
+
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
-  if (saved != ctx)
-    XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, saved),
-             "cuCtxSetCurrent(the caller's context %p, back from %p)",
-             (void *)saved, (void *)ctx);
-  return XSEG_OK;
+  if (saved == ctx) return XSEG_OK;
+  CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  if (r == CUDA_SUCCESS) return XSEG_OK;
+  vmm_ctx_displaced = true;
+  return xs_driver_error(v->drv, r, "cuCtxSetCurrent(the caller's context "
+                         "%p, back from %p)", (void *)saved, (void *)ctx);
 }
 
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
@@ -133,7 +141,12 @@ xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
 }
 
 void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
-  if (saved != v->ctx) XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  /* Displaced in between: the caller's context is not v's any more, even
+     when it was at the enter; one more try. */
+  if (saved != v->ctx || vmm_ctx_displaced) {
+    vmm_ctx_displaced = false;
+    XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  }
 }
 
 xseg_status xs_vmm_add_peer(xs_vmm *v, int peer) {

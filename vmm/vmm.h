@@ -52,28 +52,28 @@ xseg_status xs_vmm_open(xs_vmm *v, const char *driver_path, int device);
 /* Releases the primary context. Everything mapped must be gone. */
 void xs_vmm_close(xs_vmm *v);
 
-/* Whether `stream` is of v's context (xs_vmm_stream_ctx): NULL and the
-   special handles (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current
-   context's stream, and xseg uses them in v's), or a stream made in it.
-   Only such a stream allocates (its pools' growth and unmap guards record
-   v's events on it, and cuda.h's cuEventRecord wants one context). */
-bool xs_vmm_stream_is_ours(xs_vmm *v, struct CUstream_st *stream);
-/* The refusal of a stream that is not ours: XSEG_ERR_INVALID_ARGUMENT,
-   the message naming `what` asked (a call's name), the stream and why. */
-xseg_status xs_vmm_stream_refused(const xs_vmm *v, const char *what,
-                                  struct CUstream_st *stream);
-
-/* The context of `stream`: v's own for NULL and the special handles, and
-   for a stream the driver cannot place (destroyed, say: what uses it
-   reports that). */
-CUcontext xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream);
+/* The context of `stream` in *ctx: v's own for NULL and the special
+   handles (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD: the current context's
+   stream, and xseg uses them in v's), and for a stream the driver no longer
+   knows (destroyed: what uses it reports that); any other failure of
+   cuStreamGetCtx is returned, naming it. */
+xseg_status xs_vmm_stream_ctx(xs_vmm *v, struct CUstream_st *stream,
+                              CUcontext *ctx);
+/* XSEG_OK when `stream` is of v's context (xs_vmm_stream_ctx), else the
+   refusal (XSEG_ERR_INVALID_ARGUMENT, the message naming `what` asked, the
+   stream and why) or the driver's failure. Only such a stream allocates:
+   its pools' growth and unmap guards record v's events on it, and cuda.h's
+   cuEventRecord wants one context. */
+xseg_status xs_vmm_stream_allocates(xs_vmm *v, const char *what,
+                                    struct CUstream_st *stream);
 
 /* Makes v's context current, returning the caller's in *saved. */
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
 /* The same for context `ctx` (another device's, say): current until
    xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again, or
-   says that it could not (the caller's thread is then left in ctx). */
+   says that it could not (the thread is left in ctx, and the thread's next
+   xs_vmm_ctx_leave tries once more, whatever its saved context). */
 xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved);
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved);
 
