@@ -8,6 +8,36 @@
 
 #include "alloc_helpers.h"
 
+/* Two devices (emulated where the emulator runs), a stream `s1` of device
+   1 and an allocator `a` of device 0, whose context (`mine`) is current;
+   `a` NULL on failure. two_devices_close destroys the allocator, then the
+   stream. */
+typedef struct two_devices {
+  CUstream s1;
+  xseg_allocator *a;
+  CUcontext mine;               /* device 0's, current */
+} two_devices;
+
+static two_devices two_devices_open(void) {
+  two_devices d = {.s1 = xt_stream_of_device(1)};
+  if (d.s1 != NULL && cuCtxGetCurrent(&d.mine) == CUDA_SUCCESS)
+    d.a = at_create(NULL);
+  return d;
+}
+
+/* A test's opening: two devices (it skips where fewer exist) and `d`. */
+#define TWO_DEVICES_OPEN(d)                                                 \
+  xt_emulate_devices(2);                                                    \
+  XT_REQUIRE_DEVICES(2);                                                    \
+  two_devices d = two_devices_open();                                       \
+  XSEG_ASSERT_TRUE(d.a != NULL)
+
+static void two_devices_close(two_devices *d) {
+  xseg_destroy(d->a);
+  XSEG_EXPECT_CU(cuStreamDestroy(d->s1));
+  xt_emulated_devices_end();
+}
+
 /* A stream of another device's context, recorded on a block (PyTorch's
    recordStream allows it, recording its event on the stream's device):
    the free records an event of that context on it (cuda.h's cuEventRecord
@@ -17,54 +47,48 @@
    refused at once, nothing changed. Forgetting the stream waits for what
    was recorded on it. */
 XSEG_TEST(devices, another_devices_stream_is_recorded_and_waited_for) {
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUstream s1 = xt_stream_of_device(1);
-  XSEG_ASSERT_TRUE(s1 != NULL);
-  CUcontext mine, now;
-  XSEG_ASSERT_CU(cuCtxGetCurrent(&mine));
-  xseg_allocator *a = at_create(NULL);
+  TWO_DEVICES_OPEN(d);
+  CUcontext now;
   xt_latch *held = xt_latch_new();
   void *p, *q = (void *)1, *r;
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &p));
-  XSEG_EXPECT_STATUS(xseg_malloc(a, MiB, s1, &q), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &p));
+  XSEG_EXPECT_STATUS(xseg_malloc(d.a, MiB, d.s1, &q),
+                     XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another context") != NULL);
   XSEG_EXPECT_TRUE(q == NULL);
-  XSEG_ASSERT_CU(xt_latch_hold(s1, held));
-  XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
-  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_CU(xt_latch_hold(d.s1, held));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, p, d.s1));
+  XSEG_ASSERT_OK(xseg_free(d.a, p));
   XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
-  XSEG_EXPECT_TRUE(now == mine);
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, MiB);
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &q));
-  XSEG_EXPECT_TRUE(q != p);                 /* s1 still holds p */
-  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_TRUE(now == d.mine);
+  XSEG_EXPECT_EQ(at_stats(d.a).pending_free_bytes, MiB);
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &q));
+  XSEG_EXPECT_TRUE(q != p);                 /* d.s1 still holds p */
+  XSEG_EXPECT_OK(xseg_check(d.a));
   xt_latch_open(held);
-  XSEG_ASSERT_CU(cuStreamSynchronize(s1));
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &r));
+  XSEG_ASSERT_CU(cuStreamSynchronize(d.s1));
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &r));
   XSEG_EXPECT_TRUE(r == p);
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(at_stats(d.a).pending_free_bytes, 0);
   /* Again, the queue's event of device 1 reused; then the stream is
      forgotten, which waits for it. */
   xt_latch *again = xt_latch_new();
-  XSEG_ASSERT_CU(xt_latch_hold(s1, again));
-  XSEG_ASSERT_OK(xseg_record_stream(a, r, s1));
-  XSEG_ASSERT_OK(xseg_free(a, r));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, MiB);
+  XSEG_ASSERT_CU(xt_latch_hold(d.s1, again));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, r, d.s1));
+  XSEG_ASSERT_OK(xseg_free(d.a, r));
+  XSEG_EXPECT_EQ(at_stats(d.a).pending_free_bytes, MiB);
   xt_latch_open(again);
-  XSEG_ASSERT_OK(xseg_forget_stream(a, s1));
-  XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 0);
-  XSEG_EXPECT_EQ(at_stats(a).active.current, 1);
+  XSEG_ASSERT_OK(xseg_forget_stream(d.a, d.s1));
+  XSEG_EXPECT_EQ(at_stats(d.a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(at_stats(d.a).active.current, 1);
   XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
-  XSEG_EXPECT_TRUE(now == mine);
-  XSEG_EXPECT_OK(xseg_free(a, q));
-  XSEG_EXPECT_EQ(at_stats(a).allocated_bytes.current, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+  XSEG_EXPECT_TRUE(now == d.mine);
+  XSEG_EXPECT_OK(xseg_free(d.a, q));
+  XSEG_EXPECT_EQ(at_stats(d.a).allocated_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  two_devices_close(&d);
   xt_latch_free(held);
   xt_latch_free(again);
-  xt_emulated_devices_end();
 }
 
 /* The free's driver calls in the other context fail (making it current,
@@ -110,60 +134,38 @@ XSEG_TEST(devices, another_devices_stream_failures_lose_nothing) {
   xt_emulated_devices_end();
 }
 
-/* A cuStreamGetCtx that fails (not a destroyed stream) when a free's queue
-   for the stream is made: the free fails naming it, and nothing is kept
-   (before, the queue took the allocator's own events for the stream, and
-   every later free recorded on it failed); once the fault is over, frees
-   go through and the stream can be forgotten. */
-XSEG_TEST(devices, a_failed_context_query_is_said_and_kept_nowhere) {
+/* A cuStreamGetCtx that fails (not for a destroyed stream) is said,
+   naming it, and keeps nothing: at a free's first queue for the stream
+   (before, the queue took the allocator's own events for it, and every
+   later free recorded on it failed), and at a malloc's first use of the
+   stream (before, it was taken for the allocator's own, and its pools
+   kept). Once the fault is over, frees go through, the malloc is refused
+   as another context's, and the stream can be forgotten. */
+XSEG_TEST(devices, a_failed_context_query_is_said_and_keeps_nothing) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUstream s1 = xt_stream_of_device(1);
-  XSEG_ASSERT_TRUE(s1 != NULL);
-  xseg_allocator *a = at_create(NULL);
-  void *p, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &p));
-  XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
+  TWO_DEVICES_OPEN(d);
+  void *p, *q = (void *)1;
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, p, d.s1));
   xsim_fail_call("cuStreamGetCtx", 1, CUDA_ERROR_UNKNOWN);
-  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_STATUS(xseg_free(d.a, p), XSEG_ERR_DRIVER);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuStreamGetCtx") != NULL);
-  xsim_fail_call("cuStreamGetCtx", 0, CUDA_SUCCESS);
-  XSEG_EXPECT_OK(xseg_free(a, p));
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &q));
-  XSEG_ASSERT_OK(xseg_record_stream(a, q, s1));
-  XSEG_EXPECT_OK(xseg_free(a, q));
-  XSEG_EXPECT_OK(xseg_forget_stream(a, s1));
-  XSEG_EXPECT_EQ(at_stats(a).active.current, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  xt_emulated_devices_end();
-}
-
-/* The same fault at a malloc's first use of another device's stream: the
-   malloc fails naming it (before, the stream was taken as the allocator's
-   own, and its pools kept), and the next is refused as another context's
-   stream. */
-XSEG_TEST(devices, a_failed_context_query_lets_no_stream_allocate) {
-  XT_REQUIRE_SIM_FOR("injects driver faults");
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUstream s1 = xt_stream_of_device(1);
-  XSEG_ASSERT_TRUE(s1 != NULL);
-  xseg_allocator *a = at_create(NULL);
-  void *p = (void *)1;
   xsim_fail_call("cuStreamGetCtx", 1, CUDA_ERROR_UNKNOWN);
-  XSEG_EXPECT_STATUS(xseg_malloc(a, MiB, s1, &p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_STATUS(xseg_malloc(d.a, MiB, d.s1, &q), XSEG_ERR_DRIVER);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuStreamGetCtx") != NULL);
-  XSEG_EXPECT_TRUE(p == NULL);
+  XSEG_EXPECT_TRUE(q == NULL);
   xsim_fail_call("cuStreamGetCtx", 0, CUDA_SUCCESS);
-  XSEG_EXPECT_STATUS(xseg_malloc(a, MiB, s1, &p), XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_malloc(d.a, MiB, d.s1, &q),
+                     XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another context") != NULL);
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  xt_emulated_devices_end();
+  XSEG_EXPECT_OK(xseg_free(d.a, p));
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, q, d.s1));
+  XSEG_EXPECT_OK(xseg_free(d.a, q));
+  XSEG_EXPECT_OK(xseg_forget_stream(d.a, d.s1));
+  XSEG_EXPECT_EQ(at_stats(d.a).active.current, 0);
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  two_devices_close(&d);
 }
 
 /* A private pool allocates on another device's stream no more than the
@@ -171,26 +173,21 @@ XSEG_TEST(devices, a_failed_context_query_lets_no_stream_allocate) {
    is refused (before, its pools grew there and their unmap guard failed
    at empty_cache). */
 XSEG_TEST(devices, private_pools_refuse_another_devices_stream) {
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUstream s1 = xt_stream_of_device(1);
-  XSEG_ASSERT_TRUE(s1 != NULL);
-  xseg_allocator *a = at_create(NULL);
+  TWO_DEVICES_OPEN(d);
   void *p = (void *)1;
-  XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(a, 1, s1),
+  XSEG_EXPECT_STATUS(xseg_begin_allocate_to_pool(d.a, 1, d.s1),
                      XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(),
                           "xseg_begin_allocate_to_pool") != NULL);
-  XSEG_EXPECT_STATUS(xseg_malloc_from_pool(a, MiB, s1, 1, &p),
+  XSEG_EXPECT_STATUS(xseg_malloc_from_pool(d.a, MiB, d.s1, 1, &p),
                      XSEG_ERR_INVALID_ARGUMENT);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "another context") != NULL);
   XSEG_EXPECT_TRUE(p == NULL);
-  XSEG_EXPECT_STATUS(xseg_malloc(a, MiB, s1, &p), XSEG_ERR_INVALID_ARGUMENT);
-  XSEG_EXPECT_OK(xseg_empty_cache(a));
-  XSEG_EXPECT_OK(xseg_check(a));
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  xt_emulated_devices_end();
+  XSEG_EXPECT_STATUS(xseg_malloc(d.a, MiB, d.s1, &p),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  two_devices_close(&d);
 }
 
 /* Making the caller's context current again fails once: the free says so,
@@ -198,28 +195,22 @@ XSEG_TEST(devices, private_pools_refuse_another_devices_stream) {
    stayed in the other device's context). */
 XSEG_TEST(devices, a_failed_return_to_the_callers_context_is_retried) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUstream s1 = xt_stream_of_device(1);
-  XSEG_ASSERT_TRUE(s1 != NULL);
-  CUcontext mine, now;
-  XSEG_ASSERT_CU(cuCtxGetCurrent(&mine));
-  xseg_allocator *a = at_create(NULL);
+  TWO_DEVICES_OPEN(d);
+  CUcontext now;
   void *p;
-  XSEG_ASSERT_OK(xseg_malloc(a, MiB, NULL, &p));
-  XSEG_ASSERT_OK(xseg_record_stream(a, p, s1));
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, p, d.s1));
   xsim_fail_call("cuCtxSetCurrent", 2, CUDA_ERROR_UNKNOWN);
-  XSEG_EXPECT_STATUS(xseg_free(a, p), XSEG_ERR_DRIVER);
-  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "the caller's context") != NULL);
+  XSEG_EXPECT_STATUS(xseg_free(d.a, p), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "the caller's context") !=
+                   NULL);
   xsim_fail_call("cuCtxSetCurrent", 0, CUDA_SUCCESS);
   XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
-  XSEG_EXPECT_TRUE(now == mine);
-  XSEG_EXPECT_EQ(at_stats(a).allocated_bytes.current, MiB);
-  XSEG_EXPECT_OK(xseg_check(a));
-  XSEG_EXPECT_OK(xseg_free(a, p));
-  XSEG_ASSERT_OK(xseg_forget_stream(a, s1));
-  XSEG_EXPECT_EQ(at_stats(a).active.current, 0);
-  xseg_destroy(a);
-  XSEG_EXPECT_CU(cuStreamDestroy(s1));
-  xt_emulated_devices_end();
+  XSEG_EXPECT_TRUE(now == d.mine);
+  XSEG_EXPECT_EQ(at_stats(d.a).allocated_bytes.current, MiB);
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  XSEG_EXPECT_OK(xseg_free(d.a, p));
+  XSEG_ASSERT_OK(xseg_forget_stream(d.a, d.s1));
+  XSEG_EXPECT_EQ(at_stats(d.a).active.current, 0);
+  two_devices_close(&d);
 }
