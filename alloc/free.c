@@ -77,7 +77,8 @@ static inline __attribute__((always_inline)) bool alloc_give_plain(
   /* Looked at once, before the stores that the compiler cannot tell from
      the neighbours'. */
   unsigned merges = xs_pool_merges(b);
-  if (merges != XS_MERGE_NEXT) {          /* not parkable */
+  if (merges != XS_MERGE_NEXT ||          /* not parkable */
+      (p->parked == NULL && !xs_pool_park_pays(p))) {
     /* The parks held back count before this free's moves. */
     xs_park_owed_pay(pair);
     xs_alloc_account_free(&pair->stats, kind, b->size, b->requested);

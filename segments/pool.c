@@ -174,6 +174,7 @@ xs_block *xs_pool_settle(xs_pool *p) {
   xs_block *b = p->parked, *rest = p->park_rest;
   assert(b != NULL && !b->allocated && !rest->allocated && rest->mapped);
   p->parked = NULL;
+  p->park_skip = XS_PARK_SKIP;          /* settled untaken */
   xs_pool_trees_changed(p);
   /* xs_pool_coalesce's merges, their stats moved by xs_pool_park_stats
      at each park. */
