@@ -135,12 +135,13 @@ static bool check_table(check_ctx *c, xseg_allocator *a) {
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     if (!xs_ptrtable_is_valid(&pair->live, c->msg, sizeof c->msg)) return false;
     for (size_t i = 0; i <= pair->live.mask; i++) {
+      if (pair->live.slot[i].addr == 0) continue;     /* empty */
       const xs_block *b = pair->live.slot[i].block;
-      if (b != NULL && (!b->allocated || b->pending))
+      if (!b->allocated || b->pending)
         CHECK_FAIL(c, "%s block 0x%llx is in the pointer table",
                    b->pending ? "pending" : "free",
                    (unsigned long long)b->addr);
-      if (b != NULL && xs_pool_pair(b->seg->pool) != pair)
+      if (xs_pool_pair(b->seg->pool) != pair)
         CHECK_FAIL(c, "block 0x%llx is in another pair's pointer table",
                    (unsigned long long)b->addr);
     }

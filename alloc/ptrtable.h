@@ -2,10 +2,11 @@
  *
  * Open addressing with linear probing over a power-of-two array of
  * (address, block) slots; address 0 marks an empty slot (no block starts at
- * 0). Blocks are 512-byte aligned, so the hash multiplies addr >> 9 by a
- * 64-bit odd constant and keeps the top bits. Deletion shifts the following
- * run back (no tombstones), so a long churn of inserts and deletes never
- * degrades probes. The table only grows (load kept <= 1/4), so once warm a
+ * 0; an empty slot's block is stale, never read). Blocks are 512-byte
+ * aligned, so the hash multiplies addr >> 9 by a 64-bit odd constant and
+ * keeps the top bits. Deletion shifts the following run back (no
+ * tombstones), so a long churn of inserts and deletes never degrades
+ * probes. The table only grows (load kept <= 1/4), so once warm a
  * malloc/free pair allocates nothing; growth is asked for before a block is
  * taken (xs_ptrtable_reserve), so a host OOM leaves everything unchanged.
  *
@@ -98,7 +99,8 @@ static inline void xs_ptrtable_remove_at(xs_ptrtable *t, size_t i) {
       hole = j;
     }
   }
-  t->slot[hole] = (xs_ptrtable_slot){0, NULL};
+  t->slot[hole].addr = 0;       /* the block stays, stale (measured,
+                                   mixed 10000: 517.6 -> 515.6) */
   t->count--;
 }
 
