@@ -116,7 +116,7 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
    request of `size` bytes (any size up to XS_FREETREE_BIN_MAX; 0 asks for
    any block). */
 static inline size_t xs_freetree_bin_of(size_t size) {
-  return size == 0 ? 0 : (size - 1) / XS_FREETREE_BIN_STEP;
+  return (size - (size != 0)) / XS_FREETREE_BIN_STEP;  /* 0 for 0 */
 }
 
 /* The smallest block of at least `size` bytes (among equal sizes the
