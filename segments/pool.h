@@ -113,8 +113,11 @@ static inline void xs_pool_trees_changed(xs_pool *p) {
 /* The take and the give in the cached path's common shapes, inline there
    (its frame is paid for already; out of line, each cost a frame of its
    own): a take of a whole free mapped block, and the give of a block that
-   merges with nothing. They move the same as xs_pool_take and
-   xs_pool_give. `s` and `kind` are p's stats and kind, given apart so that
+   merges with nothing, or with its next neighbour alone where no stat
+   moves (measured with bench/callgrind.sh, xs_pool_give -> inline: mixed
+   10000 514.7 -> 507.8 instructions per pair, random 10000 374.7 ->
+   372.4, layers 249.8 -> 249.5, repeat 128.0 -> 128.0). They move the
+   same as xs_pool_take and xs_pool_give. `s` and `kind` are p's stats and kind, given apart so that
    a caller that knows where they are folds the offsets. */
 
 /* inactive_split of free mapped block b of pool p as it enters (+1) or
@@ -177,6 +180,21 @@ static inline __attribute__((always_inline)) void xs_pool_give_alone(
   xs_pool_trees_changed(p);
   xs_freetree_insert(&p->free, b);
   xs_pool_split_stat(p, s, kind, b, +1);
+}
+/* xs_pool_give(p, b) when b merges with its next neighbour alone
+   (xs_pool_merges XS_MERGE_NEXT) in a pool that counts no pieces
+   (counts_split false: expandable segments), where the merge moves no
+   stat. */
+static inline __attribute__((always_inline)) void xs_pool_give_next(
+    xs_pool *p, xs_block *b) {
+  assert(b->allocated && xs_pool_merges(b) == XS_MERGE_NEXT &&
+         !p->counts_split);
+  b->allocated = false;
+  b->requested = 0;
+  xs_pool_trees_changed(p);
+  xs_freetree_remove(&p->free, b->next);
+  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  xs_freetree_insert(&p->free, b);
 }
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
