@@ -280,7 +280,7 @@ static inline __attribute__((always_inline)) xs_block *alloc_cached_fit(
   xs_block *b = xs_alloc_find_free(a, p, rounded);
   if (b == NULL) return NULL;
   if (b->size > rounded && xs_alloc_splits(a, kind, b->size, rounded))
-    xs_pool_take(p, b, rounded, true);
+    xs_pool_take_front(p, &pair->stats, kind, b, rounded);
   else
     xs_pool_take_whole(p, &pair->stats, kind, b);
   xs_ptrtable_add(&pair->live, b);

@@ -57,13 +57,6 @@ static inline __attribute__((always_inline)) void pool_split_move(
     xs_pool_split_move(p->stats, XS_POOL_LARGE, out_n, out, in_n, in);
 }
 
-/* pool_split_stat(out, -1) then pool_split_stat(in, +1), given what each
-   counted (pool_split_bytes; a block is never empty). */
-static inline __attribute__((always_inline)) void pool_split_swap(
-    xs_pool *p, size_t out, size_t in) {
-  pool_split_move(p, out != 0, out, in != 0, in);
-}
-
 /* xs_pool_index and _unindex, inline in the take and the coalesce. */
 static inline __attribute__((always_inline)) void pool_index(xs_pool *p,
                                                              xs_block *b) {
@@ -82,34 +75,13 @@ void xs_pool_index(xs_pool *p, xs_block *b) { pool_index(p, b); }
 
 void xs_pool_unindex(xs_pool *p, xs_block *b) { pool_unindex(p, b); }
 
-/* Splits the front `size` bytes off indexed block b; the rest, `spare`,
-   takes b's node in the tree when it sorts where b did (a front cut only
-   shrinks the key, and in a class the usual case), else b goes out and
-   the rest goes in. The stats move as an unindex of b and an index of the
-   rest, in one step. */
-static void pool_take_split(xs_pool *p, xs_block *b, size_t size,
-                            xs_block *spare) {
-  xs_freetree *t = pool_tree(p, b);
-  size_t old = b->size, out = pool_split_bytes(p, b);
-  xs_pool_trees_changed(p);
-  if (xs_freetree_fits_at(t, b, old - size, b->addr + size)) {
-    xs_segment_split(b->seg, b, size, spare);
-    xs_freetree_replace(t, b, old, spare);
-  } else {
-    xs_freetree_remove(t, b);
-    xs_freetree_insert(t, xs_segment_split(b->seg, b, size, spare));
-  }
-  pool_split_swap(p, out, pool_split_bytes(p, spare));
-}
-
 void xs_pool_take(xs_pool *p, xs_block *b, size_t size, bool split) {
   assert(!b->allocated && b->mapped && b->size >= size);
-  /* Out of host memory for the struct: hand out the whole block rather
-     than fail; the slack is merged back at free. */
-  xs_block *spare =
-      split && b->size > size ? xs_blocks_get(p->blocks) : NULL;
-  if (spare != NULL)
-    pool_take_split(p, b, size, spare);
+  /* The kind a constant in each copy: the stats' offsets fold. */
+  if (split && b->size > size)
+    p->kind == XS_POOL_SMALL
+        ? xs_pool_take_front(p, p->stats, XS_POOL_SMALL, b, size)
+        : xs_pool_take_front(p, p->stats, XS_POOL_LARGE, b, size);
   else
     pool_unindex(p, b);
   b->allocated = true;
