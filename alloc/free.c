@@ -85,8 +85,8 @@ static inline __attribute__((always_inline)) bool alloc_give_plain(
     alloc_stamp(a, t, pair, b, slow);
     if (merges == 0)
       xs_pool_give_alone(p, &pair->stats, kind, b);
-    else if (merges == XS_MERGE_NEXT && !p->counts_split)
-      xs_pool_give_next(p, b);
+    else if (!p->counts_split)
+      xs_pool_give_merged(p, b, merges);
     else
       xs_pool_give(p, b);
     return false;

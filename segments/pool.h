@@ -113,11 +113,13 @@ static inline void xs_pool_trees_changed(xs_pool *p) {
 /* The take and the give in the cached path's common shapes, inline there
    (its frame is paid for already; out of line, each cost a frame of its
    own): a take of a whole free mapped block or of its front, and the
-   give of a block that merges with nothing, or with its next neighbour
-   alone where no stat moves (measured with bench/callgrind.sh,
-   xs_pool_give -> inline: mixed 10000 514.7 -> 507.8 instructions per
-   pair, random 10000 374.7 -> 372.4, layers 249.8 -> 249.5, repeat 128.0
-   -> 128.0). They move the same as xs_pool_take and xs_pool_give. `s`
+   give of a block that merges with nothing, or with its neighbours where
+   no stat moves (measured with bench/callgrind.sh, xs_pool_give ->
+   inline: with the next neighbour alone, mixed 10000 514.7 -> 507.8
+   instructions per pair, random 10000 374.7 -> 372.4, layers 249.8 ->
+   249.5, repeat 128.0 -> 128.0; with either, mixed 10000 491.9 -> 483.6,
+   random 10000 370.8 -> 369.5). They move the same as xs_pool_take and
+   xs_pool_give. `s`
    and `kind` are p's stats and kind, given apart so that a caller that
    knows where they are folds the offsets. */
 
@@ -215,19 +217,26 @@ static inline __attribute__((always_inline)) void xs_pool_give_alone(
   xs_freetree_insert(&p->free, b);
   xs_pool_split_stat(p, s, kind, b, +1);
 }
-/* xs_pool_give(p, b) when b merges with its next neighbour alone
-   (xs_pool_merges XS_MERGE_NEXT) in a pool that counts no pieces
-   (counts_split false: expandable segments), where the merge moves no
-   stat. */
-static inline __attribute__((always_inline)) void xs_pool_give_next(
-    xs_pool *p, xs_block *b) {
-  assert(b->allocated && xs_pool_merges(b) == XS_MERGE_NEXT &&
+/* xs_pool_give(p, b) in a pool that counts no pieces (counts_split
+   false: expandable segments), where merges move no stat; `merges`: b's
+   xs_pool_merges, not 0. */
+static inline __attribute__((always_inline)) void xs_pool_give_merged(
+    xs_pool *p, xs_block *b, unsigned merges) {
+  assert(b->allocated && merges != 0 && merges == xs_pool_merges(b) &&
          !p->counts_split);
   b->allocated = false;
   b->requested = 0;
   xs_pool_trees_changed(p);
-  xs_freetree_remove(&p->free, b->next);
-  xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  if (merges & XS_MERGE_PREV) {
+    xs_block *prev = b->prev;
+    xs_freetree_remove(&p->free, prev);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
+    b = prev;
+  }
+  if (merges & XS_MERGE_NEXT) {
+    xs_freetree_remove(&p->free, b->next);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  }
   xs_freetree_insert(&p->free, b);
 }
 /* Indexes b after merging it with free neighbours of its mapped state. */
