@@ -310,11 +310,17 @@ static inline xs_block *alloc_park_onto(const xs_pool *p, const void *ptr) {
    scratch registers (its arguments first, as alloc_malloc_pair's). */
 static __attribute__((noinline)) xseg_status alloc_free_last_pair(
     xseg_allocator *a, void *ptr, xs_pair *pair, xs_pairs_thread *t) {
+  /* The cached path may not run: the range table decides (the slow
+     path, in the end). */
+  if (__builtin_expect(!xs_pair_cached_on(a, pair), 0)) {
+    xs_pair_drop(pair);
+    return alloc_free_by_range(a, ptr);
+  }
   /* A free in reverse order of allocation: the block just before the
      top of the run parked last (the pool whose parks are held back
      newest) parks on it, found without the pointer table. */
   xs_pool *p = pair->park_stats;
-  if (p != NULL && xs_pair_cached_on(a, pair)) {
+  if (p != NULL) {
     xs_block *b = alloc_park_onto(p, ptr);
     if (b != NULL) {
       /* The kind a constant in each copy: the stats' offsets fold. */
@@ -327,7 +333,7 @@ static __attribute__((noinline)) xseg_status alloc_free_last_pair(
       return XSEG_OK;
     }
   }
-  size_t slot = alloc_free_slot(a, pair, (uint64_t)(uintptr_t)ptr);
+  size_t slot = xs_ptrtable_find(&pair->live, (uint64_t)(uintptr_t)ptr);
   if (__builtin_expect(slot != SIZE_MAX, 1))
     return alloc_free_pair(a, t, pair, ptr, slot);
   /* Another pair's block, or none. */
