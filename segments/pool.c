@@ -106,7 +106,7 @@ static inline void pool_merge_out(const xs_pool *p, const xs_block *b,
 static inline __attribute__((always_inline)) xs_block *pool_coalesce(
     xs_pool *p, xs_block *b) {
   /* Merges go out of the tree and back in, never in place: measured, a
-     merged block taking its neighbour's node (as pool_take_split does)
+     merged block taking its neighbour's node (as xs_pool_take_front does)
      saves nothing on a repeated size and costs ~600 instructions per pair
      with 10^6 blocks live (bench/callgrind.sh random 1000000). */
   xs_freetree *t = pool_tree(p, b);
