@@ -115,13 +115,12 @@ static inline void xs_pool_trees_changed(xs_pool *p) {
    own): a take of a whole free mapped block or of its front, and the
    give of a block that merges with nothing, or with its neighbours where
    no stat moves (measured with bench/callgrind.sh, xs_pool_give ->
-   inline: with the next neighbour alone, mixed 10000 514.7 -> 507.8
-   instructions per pair, random 10000 374.7 -> 372.4, layers 249.8 ->
-   249.5, repeat 128.0 -> 128.0; with either, mixed 10000 491.9 -> 483.6,
-   random 10000 370.8 -> 369.5). They move the same as xs_pool_take and
-   xs_pool_give. `s`
-   and `kind` are p's stats and kind, given apart so that a caller that
-   knows where they are folds the offsets. */
+   inline, instructions per pair: with the next neighbour alone, mixed
+   10000 -6.9, random 10000 -2.3, layers -0.3, repeat 0; with either,
+   mixed 10000 -8.3 more, random 10000 -1.3). They move the same as
+   xs_pool_take and xs_pool_give. `s` and `kind` are p's stats and kind,
+   given apart so that a caller that knows where they are folds the
+   offsets. */
 
 /* inactive_split of free mapped block b of pool p as it enters (+1) or
    leaves (-1) the index, where p counts split pieces: its is_split can
@@ -180,9 +179,9 @@ static inline __attribute__((always_inline)) void xs_pool_take_whole(
    an unindex of b and an index of the rest, in one step. Out of host
    memory for the rest's struct, the whole block is taken rather than
    fail (the slack merges back at free). Inline: measured with
-   bench/callgrind.sh (out of line -> inline in the cached malloc): mixed
-   10000 507.8 -> 491.9 instructions per pair, random 10000 372.4 ->
-   370.8, layers 249.5 -> 249.5, repeat 128.0 -> 128.0. */
+   bench/callgrind.sh (out of line -> inline in the cached malloc),
+   instructions per pair: mixed 10000 -15.9, random 10000 -1.6, layers
+   and repeat unchanged. */
 static inline __attribute__((always_inline)) void xs_pool_take_front(
     xs_pool *p, xs_stats *s, xs_pool_kind kind, xs_block *b, size_t size) {
   assert(!b->allocated && b->mapped && b->size > size && s == p->stats &&
