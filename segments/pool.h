@@ -277,7 +277,11 @@ static inline bool xs_pool_may_park(const xs_pool *p, const xs_block *b) {
    pointer-table lookup and a later merge; one in XS_PARK_SKIP + 1 is
    parked anyway, lest a pool that mallocs the same sizes again never
    find it out. Either way the pool ends the same (lazy merging changes
-   no result). Measured with bench/callgrind.sh (always parked -> this):
+   no result), with one exception: with host memory exhausted, a skipped
+   park gives its neighbour's block struct back to the pair's cache at
+   once, not at the settle, so the pair's other pool may split a block
+   that it would otherwise have handed out whole (never the reverse).
+   Measured with bench/callgrind.sh (always parked -> this):
    mixed 10000 543.5 -> 529.5 instructions per pair, random 10000 392.7
    -> 389.6, layers 249.6 -> 250.9 (the look at each run's start),
    repeat 127.0 -> 127.0. A skip of 32 gave mixed 10000 528.2 alone:
