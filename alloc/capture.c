@@ -60,14 +60,7 @@ xseg_status xs_capture_private_pair_locked(xseg_allocator *a,
                                            xs_pair **out) {
   *out = capture_pair_find_locked(a, pool, stream);
   if (*out != NULL) return XSEG_OK;
-  /* Its pools' growth and guards record events on it. */
-  xseg_status st = xs_vmm_stream_allocates(&a->vmm, what, stream);
-  if (st != XSEG_OK) return st;
-  *out = xs_pairs_new_locked(a, stream, pool);
-  if (*out != NULL) return XSEG_OK;
-  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                  "out of host memory for private pool %llu",
-                  (unsigned long long)pool);
+  return xs_pairs_new_locked(a, what, stream, pool, out);
 }
 
 /* A new entry; its private pair is found or created (`what`: the caller,

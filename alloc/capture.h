@@ -14,7 +14,7 @@ xs_pair *xs_capture_pools_locked(xseg_allocator *a,
 /* Private pool `pool`'s pair of pools for `stream` in *out, made if need
    be (xseg_malloc_from_pool: the caller chose the pool, whether or not the
    stream is announced to it); a stream of another context is refused, as
-   for any allocation (xs_vmm_stream_allocates), and host OOM said. `what`
+   for any new pair (xs_pairs_new_locked), and host OOM said. `what`
    names the caller in a refusal. */
 xseg_status xs_capture_private_pair_locked(xseg_allocator *a,
                                            const char *what,

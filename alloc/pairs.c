@@ -159,9 +159,11 @@ static void pairs_memory_back_locked(xseg_allocator *a, xs_pair *pair) {
   xs_lock_drop(&pair->lock);
 }
 
-xs_pair *xs_pairs_new_locked(xseg_allocator *a,
-                             struct CUstream_st *stream,
-                             xseg_pool_id private_id) {
+/* xs_pairs_new_locked's pair once the stream is allowed: NULL on host
+   OOM. */
+static xs_pair *pairs_new_locked(xseg_allocator *a,
+                                 struct CUstream_st *stream,
+                                 xseg_pool_id private_id) {
   XS_ASSERT_LOCKED(a);
   if (!XS_ARRAY_RESERVE(a->order, a->order_cap, a->n_order + 1, 8))
     return NULL;
@@ -203,6 +205,22 @@ xs_pair *xs_pairs_new_locked(xseg_allocator *a,
   pair->owned = true;
 #endif
   return pair;
+}
+
+xseg_status xs_pairs_new_locked(xseg_allocator *a, const char *what,
+                                struct CUstream_st *stream,
+                                xseg_pool_id private_id, xs_pair **out) {
+  xseg_status st = xs_vmm_stream_allocates(&a->vmm, what, stream);
+  if (st != XSEG_OK) return st;
+  *out = pairs_new_locked(a, stream, private_id);
+  if (*out != NULL) return XSEG_OK;
+  if (private_id != 0)
+    return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                    "out of host memory for private pool %llu",
+                    (unsigned long long)private_id);
+  return xs_error(XSEG_ERR_OUT_OF_MEMORY,
+                  "out of host memory for the pools of stream %p",
+                  (void *)stream);
 }
 
 void xs_pairs_free_locked(xseg_allocator *a, xs_pair *pair) {
@@ -253,20 +271,9 @@ xs_pair *xs_pairs_own_locked(xseg_allocator *a, struct CUstream_st *stream) {
 xseg_status xs_pairs_lookup_locked(xseg_allocator *a,
                                    struct CUstream_st *stream,
                                    xs_pair **out) {
-  xs_pair *pair = xs_pairs_own_locked(a, stream);
-  if (pair == NULL) {
-    /* Its pools' growth and guards record events on it. */
-    xseg_status st = xs_vmm_stream_allocates(&a->vmm, "a malloc", stream);
-    if (st != XSEG_OK) return st;
-    pair = xs_pairs_new_locked(a, stream, 0);
-    if (pair == NULL)
-      return xs_error(XSEG_ERR_OUT_OF_MEMORY,
-                      "out of host memory for the pools of stream %p",
-                      (void *)stream);
-  } else {
-    xs_pairs_touch_locked(a, pair);
-  }
-  *out = pair;
+  *out = xs_pairs_own_locked(a, stream);
+  if (*out == NULL) return xs_pairs_new_locked(a, "a malloc", stream, 0, out);
+  xs_pairs_touch_locked(a, *out);
   return XSEG_OK;
 }
 

@@ -165,11 +165,14 @@ static inline xs_pair *xs_pairs_of_stream(xseg_allocator *a,
     return t->pair;
   return xs_pairs_find_stream(a, stream);
 }
-/* A new pair (private_id 0: a stream's), linked first and published, its
-   lock held until xs_alloc_leave; NULL on host OOM. */
-xs_pair *xs_pairs_new_locked(xseg_allocator *a,
-                             struct CUstream_st *stream,
-                             xseg_pool_id private_id);
+/* A new pair in *out (private_id 0: a stream's), linked first and
+   published, its lock held until xs_alloc_leave. Refused for a stream of
+   another context (xs_vmm_stream_allocates: its pools' growth and guards
+   record events on it; `what` names the caller in the refusal), and on
+   host OOM, each said. */
+xseg_status xs_pairs_new_locked(xseg_allocator *a, const char *what,
+                                struct CUstream_st *stream,
+                                xseg_pool_id private_id, xs_pair **out);
 /* Stamps `pair` as used now (by a malloc's slow path: a forgotten pair's
    stream is a new one) and puts it first in the list. */
 void xs_pairs_touch_locked(xseg_allocator *a, xs_pair *pair);
