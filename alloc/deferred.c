@@ -299,8 +299,9 @@ xseg_status xs_alloc_forget_pending_locked(xseg_allocator *a,
   if (st != XSEG_OK) return st;
   for (xs_pair *pair = a->streams; pair != NULL && st == XSEG_OK;
        pair = pair->next) {
+    if (!xs_pending_has_queue(&pair->pending, stream)) continue;
     /* Completions give blocks back to their pools: settled pools. */
-    if (pair->pending.entries != 0) xs_park_settle_pair(pair);
+    xs_park_settle_pair(pair);
     st = xs_pending_forget(&pair->pending, stream, deferred_fired, a);
   }
   xs_capture_mode_restore(a, mode);

@@ -249,6 +249,12 @@ size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
   return pending_drain_all(p, true, ready, ctx, error);
 }
 
+bool xs_pending_has_queue(const xs_pending *p, struct CUstream_st *stream) {
+  for (size_t i = 0; i < p->n_queues; i++)
+    if (p->queues[i].stream == stream) return true;
+  return false;
+}
+
 xseg_status xs_pending_forget(xs_pending *p, struct CUstream_st *stream,
                               xs_pending_ready_fn ready, void *ctx) {
   for (size_t i = 0; i < p->n_queues; i++) {

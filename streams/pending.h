@@ -100,5 +100,7 @@ size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
    own. XSEG_OK, or the failed wait (the queue then stays). */
 xseg_status xs_pending_forget(xs_pending *p, struct CUstream_st *stream,
                               xs_pending_ready_fn ready, void *ctx);
+/* Whether p keeps a queue for `stream` (xs_pending_forget has work). */
+bool xs_pending_has_queue(const xs_pending *p, struct CUstream_st *stream);
 
 #endif /* XS_STREAMS_PENDING_H */

@@ -214,3 +214,42 @@ XSEG_TEST(devices, a_failed_return_to_the_callers_context_is_retried) {
   XSEG_EXPECT_EQ(at_stats(d.a).active.current, 0);
   two_devices_close(&d);
 }
+
+/* Making the caller's context current again at the end of a call fails
+   (the leave, which has no status to say it): the thread is left in the
+   allocator's context, and the allocator's next call that enters gives
+   the caller's back. A caller that made a context current in between
+   chose it: that one stays. */
+XSEG_TEST(devices, a_failed_leave_gives_the_callers_context_back_later) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  TWO_DEVICES_OPEN(d);
+  CUcontext theirs, now;
+  void *p;
+  XSEG_ASSERT_CU(cuStreamGetCtx(d.s1, &theirs));
+  XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_free(d.a, p));
+  XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
+  /* The enter's switch is the first call, the leave's the second. */
+  xsim_fail_call("cuCtxSetCurrent", 2, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  xsim_fail_call("cuCtxSetCurrent", 0, CUDA_SUCCESS);
+  XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
+  XSEG_EXPECT_TRUE(now == d.mine);          /* left there */
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
+  XSEG_EXPECT_TRUE(now == theirs);          /* given back */
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
+  XSEG_EXPECT_TRUE(now == theirs);          /* and nothing owed after */
+  /* Failed again; then the caller picks no context at all itself. */
+  xsim_fail_call("cuCtxSetCurrent", 2, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  xsim_fail_call("cuCtxSetCurrent", 0, CUDA_SUCCESS);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(NULL));
+  XSEG_EXPECT_OK(xseg_empty_cache(d.a));
+  XSEG_ASSERT_CU(cuCtxGetCurrent(&now));
+  XSEG_EXPECT_TRUE(now == NULL);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(d.mine));
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  two_devices_close(&d);
+}
