@@ -216,6 +216,26 @@ static inline __attribute__((always_inline)) void xs_pool_give_alone(
   xs_freetree_insert(&p->free, b);
   xs_pool_split_stat(p, s, kind, b, +1);
 }
+/* The merge itself, shared by the give and the coalesce: b, free and
+   out of tree t, absorbs the neighbours `merges` names (XS_MERGE_PREV,
+   XS_MERGE_NEXT: free, of b's mapped state, in t), their structs go back
+   to the pool's cache, and the result goes into t and is returned. No
+   stat moves: a caller that counts pieces moves them first. */
+static inline __attribute__((always_inline)) xs_block *xs_pool_absorb(
+    xs_pool *p, xs_freetree *t, xs_block *b, unsigned merges) {
+  if (merges & XS_MERGE_PREV) {
+    xs_block *prev = b->prev;
+    xs_freetree_remove(t, prev);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
+    b = prev;
+  }
+  if (merges & XS_MERGE_NEXT) {
+    xs_freetree_remove(t, b->next);
+    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
+  }
+  xs_freetree_insert(t, b);
+  return b;
+}
 /* xs_pool_give(p, b) in a pool that counts no pieces (counts_split
    false: expandable segments), where merges move no stat; `merges`: b's
    xs_pool_merges, not 0. */
@@ -226,17 +246,7 @@ static inline __attribute__((always_inline)) void xs_pool_give_merged(
   b->allocated = false;
   b->requested = 0;
   xs_pool_trees_changed(p);
-  if (merges & XS_MERGE_PREV) {
-    xs_block *prev = b->prev;
-    xs_freetree_remove(&p->free, prev);
-    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, prev));
-    b = prev;
-  }
-  if (merges & XS_MERGE_NEXT) {
-    xs_freetree_remove(&p->free, b->next);
-    xs_blocks_put(p->blocks, xs_segment_absorb_next(b->seg, b));
-  }
-  xs_freetree_insert(&p->free, b);
+  xs_pool_absorb(p, &p->free, b, merges);
 }
 /* Indexes b after merging it with free neighbours of its mapped state. */
 xs_block *xs_pool_coalesce(xs_pool *p, xs_block *b);
