@@ -5,8 +5,10 @@
  * allocates must stay the graph's: a private pool (a pair of pools keyed by
  * the pool id, xs_pair.private_id) that no other allocation draws
  * from and no release pass takes from, until xseg_release_pool. Then its
- * free memory is released (or moved to other streams) like any other, and
- * the pair goes away once it holds nothing.
+ * free memory is released (or moved to other streams) like any other, once
+ * the device has been waited for (a replay of the graph may be queued on
+ * any stream: reclaim.c, xs_alloc_sync_released_locked), and the pair
+ * goes away once it holds nothing.
  *
  * The caller announces a capture with xseg_begin_allocate_to_pool, as
  * PyTorch requires. An unannounced capture is detected on the slow path
@@ -273,7 +275,7 @@ xseg_status xseg_release_pool(xseg_allocator *a, xseg_pool_id pool) {
             garbage collection, growth at the device limit) takes the free
             memory of each of its streams' pairs */
     for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
-      if (pair->private_id == pool) pair->released = true;
+      if (pair->private_id == pool) pair->released = pair->sync_owed = true;
   xs_alloc_leave(a);
   return st;
 }

@@ -128,24 +128,26 @@ static void destroy_pending_locked(xseg_allocator *a, bool entered) {
    passes it. So before the pools unmap anything, each pair's guard waits
    for its newest free (on one event; a stream the caller destroyed proves
    itself idle, streams/guard.h). A guard that cannot be advanced leaves
-   the whole context to wait for. Captures are over: a dying allocator
-   serves none. */
+   the whole context to wait for, and so does a released private pool
+   whose graph's replays no guard covers (reclaim.c's sync_owed). Captures
+   are over: a dying allocator serves none. */
 static void destroy_guards_locked(xseg_allocator *a) {
-  bool failed = false;
+  bool wait_device = false;
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
+    wait_device |= pair->sync_owed;
     if (pair->guard.safe >= pair->clock) continue;
     CUstreamCaptureMode mode;
     xseg_status st = xs_capture_mode_relax(a, &mode);
     if (st != XSEG_OK) {
-      failed = true;
+      wait_device = true;
       continue;
     }
     st = xs_guard_advance(&pair->guard, &a->events, pair->stream, pair->clock,
                           pair->clock, true);
     xs_capture_mode_restore(a, mode);
-    failed |= st != XSEG_OK;
+    wait_device |= st != XSEG_OK;
   }
-  if (!failed) return;
+  if (!wait_device) return;
   CUresult r = XS_DRV(a->vmm.drv, cuCtxSynchronize);
   if (r == CUDA_SUCCESS) return;
   xs_driver_error(a->vmm.drv, r, "cuCtxSynchronize (xseg_destroy, device %d)",

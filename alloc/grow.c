@@ -197,6 +197,14 @@ static xseg_status grow_retry_locked(xseg_allocator *a, xs_pool *p,
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
   if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
   xs_alloc_complete_frees_locked(a, false);
+  /* Released private pools' memory moves to the growth once the device
+     is idle (as PyTorch's cudaFree of it would wait), before any release
+     pass gives its handles back to the driver. */
+  if (xs_alloc_sync_owed_locked(a) &&
+      xs_alloc_sync_released_locked(a) == XSEG_OK) {
+    st = grow_once_locked(a, p, rounded, out);
+    if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
+  }
   if (xs_alloc_collect_garbage_locked(a))
     st = grow_once_locked(a, p, rounded, out);
   if (st != XSEG_ERR_OUT_OF_MEMORY) return st;

@@ -43,9 +43,10 @@
 #include "alloc/types.h"
 
 /* Whose memory a release pass may take: a stream's own pools, and private
-   pools once released; never a private pool still in use. */
+   pools once released and the device synchronised since (sync_owed);
+   never a private pool still in use. */
 static inline bool xs_pools_reclaimable(const xs_pair *pair) {
-  return pair->private_id == 0 || pair->released;
+  return pair->private_id == 0 || (pair->released && !pair->sync_owed);
 }
 
 /* The pair a pool belongs to. */

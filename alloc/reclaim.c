@@ -14,13 +14,16 @@
  * busy one a recorded event that a later pass finds fired. Only blocks
  * whose free the guard has passed are cut (segments/release.c). Nothing
  * waits on the host unless the caller asks for the blocking form, which
- * waits on those events alone, never on a stream or the device.
+ * waits on those events alone, never on a stream or the device; except
+ * once after a private pool's release, whose graph's replays no event
+ * covers (xs_alloc_sync_released_locked waits for the device).
  */
 #include <assert.h>
 #include <stdlib.h>
 
 #include "alloc/account.h"
 #include "alloc/capture.h"
+#include "alloc/capture_mode.h"
 #include "alloc/deferred.h"
 #include "alloc/flow.h"
 #include "alloc/frees.h"
@@ -41,16 +44,56 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait) {
   return first;
 }
 
-/* What every pass does first (see the top). False when a capture is under
-   way, or the capture state could not be read (*st then says why). */
+/* A released private pool's memory may still be in use by a replay of
+   its graph queued on any stream: PyTorch replays a graph on the current
+   stream, not on the capture's, and releases the pool at the graph's
+   reset without waiting for it; no event of xseg's covers that stream.
+   PyTorch gives such memory back with cudaFree, which waits for the
+   device; so the first release pass or out-of-memory retry that may take
+   it waits for the device here, once for every pool released before
+   (until then, xs_pools_reclaimable leaves it alone, and so do garbage
+   collection and a growth's search of other streams' memory, which never
+   block). */
+bool xs_alloc_sync_owed_locked(const xseg_allocator *a) {
+  for (const xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    if (pair->sync_owed) return true;
+  return false;
+}
+
+xseg_status xs_alloc_sync_released_locked(xseg_allocator *a) {
+  XS_ASSERT_LOCKED(a);
+  assert(!xs_alloc_capturing(a) && "no device wait during a capture");
+  if (!xs_alloc_sync_owed_locked(a)) return XSEG_OK;
+  /* Captures xseg does not know of may be under way (capture_mode.c). */
+  CUstreamCaptureMode mode;
+  xseg_status st = xs_capture_mode_relax(a, &mode);
+  if (st != XSEG_OK) return st;
+  CUresult r = XS_DRV(a->vmm.drv, cuCtxSynchronize);
+  xs_capture_mode_restore(a, mode);
+  if (r != CUDA_SUCCESS)
+    return xs_driver_error(a->vmm.drv, r, "cuCtxSynchronize (device %d, "
+                           "before taking released private pools' memory, "
+                           "which a replay of their graphs may still use)",
+                           a->vmm.device);
+  for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
+    pair->sync_owed = false;
+  return XSEG_OK;
+}
+
+/* What every pass does first (see the top); a release pass (`release`,
+   not garbage collection) also waits for the device when released
+   private pools ask it, before the guards, which then cover their pairs
+   too. False when a capture is under way, or the capture state could not
+   be read (*st then says why). */
 static bool reclaim_prepare_locked(xseg_allocator *a, bool wait,
-                                   xseg_status *st) {
+                                   bool release, xseg_status *st) {
   *st = xs_capture_sweep_locked(a);
   if (*st != XSEG_OK || xs_alloc_capturing(a)) return false;
   if (wait) a->shared_stats.counter[XS_COUNTER_num_sync_all_streams]++;
   *st = xs_alloc_complete_frees_locked(a, wait);
+  xseg_status ss = release ? xs_alloc_sync_released_locked(a) : XSEG_OK;
   xseg_status gs = xs_alloc_guards_locked(a, wait);
-  if (*st == XSEG_OK) *st = gs;
+  if (*st == XSEG_OK) *st = ss != XSEG_OK ? ss : gs;
   return true;
 }
 
@@ -70,7 +113,7 @@ xseg_status xs_alloc_release_locked(xseg_allocator *a, size_t goal,
                                     bool wait) {
   XS_ASSERT_LOCKED(a);
   xseg_status first;
-  if (!reclaim_prepare_locked(a, wait, &first)) return first;
+  if (!reclaim_prepare_locked(a, wait, true, &first)) return first;
   /* Handles whose release failed before go first. */
   xseg_status rs = xs_vmm_unreleased_retry(&a->vmm);
   if (first == XSEG_OK) first = rs;
@@ -120,6 +163,8 @@ xseg_status xs_alloc_release_stream_locked(xseg_allocator *a,
   /* Without waiting: frees made during a capture get their events, and
      those whose events fired (other pairs' too) complete. */
   first = xs_alloc_complete_frees_locked(a, false);
+  xseg_status ss = xs_alloc_sync_released_locked(a);
+  if (first == XSEG_OK) first = ss;
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next) {
     if (pair->stream != stream || !xs_pools_reclaimable(pair)) continue;
     /* In this order: completed frees give blocks back, whose work the
@@ -211,6 +256,6 @@ bool xs_alloc_collect_garbage_locked(xseg_allocator *a) {
       (size_t)xs_alloc_current(a, XS_GAUGE_reserved_bytes);
   if (reserved <= target) return false;
   xseg_status st;
-  if (!reclaim_prepare_locked(a, false, &st)) return false;
+  if (!reclaim_prepare_locked(a, false, false, &st)) return false;
   return gc_release_oldest_locked(a, reserved - target) > 0;
 }

@@ -29,6 +29,14 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
    when it is off or had nothing to do. */
 bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
 
+/* Released private pools whose graphs' replays no event covers
+   (sync_owed): the device is waited for once, and their memory becomes
+   reclaimable. XSEG_OK at once when none; the driver's failure leaves
+   them as they were. No capture may be under way; the context must be
+   current. */
+xseg_status xs_alloc_sync_released_locked(xseg_allocator *a);
+/* Whether a released private pool waits for that (sync_owed). */
+bool xs_alloc_sync_owed_locked(const xseg_allocator *a);
 /* Releases whole free granules of every reclaimable pool until `goal`
    bytes are gone (SIZE_MAX: all): pending frees processed and guards
    advanced first, `wait`ing on their events or not (reclaim.c). Nothing

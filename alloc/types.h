@@ -50,6 +50,10 @@ typedef struct xs_pair {
   struct CUstream_st *stream;
   xseg_pool_id private_id;            /* 0: the stream's own pools */
   bool released;                      /* private: xseg_release_pool called */
+  /* Released, and a replay of its graph may still be queued on a stream
+     no event of xseg's covers: its memory waits for a device
+     synchronisation (reclaim.c, xs_alloc_sync_released_locked). */
+  bool sync_owed;
   /* Own: xseg_forget_stream gave its memory back, and no capture sweep
      asks its stream (which the caller may have destroyed) any more. A
      later malloc on the same handle (a new stream; it misses, as the pair

@@ -176,7 +176,14 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
    stream frees is reused by that stream alone (stream order makes that
    safe), never by another stream, whose allocation would not wait for the
    work the first one queued before the free. xseg_release_pool releases
-   the blocks of every stream. */
+   the blocks of every stream. A replay of the pool's graph may still be
+   queued then, on any stream (PyTorch replays on the current stream and
+   releases the pool at the graph's reset without waiting): so the first
+   release (empty_cache, forget_stream, or a growth's out-of-memory retry)
+   that may take a released pool's memory waits for the whole device once
+   (cuCtxSynchronize), as PyTorch's cudaFree of that memory does; until
+   then, garbage collection and a growth's use of other streams' free
+   memory leave it alone. */
 typedef uint64_t xseg_pool_id;
 #define XSEG_CAPTURE_POOL(capture_id)                                        \
   ((xseg_pool_id)1 << 63 | (xseg_pool_id)(capture_id))

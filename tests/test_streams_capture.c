@@ -435,3 +435,103 @@ XSEG_TEST(streams_capture, failed_event_record_leaves_another_capture_valid) {
   XSEG_EXPECT_CU(cuStreamDestroy(held));
   XSEG_EXPECT_CU(cuStreamDestroy(captured));
 }
+
+static void *open_after_100ms(void *latch) {
+  struct timespec ts = {0, 100 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  xt_latch_open(latch);
+  return NULL;
+}
+
+/* A graph of private pool 7 captured on `s` (its block written by the
+   graph, then freed in the capture, as a temporary), replayed on `r`
+   held back by latch `l`, as PyTorch replays on the current stream, not
+   the capture's: the graph's exec in *exec. */
+static void replay_held(xseg_allocator *a, CUstream s, CUstream r,
+                        xt_latch *l, size_t size, CUgraph *g,
+                        CUgraphExec *exec) {
+  void *p;
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 7, s));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_ASSERT_OK(xseg_malloc(a, size, s, &p));
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, size, s));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_CU(cuStreamEndCapture(s, g));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 7));
+  XSEG_ASSERT_CU(cuGraphInstantiate(exec, *g, 0));
+  XSEG_ASSERT_CU(xt_latch_hold(r, l));
+  XSEG_ASSERT_CU(cuGraphLaunch(*exec, r));
+}
+
+/* The pool is released (PyTorch's graph reset) while a replay is queued
+   on a stream no event of xseg's covers: empty_cache waits for the device
+   before it unmaps the pool's memory, as PyTorch's cudaFree of it would
+   (before, it unmapped at once under the replay, which then wrote into
+   unmapped memory). The wait failing leaves the memory mapped, named. */
+XSEG_TEST(streams_capture, released_pool_waits_for_a_replay_elsewhere) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new(), r = at_stream_new();
+  xt_latch *l = xt_latch_new();
+  CUgraph g = NULL;
+  CUgraphExec exec = NULL;
+  replay_held(a, s, r, l, 3 * MiB, &g, &exec);
+  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
+  int64_t reserved = at_stats(a).reserved_bytes.current;
+  XSEG_EXPECT_TRUE(reserved > 0);
+  if (xt_have_sim()) {
+    xsim_fail_call("cuCtxSynchronize", 1, CUDA_ERROR_UNKNOWN);
+    XSEG_EXPECT_STATUS(xseg_empty_cache(a), XSEG_ERR_DRIVER);
+    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuCtxSynchronize") != NULL);
+    XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, reserved);
+    XSEG_EXPECT_OK(xseg_check(a));
+  }
+  pthread_t opener;          /* a regression fails, it does not hang */
+  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
+  XSEG_EXPECT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_CU(cuStreamQuery(r));         /* the replay ran first */
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  pthread_join(opener, NULL);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(r));
+}
+
+/* The same with another stream growing at the device limit: the growth
+   waits for the device, then takes the pool's memory (before, it took it
+   under the replay, whose write then landed in the new block). */
+XSEG_TEST(streams_capture, released_pool_moves_after_a_replay_elsewhere) {
+  if (xt_have_sim()) xsim_set_device_memory(0, 64 * MiB);
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = xt_have_sim() ? at_create(NULL)
+                                    : at_create_capped(NULL, 64 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s = at_stream_new(), r = at_stream_new(), sb = at_stream_new();
+  xt_latch *l = xt_latch_new();
+  CUgraph g = NULL;
+  CUgraphExec exec = NULL;
+  void *q;
+  replay_held(a, s, r, l, 48 * MiB, &g, &exec);
+  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
+  pthread_t opener;
+  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
+  XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));
+  XSEG_EXPECT_CU(cuStreamQuery(r));         /* the replay ran first */
+  XSEG_EXPECT_TRUE(at_fill(q, 48 * MiB, 4));
+  pthread_join(opener, NULL);
+  XSEG_EXPECT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_TRUE(at_verify(q, 48 * MiB, 4));
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_ASSERT_OK(xseg_free(a, q));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(r));
+  XSEG_EXPECT_CU(cuStreamDestroy(sb));
+}

@@ -286,13 +286,23 @@ def check_graph(s1, s2):
     z = torch.cuda.caching_allocator_alloc(3 * MiB, stream=s1)
     expect(z != x, "the graph's freed block stays out of the cache")
     cu_call("cuMemsetD8Async", x, 0, 3 * MiB, s1)
-    g.replay(cu)
     cu_call("cuStreamSynchronize", s1)
+    current = torch.cuda.current_stream().cuda_stream   # the replay's
+    g.replay(cu)
+    cu_call("cuStreamSynchronize", current)
     expect(bytes_of(x + 3 * MiB - 16, 16) == b"\x5a" * 16,
            "replay writes the graph's block")
+    # Replayed again, held back, then reset (`g.replay(); del g`): the
+    # pool's memory is not unmapped under the queued replay, whose stream
+    # no event of xseg's covers; empty_cache waits for the device.
+    latch = Latch(current)
+    g.replay(cu)
     before = torch.cuda.memory_reserved()
     g.reset()                 # releasePool
+    threading.Timer(0.1, latch.open).start()
     torch.cuda.empty_cache()
+    expect(cu.cuStreamQuery(ctypes.c_void_p(current)) == 0,
+           "empty_cache waited for the replay on another stream")
     expect(torch.cuda.memory_reserved() <= before - 3 * MiB,
            "releasing the pool returned its memory (%d -> %d)" %
            (before, torch.cuda.memory_reserved()))

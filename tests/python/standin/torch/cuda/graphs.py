@@ -34,7 +34,11 @@ class CUDAGraph:
         return (self._pool[0], self._pool[1])
 
     def replay(self, cu):
-        if cu.cuGraphLaunch(self._exec, ctypes.c_void_p(self._stream)) != 0:
+        # CUDAGraph::replay launches on the current stream
+        # (at::cuda::getCurrentCUDAStream()), not on the capture's.
+        from .streams import current_stream
+        stream = current_stream().cuda_stream
+        if cu.cuGraphLaunch(self._exec, ctypes.c_void_p(stream)) != 0:
             raise RuntimeError("cudaGraphLaunch failed")
 
     def reset(self):
