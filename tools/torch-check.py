@@ -331,8 +331,25 @@ def check_cuda_graph(torch):
     if after >= with_graph:
         raise AssertionError("reserved %d -> %d: the pool kept its memory" %
                              (with_graph, after))
-    return "reserved %.0f MiB before, %.0f with the graph, %.0f after" % (
-        before / MiB, with_graph / MiB, after / MiB)
+    # A replay still queued (behind a sleep on the current stream, where
+    # CUDAGraph::replay launches) when the graph goes: its reset releases
+    # the pool without waiting, so empty_cache must wait for the device
+    # before it unmaps the pool's memory.
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        z = torch.empty(16 * MiB, dtype=torch.uint8, device=dev).fill_(7)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 31)
+    g2.replay()
+    del g2, z
+    gc.collect()
+    torch.cuda.empty_cache()
+    if not torch.cuda.current_stream().query():
+        raise AssertionError("empty_cache returned a released graph pool's "
+                             "memory while a replay of the graph was queued")
+    return ("reserved %.0f MiB before, %.0f with the graph, %.0f after; "
+            "a queued replay waited for" % (
+                before / MiB, with_graph / MiB, after / MiB))
 
 
 def check_oom(torch):
