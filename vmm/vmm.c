@@ -123,48 +123,36 @@ xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
   return XSEG_OK;
 }
 
-/* A return to the caller's context that failed: the thread was left in
-   `left_in` when its caller wanted `ctx`. Within one enter and leave (a
-   failed xs_vmm_ctx_return), the leave tries again, whatever it saved.
-   After a failed leave, the thread's next enter takes `ctx` as the
-   context to give back, if the thread is still where it was left (a
-   context made current since was the caller's choice): so a failure
-   is never reported by the leave, which has no status (as PyTorch's
-   device guards, which warn), yet is not kept for good either. */
-static _Thread_local struct {
-  bool valid;
-  CUcontext ctx, left_in;
-} vmm_ctx_owed;
+/* Set when a xs_vmm_ctx_return failed: the thread is in another context
+   than the one its caller (xs_vmm_ctx_enter's, say) takes for current. */
+static _Thread_local bool vmm_ctx_displaced;
 
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
   if (saved == ctx) return XSEG_OK;
   CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
   if (r == CUDA_SUCCESS) return XSEG_OK;
-  vmm_ctx_owed.valid = true;
-  vmm_ctx_owed.ctx = saved;
-  vmm_ctx_owed.left_in = ctx;
+  vmm_ctx_displaced = true;
   return xs_driver_error(v->drv, r, "cuCtxSetCurrent(the caller's context "
                          "%p, back from %p)", (void *)saved, (void *)ctx);
 }
 
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {
-  xseg_status st = xs_vmm_ctx_switch(v, v->ctx, saved);
-  if (st == XSEG_OK && vmm_ctx_owed.valid) {
-    if (*saved == vmm_ctx_owed.left_in) *saved = vmm_ctx_owed.ctx;
-    vmm_ctx_owed.valid = false;
-  }
-  return st;
+  return xs_vmm_ctx_switch(v, v->ctx, saved);
 }
 
 void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
-  if (saved == v->ctx && !vmm_ctx_owed.valid) return;
-  /* Owed here: a return inside failed, and the thread is not in v's. */
-  CUcontext now = vmm_ctx_owed.valid ? vmm_ctx_owed.left_in : v->ctx;
-  vmm_ctx_owed.valid = false;
-  if (XS_DRV(v->drv, cuCtxSetCurrent, saved) != CUDA_SUCCESS) {
-    vmm_ctx_owed.valid = true;
-    vmm_ctx_owed.ctx = saved;
-    vmm_ctx_owed.left_in = now;
+  /* Displaced in between: the caller's context is not v's any more, even
+     when it was at the enter; one more try. */
+  if (saved != v->ctx || vmm_ctx_displaced) {
+    vmm_ctx_displaced = false;
+    /* The leave has no status to report a failure in, and a later call
+       cannot tell a context left current by a failure from one the
+       caller chose since (cudaSetDevice makes the allocator's own
+       current): so a failed switch back is tried once more at once, as
+       an unmap is (xs_vmm_unmap_quietly), and otherwise the thread stays
+       in v's context. */
+    if (XS_DRV(v->drv, cuCtxSetCurrent, saved) != CUDA_SUCCESS)
+      XS_DRV(v->drv, cuCtxSetCurrent, saved);
   }
 }
 

@@ -68,10 +68,9 @@ xseg_status xs_vmm_stream_allocates(xs_vmm *v, const char *what,
                                     struct CUstream_st *stream);
 
 /* Makes v's context current, returning the caller's in *saved. The
-   leave makes the caller's current again; a failure there has no status
-   to say it in, so the thread's next enter, if the thread is still where
-   the leave left it, gives back the caller's context instead (vmm.c,
-   vmm_ctx_owed). */
+   leave makes the caller's current again; it has no status, so a failure
+   there is tried once more at once, and otherwise leaves the thread in
+   v's context (vmm.c says why no later call can mend it). */
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
 /* The same for context `ctx` (another device's, say): current until
