@@ -109,12 +109,17 @@ static inline __attribute__((always_inline)) xs_block *pool_coalesce(
      merged block taking its neighbour's node (as xs_pool_take_front does)
      saves nothing on a repeated size and costs ~600 instructions per pair
      with 10^6 blocks live (bench/callgrind.sh random 1000000). */
-  unsigned merges = (pool_mergeable(b->prev, b) ? XS_MERGE_PREV : 0) |
-                    (pool_mergeable(b, b->next) ? XS_MERGE_NEXT : 0);
+  unsigned merges = 0;
   int64_t out_n = 0;
   size_t out = 0;
-  if (merges & XS_MERGE_PREV) pool_merge_out(p, b->prev, &out_n, &out);
-  if (merges & XS_MERGE_NEXT) pool_merge_out(p, b->next, &out_n, &out);
+  if (pool_mergeable(b->prev, b)) {
+    merges |= XS_MERGE_PREV;
+    pool_merge_out(p, b->prev, &out_n, &out);
+  }
+  if (pool_mergeable(b, b->next)) {
+    merges |= XS_MERGE_NEXT;
+    pool_merge_out(p, b->next, &out_n, &out);
+  }
   xs_pool_trees_changed(p);
   b = xs_pool_absorb(p, pool_tree(p, b), b, merges);
   size_t in = pool_split_bytes(p, b);
