@@ -183,7 +183,11 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
    that may take a released pool's memory waits for the whole device once
    (cuCtxSynchronize), as PyTorch's cudaFree of that memory does; until
    then, garbage collection and a growth's use of other streams' free
-   memory leave it alone. */
+   memory leave it alone. CUDA forbids that wait during any capture, in
+   any capture mode: a capture on the device that xseg was not told of
+   (announce captures; PyTorch always does) is invalidated by it, the
+   wait fails, naming cuCtxSynchronize, and the memory waits for a later
+   release. */
 typedef uint64_t xseg_pool_id;
 #define XSEG_CAPTURE_POOL(capture_id)                                        \
   ((xseg_pool_id)1 << 63 | (xseg_pool_id)(capture_id))

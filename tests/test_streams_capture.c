@@ -535,3 +535,42 @@ XSEG_TEST(streams_capture, released_pool_moves_after_a_replay_elsewhere) {
   XSEG_EXPECT_CU(cuStreamDestroy(r));
   XSEG_EXPECT_CU(cuStreamDestroy(sb));
 }
+
+/* The limit of that wait (xseg.h, xseg_release_pool): CUDA forbids it
+   during any capture, so a capture on another thread that xseg was not
+   told of does not survive it. The release says so, naming the wait, and
+   keeps the memory, which a later one gives back. */
+XSEG_TEST(streams_capture, released_pool_wait_fails_beside_an_unknown_capture) {
+  XT_REQUIRE_SIM_FOR("the emulator's rule for a device wait in a capture");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create(NULL);
+  CUstream s = at_stream_new(), r = at_stream_new(), other = at_stream_new();
+  xt_latch *l = xt_latch_new();
+  CUgraph g = NULL;
+  CUgraphExec exec = NULL;
+  replay_held(a, s, r, l, 3 * MiB, &g, &exec);
+  xt_latch_open(l);
+  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
+  int64_t reserved = at_stats(a).reserved_bytes.current;
+  foreign_capture f = {.stream = other};
+  pthread_t t;
+  XSEG_ASSERT_TRUE(foreign_capture_start(&f, &t));
+  XSEG_EXPECT_STATUS(xseg_empty_cache(a), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuCtxSynchronize") != NULL);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, reserved);
+  pthread_barrier_wait(&f.done);
+  pthread_join(t, NULL);
+  XSEG_EXPECT_EQ(f.ended, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  pthread_barrier_destroy(&f.begun);
+  pthread_barrier_destroy(&f.done);
+  XSEG_EXPECT_OK(xseg_empty_cache(a));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_destroy(a);
+  xt_latch_free(l);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+  XSEG_EXPECT_CU(cuStreamDestroy(r));
+  XSEG_EXPECT_CU(cuStreamDestroy(other));
+}
