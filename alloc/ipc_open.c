@@ -308,7 +308,9 @@ static xseg_status close_mapping_locked(xseg_allocator *a, xs_ipc *ipc,
       return st;
     }
     open_release(v, m);
-    st = xs_vmm_unreserve(v, m->va, m->size);
+    /* The block is closed either way: a range that will not go is kept
+       and tried again by later release passes and at destroy. */
+    st = xs_vmm_unreserve_or_keep(v, m->va, m->size);
   }
   xs_ipc_table_unhold(m->peer->table, m->holder);
   m->peer->mappings--;
@@ -360,9 +362,13 @@ void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
   }
   while (ipc->mappings != NULL) {
     xs_ipc_mapping *m = ipc->mappings;
+    /* Still mapped after a failed unmap: one more try, as an undo makes
+       (xs_vmm_unmap_quietly), before forgetting what cannot go. */
     if (close_mapping_locked(a, ipc, m, entered) != XSEG_OK &&
+        ipc->mappings == m &&
+        (!entered || close_mapping_locked(a, ipc, m, true) != XSEG_OK) &&
         ipc->mappings == m)
-      close_mapping_locked(a, ipc, m, false);       /* forget what cannot go */
+      close_mapping_locked(a, ipc, m, false);
   }
   while (ipc->peers != NULL) open_peer_drop_locked(ipc, ipc->peers);
   xs_ipc_events_destroy_locked(a, entered);

@@ -1,10 +1,14 @@
-/* unreleased.c: physical handles whose cuMemRelease failed.
+/* unreleased.c: physical handles whose cuMemRelease failed, and address
+ * ranges whose cuMemAddressFree failed.
  *
  * A handle is released only after it was unmapped, and the layers above
  * have by then dropped it from every map: a failed release would lose it
  * for the life of the process (a persistent failure once stranded 40
  * handles). So it is kept here, tried again by every later release pass
  * and at xseg_destroy, and counted in the stats (handles_awaiting_release).
+ * A range that a closed block of another process was mapped in (IPC) is
+ * kept the same way: nothing else remembers it once the block is closed.
+ * (A segment's own range stays with its segment, which keeps it.)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +51,39 @@ xseg_status xs_vmm_handle_release_or_keep(xs_vmm *v, uint64_t handle) {
                   cause);
 }
 
+struct xs_vmm_range {
+  uint64_t addr;
+  size_t size;
+};
+
+static bool unfreed_keep(xs_vmm *v, uint64_t addr, size_t size) {
+  if (!XS_ARRAY_RESERVE(v->unfreed, v->cap_unfreed, v->n_unfreed + 1, 4))
+    return false;
+  v->unfreed[v->n_unfreed++] = (struct xs_vmm_range){addr, size};
+  return true;
+}
+
+xseg_status xs_vmm_unreserve_or_keep(xs_vmm *v, uint64_t addr, size_t size) {
+  xseg_status st = xs_vmm_unreserve(v, addr, size);
+  if (st == XSEG_OK) return st;
+  char cause[512];                      /* as xs_vmm_handle_release_or_keep */
+  snprintf(cause, sizeof cause, "%s", xseg_last_error());
+  if (unfreed_keep(v, addr, size))
+    return xs_error(st, "%s; the range is kept and freed later", cause);
+  if (XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size) ==
+      CUDA_SUCCESS)
+    return XSEG_OK;
+  return xs_error(st, "%s; out of host memory to keep the range: lost",
+                  cause);
+}
+
+void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+  if (XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size) !=
+          CUDA_SUCCESS &&
+      !unfreed_keep(v, addr, size))
+    XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size);
+}
+
 xseg_status xs_vmm_unreleased_retry(xs_vmm *v) {
   xseg_status first = XSEG_OK;
   size_t kept = 0;
@@ -56,6 +93,14 @@ xseg_status xs_vmm_unreleased_retry(xs_vmm *v) {
     if (first == XSEG_OK) first = st;
   }
   v->n_unreleased = kept;
+  kept = 0;
+  for (size_t i = 0; i < v->n_unfreed; i++) {
+    xseg_status st = xs_vmm_unreserve(v, v->unfreed[i].addr,
+                                      v->unfreed[i].size);
+    if (st != XSEG_OK) v->unfreed[kept++] = v->unfreed[i];
+    if (first == XSEG_OK) first = st;
+  }
+  v->n_unfreed = kept;
   return first;
 }
 
@@ -64,7 +109,13 @@ void xs_vmm_unreleased_destroy(xs_vmm *v) {
   if (v->n_unreleased != 0)
     fprintf(stderr, "xseg_destroy: device %d: %zu physical handles could "
             "not be released\n", v->device, v->n_unreleased);
+  if (v->n_unfreed != 0)
+    fprintf(stderr, "xseg_destroy: device %d: %zu address ranges could "
+            "not be freed\n", v->device, v->n_unfreed);
   free(v->unreleased);
   v->unreleased = NULL;
   v->n_unreleased = v->cap_unreleased = 0;
+  free(v->unfreed);
+  v->unfreed = NULL;
+  v->n_unfreed = v->cap_unfreed = 0;
 }

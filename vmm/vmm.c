@@ -187,9 +187,6 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size) {
   return XSEG_OK;
 }
 
-void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size) {
-  XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size);
-}
 
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle) {

@@ -35,6 +35,10 @@ typedef struct xs_vmm {
      [0, n_unreleased) of an array of cap_unreleased. */
   uint64_t *unreleased;
   size_t n_unreleased, cap_unreleased;
+  /* Address ranges no longer used whose cuMemAddressFree failed, kept
+     the same way (unreleased.c): [0, n_unfreed) of cap_unfreed. */
+  struct xs_vmm_range *unfreed;
+  size_t n_unfreed, cap_unfreed;
   /* Old mappings of lent handles, still mapped (aliases.c): [0, n_aliases)
      of an array of cap_aliases. */
   struct xs_vmm_alias *aliases;
@@ -87,6 +91,11 @@ xseg_status xs_vmm_add_peer(xs_vmm *v, int peer);
 /* Reserves `size` bytes (a multiple of the granularity) of address space. */
 xseg_status xs_vmm_reserve(xs_vmm *v, size_t size, uint64_t *addr);
 xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
+/* Frees a range nothing uses any more (nothing mapped, no table names
+   it). When cuMemAddressFree fails, the range is kept for
+   xs_vmm_unreleased_retry instead of being lost, and the failure is
+   returned with a message that says so (unreleased.c). */
+xseg_status xs_vmm_unreserve_or_keep(xs_vmm *v, uint64_t addr, size_t size);
 /* The same, leaving the message alone (an undo; xs_vmm_unmap_quietly). */
 void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size);
 
@@ -109,8 +118,8 @@ bool xs_vmm_handle_release_quietly(xs_vmm *v, uint64_t handle);
 /* Keeps a handle whose release failed, leaving the message alone; false
    when host memory ran out. */
 bool xs_vmm_unreleased_keep(xs_vmm *v, uint64_t handle);
-/* Tries every kept handle again; the first failure is returned (those
-   that fail again stay kept). */
+/* Tries every kept handle and range again; the first failure is
+   returned (those that fail again stay kept). */
 xseg_status xs_vmm_unreleased_retry(xs_vmm *v);
 /* Retries one last time, then forgets the list (xseg_destroy). */
 void xs_vmm_unreleased_destroy(xs_vmm *v);

@@ -1,0 +1,106 @@
+/* Sharing blocks between allocators of one process (alloc/ipc*.c) when a
+ * single driver call fails on the consumer's side: nothing the consumer
+ * reserved, mapped or imported is lost, whether the failure comes at a
+ * close, in an open's undo, or in the destroy of an allocator with a
+ * block still open. The driver's own count of live objects (the
+ * emulator's) is the judge.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "alloc_helpers.h"
+#include "ipc_helpers.h"
+
+/* A producer `a` with a block `p` exported as `h`, a consumer `b`, and
+   the driver's count of live objects before any of it. */
+typedef struct shared_block {
+  xseg_allocator *a, *b;
+  void *p;
+  xseg_ipc_handle *h;
+  xsim_live before;
+} shared_block;
+
+static shared_block shared_block_new(size_t size) {
+  shared_block s = {0};
+  xsim_get_live(&s.before);
+  s.a = at_create(NULL);
+  s.b = at_create(NULL);
+  if (s.a != NULL && s.b != NULL &&
+      xseg_malloc(s.a, size, NULL, &s.p) == XSEG_OK)
+    xseg_ipc_export(s.a, s.p, &s.h);
+  return s;
+}
+
+/* Everything goes; the driver then holds what it held before. */
+static void shared_block_end(shared_block *s) {
+  xseg_ipc_handle_free(s->h);
+  if (s->b != NULL) {                   /* NULL: destroyed already */
+    XSEG_EXPECT_OK(xseg_check(s->b));
+    xseg_destroy(s->b);
+  }
+  XSEG_EXPECT_OK(xseg_free(s->a, s->p));
+  XSEG_EXPECT_OK(xseg_check(s->a));
+  xseg_destroy(s->a);
+  xsim_live after;
+  xsim_get_live(&after);
+  XSEG_EXPECT_EQ(after.reservations, s->before.reservations);
+  XSEG_EXPECT_EQ(after.mappings, s->before.mappings);
+  XSEG_EXPECT_EQ(after.handles, s->before.handles);
+}
+
+#define SHARED_BLOCK_OPEN(s, size)                                          \
+  XT_REQUIRE_SIM_FOR("injects driver faults");                              \
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);                                  \
+  shared_block s = shared_block_new(size);                                  \
+  XSEG_ASSERT_TRUE(s.h != NULL)
+
+/* The close's cuMemAddressFree fails once: the close says so, the block
+   is closed, and the range is kept and freed later (before, it was lost
+   for the life of the process, and a second close was refused). */
+XSEG_TEST(ipc_faults, a_close_whose_range_will_not_go_keeps_it) {
+  SHARED_BLOCK_OPEN(s, 5 * MiB);
+  void *q;
+  XT_OK(xseg_ipc_open(s.b, s.h, &q));
+  xsim_fail_call("cuMemAddressFree", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_STATUS(xseg_ipc_close(s.b, q), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "kept and freed later") !=
+                   NULL);
+  xsim_fail_call("cuMemAddressFree", 0, CUDA_SUCCESS);
+  XSEG_EXPECT_EQ(ipc_stats(s.b).opened_blocks, 0);
+  XSEG_EXPECT_OK(xseg_empty_cache(s.b));     /* a release pass frees it */
+  xsim_live now;
+  xsim_get_live(&now);
+  XSEG_EXPECT_EQ(now.reservations - s.before.reservations, 1);  /* a's */
+  shared_block_end(&s);
+}
+
+/* An open fails at its access, and the undo's cuMemAddressFree fails
+   too: the open fails naming the first, and the range is kept (before,
+   it was lost). */
+XSEG_TEST(ipc_faults, a_failed_opens_undo_keeps_a_range_that_will_not_go) {
+  SHARED_BLOCK_OPEN(s, 5 * MiB);
+  void *q = (void *)1;
+  xsim_fail_call("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+  xsim_fail_call("cuMemAddressFree", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_STATUS(xseg_ipc_open(s.b, s.h, &q), XSEG_ERR_DRIVER);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuMemSetAccess") != NULL);
+  XSEG_EXPECT_TRUE(q == NULL);
+  xsim_fail_call("cuMemSetAccess", 0, CUDA_SUCCESS);
+  xsim_fail_call("cuMemAddressFree", 0, CUDA_SUCCESS);
+  shared_block_end(&s);                       /* destroy frees it */
+}
+
+/* The consumer is destroyed with the block still open, and its first
+   cuMemUnmap fails once: the unmap is tried again, and the handles,
+   mapping and range all go (before, all three were forgotten). */
+XSEG_TEST(ipc_faults, a_destroy_whose_unmap_fails_once_loses_nothing) {
+  SHARED_BLOCK_OPEN(s, 5 * MiB);
+  void *q;
+  XT_OK(xseg_ipc_open(s.b, s.h, &q));
+  xsim_fail_call("cuMemUnmap", 1, CUDA_ERROR_UNKNOWN);
+  xseg_allocator *b = s.b;
+  s.b = NULL;
+  xseg_destroy(b);
+  xsim_fail_call("cuMemUnmap", 0, CUDA_SUCCESS);
+  shared_block_end(&s);
+}
