@@ -382,7 +382,9 @@ xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
 }
 
 /* Unmaps every mapped run of s with one call each and releases its
-   handles; live blocks go too. Returns the first failure. */
+   handles; live blocks go too. Nothing keeps s after this (destroy): an
+   unmap that fails is tried once more, and a range that will not go is
+   kept by the vmm layer. Returns the first failure. */
 static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
   xseg_status first = XSEG_OK;
   size_t g = 0;
@@ -390,14 +392,15 @@ static xseg_status release_segment_all(xs_pool *p, xs_segment *s) {
     if (!s->mapped[g]) { g++; continue; }
     size_t run = 1;
     while (g + run < s->n_granules && s->mapped[g + run]) run++;
-    xseg_status st = xs_vmm_unmap(p->vmm, s->base + g * s->granule,
-                                  run * s->granule);
+    uint64_t addr = s->base + g * s->granule;
+    xseg_status st = xs_vmm_unmap(p->vmm, addr, run * s->granule);
+    if (st != XSEG_OK) st = xs_vmm_unmap(p->vmm, addr, run * s->granule);
     if (st == XSEG_OK) release_handles(p, s, g, run, &first);
     if (first == XSEG_OK) first = st;
     g += run;
   }
   release_aliases(p, s->base, s->size, &first);
-  xseg_status st = xs_vmm_unreserve(p->vmm, s->base, s->size);
+  xseg_status st = xs_vmm_unreserve_or_keep(p->vmm, s->base, s->size);
   return first != XSEG_OK ? first : st;
 }
 

@@ -239,3 +239,28 @@ XSEG_TEST(alloc_faults, failed_rollback_unmap_is_tried_again) {
   xseg_destroy(a);
 }
 
+/* An allocator's first cuMemUnmap at destroy fails once: the unmap is
+   tried again, and its segment's handles, mapping and range all go
+   (before, all three were lost); so does a range whose cuMemAddressFree
+   fails once there (kept, and freed by the destroy's last retry). */
+XSEG_TEST(alloc_faults, a_destroy_whose_unmap_fails_once_loses_nothing) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  for (int fail = 0; fail < 2; fail++) {
+    xsim_live before, after;
+    xsim_get_live(&before);
+    xseg_allocator *a = at_create(NULL);
+    XSEG_ASSERT_TRUE(a != NULL);
+    void *p;
+    XSEG_ASSERT_OK(xseg_malloc(a, 5 * MiB, NULL, &p));
+    xsim_fail_call(fail == 0 ? "cuMemUnmap" : "cuMemAddressFree", 1,
+                   CUDA_ERROR_UNKNOWN);
+    xseg_destroy(a);
+    xsim_fail_call(fail == 0 ? "cuMemUnmap" : "cuMemAddressFree", 0,
+                   CUDA_SUCCESS);
+    xsim_get_live(&after);
+    XSEG_EXPECT_EQ(after.reservations, before.reservations);
+    XSEG_EXPECT_EQ(after.mappings, before.mappings);
+    XSEG_EXPECT_EQ(after.handles, before.handles);
+  }
+}
