@@ -116,3 +116,23 @@ xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
   xs_alloc_leave(a);
   return st;
 }
+
+xseg_status xseg_ipc_ticket_give_unopened(const xseg_ipc_handle *h,
+                                          uint64_t ticket) {
+  if (h == NULL)
+    return xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                    "xseg_ipc_ticket_give_unopened: handle is NULL");
+  /* The table is shared memory: its holders are atomics, and no lock of
+     any allocator guards them. */
+  xs_ipc_table *t = NULL;
+  xseg_status st = xs_ipc_table_map(h->table_fd, &h->wire, &t, NULL);
+  if (st != XSEG_OK) return st;
+  if (!ticket_release(t, h->wire.block_id, ticket))
+    st = xs_error(XSEG_ERR_INVALID_ARGUMENT,
+                  "xseg_ipc_ticket_give_unopened: ticket %llu is no hold on "
+                  "block %llu (given back already, of another block, or "
+                  "forged)", (unsigned long long)ticket,
+                  (unsigned long long)h->wire.block_id);
+  xs_ipc_table_unmap(t);
+  return st;
+}

@@ -341,6 +341,15 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
    back by every holder) is XSEG_ERR_UNKNOWN_POINTER. */
 xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
                                  uint64_t ticket);
+/* Gives a ticket back for handle h, whose block was not opened here (its
+   xseg_ipc_open failed, or the consumer chose not to open it): through
+   the producer's table that h carries, with no allocator. Otherwise the
+   ticket, never given back, would keep the block until the producer
+   exits. The same refusals as xseg_ipc_ticket_give's; a table that
+   cannot be mapped (the producer gone) fails, naming why, and then
+   nothing was held any more anyway. */
+xseg_status xseg_ipc_ticket_give_unopened(const xseg_ipc_handle *h,
+                                          uint64_t ticket);
 
 /* Ordering the consumer after the producer's work on a block, without the
    producer's host waiting: the producer records, on the stream that wrote

@@ -92,6 +92,7 @@ class _Lib:
             "xseg_ipc_close": (i, [vp, vp]),
             "xseg_ipc_ticket_take": (i, [vp, vp, ctypes.POINTER(u64)]),
             "xseg_ipc_ticket_give": (i, [vp, vp, u64]),
+            "xseg_ipc_ticket_give_unopened": (i, [vp, u64]),
             "xseg_ipc_record": (i, [vp, vp, ctypes.c_char_p]),
             "xseg_ipc_wait": (i, [vp, ctypes.c_char_p, vp]),
             "xseg_get_stats": (i, [vp, vp]),
@@ -294,8 +295,14 @@ def _receive(path, device, carried, ticket, event, nbytes, origin):
     ptr = ctypes.c_void_p()
     status = lib.c.xseg_ipc_open(a, handle, ctypes.byref(ptr))
     if status != XSEG_OK:
+        failure = ShareError("xseg_ipc_open: %s: %s" % (
+            lib.c.xseg_status_name(status).decode(),
+            lib.c.xseg_last_error().decode()))
+        # The producer's hold for this handle goes, or its block would
+        # stay until the producer exits.
+        lib.c.xseg_ipc_ticket_give_unopened(handle, ticket)
         lib.c.xseg_ipc_handle_free(handle)
-        lib.check(status, "xseg_ipc_open")
+        raise failure
     ptr = ptr.value
     failure = lib.c.xseg_ipc_ticket_give(a, ptr, ticket)
     if failure == XSEG_OK:

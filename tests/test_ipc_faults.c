@@ -104,3 +104,34 @@ XSEG_TEST(ipc_faults, a_destroy_whose_unmap_fails_once_loses_nothing) {
   xsim_fail_call("cuMemUnmap", 0, CUDA_SUCCESS);
   shared_block_end(&s);
 }
+
+/* A consumer's open fails (its import, once) while the producer holds a
+   ticket for the handle: the consumer gives the ticket back through the
+   handle alone, and the producer's free then gives the block back
+   (before, the ticket kept it until the producer exited). A second give
+   is refused, freeing nothing. */
+XSEG_TEST(ipc_faults, a_ticket_of_a_failed_open_is_given_back) {
+  SHARED_BLOCK_OPEN(s, 2 * MiB);
+  uint64_t ticket;
+  void *q = (void *)1, *x;
+  XT_OK(xseg_ipc_ticket_take(s.a, s.p, &ticket));
+  xsim_fail_call("cuMemImportFromShareableHandle", 1, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_STATUS(xseg_ipc_open(s.b, s.h, &q), XSEG_ERR_DRIVER);
+  xsim_fail_call("cuMemImportFromShareableHandle", 0, CUDA_SUCCESS);
+  XSEG_EXPECT_STATUS(xseg_ipc_ticket_give(s.b, q, ticket),
+                     XSEG_ERR_UNKNOWN_POINTER);       /* nothing opened */
+  XT_OK(xseg_ipc_ticket_give_unopened(s.h, ticket));
+  XSEG_EXPECT_STATUS(xseg_ipc_ticket_give_unopened(s.h, ticket),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_ipc_ticket_give_unopened(NULL, ticket),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XT_OK(xseg_free(s.a, s.p));
+  XT_OK(xseg_malloc(s.a, 512, NULL, &x));             /* reaps */
+  XT_OK(xseg_free(s.a, x));
+  XT_OK(xseg_empty_cache(s.a));
+  XSEG_EXPECT_EQ(at_stats(s.a).pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(ipc_stats(s.a).open_by_others, 0);
+  /* shared_block_end frees p: it went already; a fresh one stands in. */
+  XT_OK(xseg_malloc(s.a, 512, NULL, &s.p));
+  shared_block_end(&s);
+}

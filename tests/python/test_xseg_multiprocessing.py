@@ -333,6 +333,39 @@ def case_consumer_killed(ctx):
     expect(s["reclaimed"] == reclaimed + 1, "counted as reclaimed")
 
 
+def failing_consumer(inbox, outbox):
+    """Its first import of a block fails once (the emulator's fault)."""
+    setup()
+    cu().xsim_fail_call(b"cuMemImportFromShareableHandle",
+                        ctypes.c_uint64(1), 999)      # CUDA_ERROR_UNKNOWN
+    try:
+        inbox.get(timeout=TIMEOUT)
+        outbox.put(("opened", None))
+    except Exception as e:                 # the unpickle failed
+        outbox.put(("failed", str(e)))
+
+
+def case_open_fails(ctx):
+    """A consumer whose open fails gives the producer's ticket back: the
+    producer's free then returns the block (before, it stayed pending
+    until the producer exited)."""
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    p = start(ctx, failing_consumer, inbox, outbox)
+    t = torch.empty(1 << 20, dtype=torch.uint8)
+    fill(t, 0x5a)
+    inbox.put(t)
+    _, message = get(outbox, "failed")
+    expect("cuMemImportFromShareableHandle" in message,
+           "the failure names the driver call (%r)" % message)
+    p.join(TIMEOUT)
+    del t
+    settle()
+    s = stats()
+    expect(s["pending_free_bytes"] == 0 and s["open_by_others"] == 0,
+           "the failed open held nothing (%d pending)" %
+           s["pending_free_bytes"])
+
+
 def case_relay(ctx):
     outbox = ctx.Queue()
     relay_in, onward = ctx.Queue(), ctx.Queue()
@@ -522,7 +555,8 @@ def main():
     setup()
     ctx = multiprocessing.get_context("spawn")
     for case in (case_round_trip, case_producer_frees_first,
-                 case_consumer_killed, case_relay, case_back_home,
+                 case_consumer_killed, case_open_fails, case_relay,
+                 case_back_home,
                  case_storage):
         print("--", case.__name__, flush=True)
         case(ctx)
