@@ -444,61 +444,78 @@ static void *open_after_100ms(void *latch) {
 }
 
 /* A graph of private pool 7 captured on `s` (its block written by the
-   graph, then freed in the capture, as a temporary), replayed on `r`
+   graph, then freed in the capture, as a temporary) and replayed on `r`,
    held back by latch `l`, as PyTorch replays on the current stream, not
-   the capture's: the graph's exec in *exec. */
-static void replay_held(xseg_allocator *a, CUstream s, CUstream r,
-                        xt_latch *l, size_t size, CUgraph *g,
-                        CUgraphExec *exec) {
+   the capture's; then the pool released (PyTorch's graph reset). */
+typedef struct held_replay {
+  xseg_allocator *a;
+  CUstream s, r;
+  xt_latch *l;
+  CUgraph g;
+  CUgraphExec exec;
+} held_replay;
+
+static held_replay held_replay_open(xseg_allocator *a, size_t size) {
+  held_replay h = {.a = a, .s = at_stream_new(), .r = at_stream_new(),
+                   .l = xt_latch_new()};
   void *p;
-  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 7, s));
-  XSEG_ASSERT_CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  XSEG_ASSERT_OK(xseg_malloc(a, size, s, &p));
-  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, size, s));
-  XSEG_ASSERT_OK(xseg_free(a, p));
-  XSEG_ASSERT_CU(cuStreamEndCapture(s, g));
-  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(a, 7));
-  XSEG_ASSERT_CU(cuGraphInstantiate(exec, *g, 0));
-  XSEG_ASSERT_CU(xt_latch_hold(r, l));
-  XSEG_ASSERT_CU(cuGraphLaunch(*exec, r));
+  XSEG_EXPECT_OK(xseg_begin_allocate_to_pool(a, 7, h.s));
+  XSEG_EXPECT_CU(cuStreamBeginCapture(h.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_OK(xseg_malloc(a, size, h.s, &p));
+  XSEG_EXPECT_CU(cuMemsetD8Async(at_dptr(p), 0x5A, size, h.s));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_CU(cuStreamEndCapture(h.s, &h.g));
+  XSEG_EXPECT_OK(xseg_end_allocate_to_pool(a, 7));
+  XSEG_EXPECT_CU(cuGraphInstantiate(&h.exec, h.g, 0));
+  XSEG_EXPECT_CU(xt_latch_hold(h.r, h.l));
+  XSEG_EXPECT_CU(cuGraphLaunch(h.exec, h.r));
+  XSEG_EXPECT_OK(xseg_release_pool(a, 7));
+  return h;
 }
 
-/* The pool is released (PyTorch's graph reset) while a replay is queued
-   on a stream no event of xseg's covers: empty_cache waits for the device
-   before it unmaps the pool's memory, as PyTorch's cudaFree of it would
-   (before, it unmapped at once under the replay, which then wrote into
-   unmapped memory). The wait failing leaves the memory mapped, named. */
+/* Opens h's latch 100 ms from now, on a thread of its own: a call that
+   waits for the replay returns then (a regression fails, not hangs). */
+static pthread_t held_replay_open_later(held_replay *h) {
+  pthread_t opener;
+  XSEG_EXPECT_TRUE(pthread_create(&opener, NULL, open_after_100ms, h->l) ==
+                   0);
+  return opener;
+}
+
+/* The allocator consistent, then everything destroyed. */
+static void held_replay_close(held_replay *h) {
+  XSEG_EXPECT_OK(xseg_check(h->a));
+  XSEG_EXPECT_CU(cuGraphExecDestroy(h->exec));
+  XSEG_EXPECT_CU(cuGraphDestroy(h->g));
+  xseg_destroy(h->a);
+  xt_latch_free(h->l);
+  XSEG_EXPECT_CU(cuStreamDestroy(h->s));
+  XSEG_EXPECT_CU(cuStreamDestroy(h->r));
+}
+
+/* The pool is released while a replay is queued on a stream no event of
+   xseg's covers: empty_cache waits for the device before it unmaps the
+   pool's memory, as PyTorch's cudaFree of it would (before, it unmapped
+   at once under the replay, which then wrote into unmapped memory). The
+   wait failing leaves the memory mapped, named. */
 XSEG_TEST(streams_capture, released_pool_waits_for_a_replay_elsewhere) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream s = at_stream_new(), r = at_stream_new();
-  xt_latch *l = xt_latch_new();
-  CUgraph g = NULL;
-  CUgraphExec exec = NULL;
-  replay_held(a, s, r, l, 3 * MiB, &g, &exec);
-  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
-  int64_t reserved = at_stats(a).reserved_bytes.current;
+  held_replay h = held_replay_open(at_create(NULL), 3 * MiB);
+  int64_t reserved = at_stats(h.a).reserved_bytes.current;
   XSEG_EXPECT_TRUE(reserved > 0);
   if (xt_have_sim()) {
     xsim_fail_call("cuCtxSynchronize", 1, CUDA_ERROR_UNKNOWN);
-    XSEG_EXPECT_STATUS(xseg_empty_cache(a), XSEG_ERR_DRIVER);
+    XSEG_EXPECT_STATUS(xseg_empty_cache(h.a), XSEG_ERR_DRIVER);
     XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuCtxSynchronize") != NULL);
-    XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, reserved);
-    XSEG_EXPECT_OK(xseg_check(a));
+    XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, reserved);
+    XSEG_EXPECT_OK(xseg_check(h.a));
   }
-  pthread_t opener;          /* a regression fails, it does not hang */
-  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
-  XSEG_EXPECT_OK(xseg_empty_cache(a));
-  XSEG_EXPECT_CU(cuStreamQuery(r));         /* the replay ran first */
-  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
+  pthread_t opener = held_replay_open_later(&h);
+  XSEG_EXPECT_OK(xseg_empty_cache(h.a));
+  XSEG_EXPECT_CU(cuStreamQuery(h.r));       /* the replay ran first */
+  XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, 0);
   pthread_join(opener, NULL);
-  XSEG_EXPECT_OK(xseg_check(a));
-  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
-  XSEG_EXPECT_CU(cuGraphDestroy(g));
-  xseg_destroy(a);
-  xt_latch_free(l);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(r));
+  held_replay_close(&h);
 }
 
 /* The same with another stream growing at the device limit: the growth
@@ -510,29 +527,18 @@ XSEG_TEST(streams_capture, released_pool_moves_after_a_replay_elsewhere) {
   xseg_allocator *a = xt_have_sim() ? at_create(NULL)
                                     : at_create_capped(NULL, 64 * MiB);
   XSEG_ASSERT_TRUE(a != NULL);
-  CUstream s = at_stream_new(), r = at_stream_new(), sb = at_stream_new();
-  xt_latch *l = xt_latch_new();
-  CUgraph g = NULL;
-  CUgraphExec exec = NULL;
+  held_replay h = held_replay_open(a, 48 * MiB);
+  CUstream sb = at_stream_new();
   void *q;
-  replay_held(a, s, r, l, 48 * MiB, &g, &exec);
-  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
-  pthread_t opener;
-  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
+  pthread_t opener = held_replay_open_later(&h);
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));
-  XSEG_EXPECT_CU(cuStreamQuery(r));         /* the replay ran first */
+  XSEG_EXPECT_CU(cuStreamQuery(h.r));       /* the replay ran first */
   XSEG_EXPECT_TRUE(at_fill(q, 48 * MiB, 4));
   pthread_join(opener, NULL);
   XSEG_EXPECT_CU(cuCtxSynchronize());
   XSEG_EXPECT_TRUE(at_verify(q, 48 * MiB, 4));
-  XSEG_EXPECT_OK(xseg_check(a));
   XSEG_ASSERT_OK(xseg_free(a, q));
-  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
-  XSEG_EXPECT_CU(cuGraphDestroy(g));
-  xseg_destroy(a);
-  xt_latch_free(l);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(r));
+  held_replay_close(&h);
   XSEG_EXPECT_CU(cuStreamDestroy(sb));
 }
 
@@ -543,34 +549,23 @@ XSEG_TEST(streams_capture, released_pool_moves_after_a_replay_elsewhere) {
 XSEG_TEST(streams_capture, released_pool_wait_fails_beside_an_unknown_capture) {
   XT_REQUIRE_SIM_FOR("the emulator's rule for a device wait in a capture");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create(NULL);
-  CUstream s = at_stream_new(), r = at_stream_new(), other = at_stream_new();
-  xt_latch *l = xt_latch_new();
-  CUgraph g = NULL;
-  CUgraphExec exec = NULL;
-  replay_held(a, s, r, l, 3 * MiB, &g, &exec);
-  xt_latch_open(l);
-  XSEG_ASSERT_OK(xseg_release_pool(a, 7));
-  int64_t reserved = at_stats(a).reserved_bytes.current;
+  held_replay h = held_replay_open(at_create(NULL), 3 * MiB);
+  xt_latch_open(h.l);
+  int64_t reserved = at_stats(h.a).reserved_bytes.current;
+  CUstream other = at_stream_new();
   foreign_capture f = {.stream = other};
   pthread_t t;
   XSEG_ASSERT_TRUE(foreign_capture_start(&f, &t));
-  XSEG_EXPECT_STATUS(xseg_empty_cache(a), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_STATUS(xseg_empty_cache(h.a), XSEG_ERR_CAPTURE);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuCtxSynchronize") != NULL);
-  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, reserved);
+  XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, reserved);
   pthread_barrier_wait(&f.done);
   pthread_join(t, NULL);
   XSEG_EXPECT_EQ(f.ended, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
   pthread_barrier_destroy(&f.begun);
   pthread_barrier_destroy(&f.done);
-  XSEG_EXPECT_OK(xseg_empty_cache(a));
-  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 0);
-  XSEG_EXPECT_OK(xseg_check(a));
-  XSEG_EXPECT_CU(cuGraphExecDestroy(exec));
-  XSEG_EXPECT_CU(cuGraphDestroy(g));
-  xseg_destroy(a);
-  xt_latch_free(l);
-  XSEG_EXPECT_CU(cuStreamDestroy(s));
-  XSEG_EXPECT_CU(cuStreamDestroy(r));
+  XSEG_EXPECT_OK(xseg_empty_cache(h.a));
+  XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, 0);
+  held_replay_close(&h);
   XSEG_EXPECT_CU(cuStreamDestroy(other));
 }

@@ -310,12 +310,20 @@ def case_producer_frees_first(ctx):
            s["pending_free_bytes"])
 
 
-def case_consumer_killed(ctx):
+def send_one(ctx, consumer, t, value):
+    """t filled with `value` and sent to a new `consumer` process: the
+    process and both its queues (the caller keeps the inbox alive: the
+    process may not have unpickled it yet)."""
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    p = start(ctx, holding_consumer, inbox, outbox)
-    t = torch.empty(3 << 20, dtype=torch.float16)
-    fill(t, 0x7b)
+    p = start(ctx, consumer, inbox, outbox)
+    fill(t, value)
     inbox.put(t)
+    return p, inbox, outbox
+
+
+def case_consumer_killed(ctx):
+    t = torch.empty(3 << 20, dtype=torch.float16)
+    p, inbox, outbox = send_one(ctx, holding_consumer, t, 0x7b)
     _, head = get(outbox, "received")
     expect(head == b"\x7b" * 8, "consumer read the bytes")
     reclaimed = stats()["reclaimed"]
@@ -349,11 +357,8 @@ def case_open_fails(ctx):
     """A consumer whose open fails gives the producer's ticket back: the
     producer's free then returns the block (before, it stayed pending
     until the producer exited)."""
-    inbox, outbox = ctx.Queue(), ctx.Queue()
-    p = start(ctx, failing_consumer, inbox, outbox)
     t = torch.empty(1 << 20, dtype=torch.uint8)
-    fill(t, 0x5a)
-    inbox.put(t)
+    p, inbox, outbox = send_one(ctx, failing_consumer, t, 0x5a)
     _, message = get(outbox, "failed")
     expect("cuMemImportFromShareableHandle" in message,
            "the failure names the driver call (%r)" % message)
