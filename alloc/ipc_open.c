@@ -169,8 +169,7 @@ static xseg_status open_map(xs_vmm *v, const xseg_ipc_handle *h,
   if (st == XSEG_OK) st = xs_vmm_set_access(v, m->va, m->size);
   if (st == XSEG_OK) return XSEG_OK;
   /* Undone quietly: the message stays the failing call's. */
-  if (mapped != 0) xs_vmm_unmap_quietly(v, m->va, mapped);
-  if (m->va != 0) xs_vmm_unreserve_quietly(v, m->va, m->size);
+  if (m->va != 0) xs_vmm_unreserve_quietly(v, m->va, m->size, mapped);
   m->va = 0;
   return st;
 }

@@ -76,22 +76,33 @@ xseg_status xseg_ipc_ticket_take(xseg_allocator *a, void *ptr,
                        "device %d exported with xseg_ipc_export nor one "
                        "opened with xseg_ipc_open", ptr, a->vmm.device);
   if (st == XSEG_OK) {
-    *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
+    /* Never 0: that is the tag of every hold that is no ticket's. */
+    do *ticket = ticket_serial() * XS_IPC_HOLDERS + slot;
+    while (*ticket == 0);
     atomic_store(&t->holders[slot].tag, *ticket);
   }
   xs_alloc_leave(a);
   return st;
 }
 
-/* Frees slot `ticket` names if it still is that ticket's hold on id. */
+/* Frees slot `ticket` names if it still is that ticket's hold on id.
+   Ticket 0 is none: every hold that is no ticket's (an open's, in this
+   very process perhaps, whose word a ticket's shares) has tag 0. The tag
+   goes first, by compare-and-swap: only this ticket's own give can clear
+   it (a new claim of the slot clears it only after the slot is free), so
+   two gives of one ticket, at once or one after the other, free at most
+   one hold, and never a later claim's. */
 static bool ticket_release(xs_ipc_table *t, uint64_t id, uint64_t ticket) {
+  if (ticket == 0) return false;
   xs_ipc_holder *h = &t->holders[ticket % XS_IPC_HOLDERS];
   uint64_t held = xs_ipc_holder_word(XS_IPC_HOLDER_HELD, t->producer_pid,
                                      t->producer_start);
+  uint64_t tag = ticket;
   if (atomic_load(&h->word) != held || atomic_load(&h->id) != id ||
-      atomic_load(&h->tag) != ticket)
+      !atomic_compare_exchange_strong(&h->tag, &tag, 0))
     return false;
-  return atomic_compare_exchange_strong(&h->word, &held, XS_IPC_HOLDER_FREE);
+  atomic_store(&h->word, XS_IPC_HOLDER_FREE);
+  return true;
 }
 
 xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,

@@ -345,9 +345,10 @@ xseg_status xseg_ipc_ticket_give(xseg_allocator *a, void *ptr,
    xseg_ipc_open failed, or the consumer chose not to open it): through
    the producer's table that h carries, with no allocator. Otherwise the
    ticket, never given back, would keep the block until the producer
-   exits. The same refusals as xseg_ipc_ticket_give's; a table that
-   cannot be mapped (the producer gone) fails, naming why, and then
-   nothing was held any more anyway. */
+   exits. The same refusals as xseg_ipc_ticket_give's (ticket 0, which
+   xseg_ipc_ticket_take never gives, is none); a table that cannot be
+   mapped fails, naming why. Once the producer has exited its holds mean
+   nothing, and a give changes nothing that matters. */
 xseg_status xseg_ipc_ticket_give_unopened(const xseg_ipc_handle *h,
                                           uint64_t ticket);
 

@@ -135,3 +135,43 @@ XSEG_TEST(ipc_faults, a_ticket_of_a_failed_open_is_given_back) {
   XT_OK(xseg_malloc(s.a, 512, NULL, &s.p));
   shared_block_end(&s);
 }
+
+/* Ticket 0 is no ticket: every hold that is no ticket's has tag 0, and a
+   consumer in the producer's own process holds in the producer's name,
+   as a ticket does. Giving 0 back frees nothing (before, it freed the
+   consumer's open hold, and the producer's free then gave the block back
+   while the consumer had it mapped). */
+XSEG_TEST(ipc_faults, ticket_zero_frees_no_open_hold) {
+  SHARED_BLOCK_OPEN(s, 2 * MiB);
+  void *q, *x;
+  XT_OK(xseg_ipc_open(s.b, s.h, &q));
+  XSEG_EXPECT_STATUS(xseg_ipc_ticket_give_unopened(s.h, 0),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_STATUS(xseg_ipc_ticket_give(s.b, q, 0),
+                     XSEG_ERR_INVALID_ARGUMENT);
+  XSEG_EXPECT_EQ(ipc_stats(s.a).open_by_others, 1);
+  XT_OK(xseg_free(s.a, s.p));
+  XT_OK(xseg_malloc(s.a, 512, NULL, &x));               /* reaps */
+  XT_OK(xseg_free(s.a, x));
+  XSEG_EXPECT_EQ(at_stats(s.a).pending_free_bytes, 2 * MiB);   /* held */
+  XT_OK(xseg_ipc_close(s.b, q));
+  XT_OK(xseg_malloc(s.a, 512, NULL, &s.p));
+  shared_block_end(&s);
+}
+
+/* An open fails at its access, and the undo's unmap fails twice: the
+   range is kept with what is still mapped, and the retry (the next
+   release pass) unmaps it before freeing it (before, the range was kept
+   as if unmapped, cuMemAddressFree refused it at every pass, so every
+   empty_cache failed, and the handles and mapping leaked). */
+XSEG_TEST(ipc_faults, an_undo_whose_unmap_fails_keeps_the_mapping_too) {
+  SHARED_BLOCK_OPEN(s, 5 * MiB);
+  void *q = (void *)1;
+  xsim_fail_call("cuMemSetAccess", 1, CUDA_ERROR_UNKNOWN);
+  xsim_fail_calls("cuMemUnmap", 1, 2, CUDA_ERROR_UNKNOWN);
+  XSEG_EXPECT_STATUS(xseg_ipc_open(s.b, s.h, &q), XSEG_ERR_DRIVER);
+  xsim_fail_call("cuMemSetAccess", 0, CUDA_SUCCESS);
+  xsim_fail_call("cuMemUnmap", 0, CUDA_SUCCESS);
+  for (int i = 0; i < 2; i++) XSEG_EXPECT_OK(xseg_empty_cache(s.b));
+  shared_block_end(&s);
+}

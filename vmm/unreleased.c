@@ -54,12 +54,15 @@ xseg_status xs_vmm_handle_release_or_keep(xs_vmm *v, uint64_t handle) {
 struct xs_vmm_range {
   uint64_t addr;
   size_t size;
+  size_t mapped;                /* its first bytes still mapped (0: none),
+                                   unmapped before it is freed */
 };
 
-static bool unfreed_keep(xs_vmm *v, uint64_t addr, size_t size) {
+static bool unfreed_keep(xs_vmm *v, uint64_t addr, size_t size,
+                         size_t mapped) {
   if (!XS_ARRAY_RESERVE(v->unfreed, v->cap_unfreed, v->n_unfreed + 1, 4))
     return false;
-  v->unfreed[v->n_unfreed++] = (struct xs_vmm_range){addr, size};
+  v->unfreed[v->n_unfreed++] = (struct xs_vmm_range){addr, size, mapped};
   return true;
 }
 
@@ -68,7 +71,7 @@ xseg_status xs_vmm_unreserve_or_keep(xs_vmm *v, uint64_t addr, size_t size) {
   if (st == XSEG_OK) return st;
   char cause[512];                      /* as xs_vmm_handle_release_or_keep */
   snprintf(cause, sizeof cause, "%s", xseg_last_error());
-  if (unfreed_keep(v, addr, size))
+  if (unfreed_keep(v, addr, size, 0))
     return xs_error(st, "%s; the range is kept and freed later", cause);
   if (XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size) ==
       CUDA_SUCCESS)
@@ -77,10 +80,15 @@ xseg_status xs_vmm_unreserve_or_keep(xs_vmm *v, uint64_t addr, size_t size) {
                   cause);
 }
 
-void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size,
+                              size_t mapped) {
+  if (mapped != 0 && !xs_vmm_unmap_quietly(v, addr, mapped)) {
+    unfreed_keep(v, addr, size, mapped);  /* no room: nothing more to do */
+    return;
+  }
   if (XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size) !=
           CUDA_SUCCESS &&
-      !unfreed_keep(v, addr, size))
+      !unfreed_keep(v, addr, size, 0))
     XS_DRV(v->drv, cuMemAddressFree, (CUdeviceptr)addr, size);
 }
 
@@ -95,9 +103,14 @@ xseg_status xs_vmm_unreleased_retry(xs_vmm *v) {
   v->n_unreleased = kept;
   kept = 0;
   for (size_t i = 0; i < v->n_unfreed; i++) {
-    xseg_status st = xs_vmm_unreserve(v, v->unfreed[i].addr,
-                                      v->unfreed[i].size);
-    if (st != XSEG_OK) v->unfreed[kept++] = v->unfreed[i];
+    struct xs_vmm_range *r = &v->unfreed[i];
+    xseg_status st = r->mapped != 0 ? xs_vmm_unmap(v, r->addr, r->mapped)
+                                    : XSEG_OK;
+    if (st == XSEG_OK) {
+      r->mapped = 0;
+      st = xs_vmm_unreserve(v, r->addr, r->size);
+    }
+    if (st != XSEG_OK) v->unfreed[kept++] = *r;
     if (first == XSEG_OK) first = st;
   }
   v->n_unfreed = kept;

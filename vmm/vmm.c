@@ -294,10 +294,11 @@ xseg_status xs_vmm_map_handles(xs_vmm *v, uint64_t addr, size_t chunk,
   return st;
 }
 
-void xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size) {
+bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size) {
   /* Around the wrappers: the message stays the failing call's. */
-  if (XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) != CUDA_SUCCESS)
-    XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size);
+  return XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) ==
+             CUDA_SUCCESS ||
+         XS_DRV(v->drv, cuMemUnmap, (CUdeviceptr)addr, size) == CUDA_SUCCESS;
 }
 
 xseg_status xs_vmm_mem_info(xs_vmm *v, size_t *free_bytes,

@@ -96,8 +96,13 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size);
    xs_vmm_unreleased_retry instead of being lost, and the failure is
    returned with a message that says so (unreleased.c). */
 xseg_status xs_vmm_unreserve_or_keep(xs_vmm *v, uint64_t addr, size_t size);
-/* The same, leaving the message alone (an undo; xs_vmm_unmap_quietly). */
-void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size);
+/* The same, leaving the message alone (an undo; xs_vmm_unmap_quietly),
+   after unmapping the range's first `mapped` bytes (0: none): a range
+   whose unmap fails twice is kept with them, and the retry unmaps them
+   before it frees the range (cuMemAddressFree refuses a range with
+   mappings). */
+void xs_vmm_unreserve_quietly(xs_vmm *v, uint64_t addr, size_t size,
+                              size_t mapped);
 
 /* One physical allocation of `size` bytes (a multiple of the granularity).
    `exportable` (or v->shareable) asks for POSIX file descriptor export
@@ -171,8 +176,9 @@ xseg_status xs_vmm_unmap(xs_vmm *v, uint64_t addr, size_t size);
 /* Undo of a map or grant that failed: unmaps [addr, addr+size), leaving
    the message alone (the failure that made the caller undo is the
    message). Tried twice: a range left mapped is one the layers above
-   believe unmapped, which nothing would unmap again. */
-void xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size);
+   believe unmapped, which nothing would unmap again. False when both
+   tries failed. */
+bool xs_vmm_unmap_quietly(xs_vmm *v, uint64_t addr, size_t size);
 /* Read-write access for the owner and every peer, in one call. */
 xseg_status xs_vmm_set_access(xs_vmm *v, uint64_t addr, size_t size);
 
