@@ -71,6 +71,14 @@ static xseg_status pending_no_room(struct CUstream_st *stream) {
                   (void *)stream);
 }
 
+/* The index of `stream`'s queue, or n_queues when it has none. */
+static size_t pending_queue_index(const xs_pending *p,
+                                  struct CUstream_st *stream) {
+  size_t i = 0;
+  while (i < p->n_queues && p->queues[i].stream != stream) i++;
+  return i;
+}
+
 /* The queue of `stream` in *out, made on first use with room for one more
    block (and event); nothing made when that fails (host memory, or the
    driver asked for the stream's context). Queues may move (realloc):
@@ -79,9 +87,8 @@ static xseg_status pending_no_room(struct CUstream_st *stream) {
 static xseg_status pending_queue_find(xs_pending *p,
                                       struct CUstream_st *stream,
                                       xs_pending_queue **out) {
-  xs_pending_queue *q = NULL;
-  for (size_t i = 0; i < p->n_queues && q == NULL; i++)
-    if (p->queues[i].stream == stream) q = &p->queues[i];
+  size_t i = pending_queue_index(p, stream);
+  xs_pending_queue *q = i < p->n_queues ? &p->queues[i] : NULL;
   if (q == NULL) {
     xs_vmm *vmm = p->events->vmm;
     CUcontext ctx;
@@ -250,21 +257,17 @@ size_t xs_pending_drain(xs_pending *p, xs_pending_ready_fn ready, void *ctx,
 }
 
 bool xs_pending_has_queue(const xs_pending *p, struct CUstream_st *stream) {
-  for (size_t i = 0; i < p->n_queues; i++)
-    if (p->queues[i].stream == stream) return true;
-  return false;
+  return pending_queue_index(p, stream) < p->n_queues;
 }
 
 xseg_status xs_pending_forget(xs_pending *p, struct CUstream_st *stream,
                               xs_pending_ready_fn ready, void *ctx) {
-  for (size_t i = 0; i < p->n_queues; i++) {
-    if (p->queues[i].stream != stream) continue;
-    xseg_status st = XSEG_OK;
-    pending_queue_drain(p, i, true, ready, ctx, &st);
-    if (st != XSEG_OK) return st;
-    pending_queue_free(p, &p->queues[i]);
-    p->queues[i] = p->queues[--p->n_queues];
-    return XSEG_OK;
-  }
+  size_t i = pending_queue_index(p, stream);
+  if (i == p->n_queues) return XSEG_OK;
+  xseg_status st = XSEG_OK;
+  pending_queue_drain(p, i, true, ready, ctx, &st);
+  if (st != XSEG_OK) return st;
+  pending_queue_free(p, &p->queues[i]);
+  p->queues[i] = p->queues[--p->n_queues];
   return XSEG_OK;
 }
