@@ -361,12 +361,13 @@ void xs_ipc_destroy_locked(xseg_allocator *a, bool entered) {
   }
   while (ipc->mappings != NULL) {
     xs_ipc_mapping *m = ipc->mappings;
-    /* Still mapped after a failed unmap: one more try, as an undo makes
-       (xs_vmm_unmap_quietly), before forgetting what cannot go. */
-    if (close_mapping_locked(a, ipc, m, entered) != XSEG_OK &&
-        ipc->mappings == m &&
-        (!entered || close_mapping_locked(a, ipc, m, true) != XSEG_OK) &&
-        ipc->mappings == m)
+    /* A close that failed keeps m (still mapped) only when its unmap
+       failed: one more try, as an undo makes (xs_vmm_unmap_quietly),
+       before forgetting what cannot go. */
+    xseg_status st = close_mapping_locked(a, ipc, m, entered);
+    if (st != XSEG_OK && entered && ipc->mappings == m)
+      st = close_mapping_locked(a, ipc, m, true);
+    if (st != XSEG_OK && ipc->mappings == m)
       close_mapping_locked(a, ipc, m, false);
   }
   while (ipc->peers != NULL) open_peer_drop_locked(ipc, ipc->peers);
