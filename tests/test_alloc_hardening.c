@@ -381,13 +381,6 @@ XSEG_TEST(hardening, forget_stream_refuses_while_the_stream_is_in_use) {
   XSEG_EXPECT_CU(cuStreamDestroy(other));
 }
 
-static void *open_after_100ms(void *latch) {
-  struct timespec ts = {0, 100 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-  xt_latch_open(latch);
-  return NULL;
-}
-
 /* A forget refused because a free recorded on the stream waits,
    unrecorded, for a capture on another of its block's streams: refused
    before any wait, nothing changed (before, it first waited on the host,
@@ -413,7 +406,7 @@ XSEG_TEST(hardening, forget_refused_for_a_capture_waits_for_nothing) {
   XSEG_ASSERT_OK(xseg_free(a, q));
   XSEG_EXPECT_EQ(at_stats(a).pending_free_bytes, 5 * MiB);
   pthread_t opener;          /* a regression waits, and fails, not hangs */
-  XSEG_ASSERT_TRUE(pthread_create(&opener, NULL, open_after_100ms, l) == 0);
+  XSEG_ASSERT_TRUE(xt_latch_open_later(l, &opener));
   uint64_t syncs = xsim_call_count("cuEventSynchronize");
   XSEG_EXPECT_STATUS(xseg_forget_stream(a, held), XSEG_ERR_CAPTURE);
   XSEG_EXPECT_EQ(xsim_call_count("cuEventSynchronize") - syncs, 0);

@@ -436,13 +436,6 @@ XSEG_TEST(streams_capture, failed_event_record_leaves_another_capture_valid) {
   XSEG_EXPECT_CU(cuStreamDestroy(captured));
 }
 
-static void *open_after_100ms(void *latch) {
-  struct timespec ts = {0, 100 * 1000 * 1000};
-  nanosleep(&ts, NULL);
-  xt_latch_open(latch);
-  return NULL;
-}
-
 /* A graph of private pool 7 captured on `s` (its block written by the
    graph, then freed in the capture, as a temporary) and replayed on `r`,
    held back by latch `l`, as PyTorch replays on the current stream, not
@@ -473,15 +466,6 @@ static held_replay held_replay_open(xseg_allocator *a, size_t size) {
   return h;
 }
 
-/* Opens h's latch 100 ms from now, on a thread of its own: a call that
-   waits for the replay returns then (a regression fails, not hangs). */
-static pthread_t held_replay_open_later(held_replay *h) {
-  pthread_t opener;
-  XSEG_EXPECT_TRUE(pthread_create(&opener, NULL, open_after_100ms, h->l) ==
-                   0);
-  return opener;
-}
-
 /* The allocator consistent, then everything destroyed. */
 static void held_replay_close(held_replay *h) {
   XSEG_EXPECT_OK(xseg_check(h->a));
@@ -510,7 +494,8 @@ XSEG_TEST(streams_capture, released_pool_waits_for_a_replay_elsewhere) {
     XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, reserved);
     XSEG_EXPECT_OK(xseg_check(h.a));
   }
-  pthread_t opener = held_replay_open_later(&h);
+  pthread_t opener;
+  XSEG_ASSERT_TRUE(xt_latch_open_later(h.l, &opener));
   XSEG_EXPECT_OK(xseg_empty_cache(h.a));
   XSEG_EXPECT_CU(cuStreamQuery(h.r));       /* the replay ran first */
   XSEG_EXPECT_EQ(at_stats(h.a).reserved_bytes.current, 0);
@@ -530,7 +515,8 @@ XSEG_TEST(streams_capture, released_pool_moves_after_a_replay_elsewhere) {
   held_replay h = held_replay_open(a, 48 * MiB);
   CUstream sb = at_stream_new();
   void *q;
-  pthread_t opener = held_replay_open_later(&h);
+  pthread_t opener;
+  XSEG_ASSERT_TRUE(xt_latch_open_later(h.l, &opener));
   XSEG_ASSERT_OK(xseg_malloc(a, 48 * MiB, sb, &q));
   XSEG_EXPECT_CU(cuStreamQuery(h.r));       /* the replay ran first */
   XSEG_EXPECT_TRUE(at_fill(q, 48 * MiB, 4));

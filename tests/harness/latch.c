@@ -51,6 +51,17 @@ bool xt_latch_wait_for_holders(xt_latch *l, int n) {
   return false;
 }
 
+static void *latch_open_after_100ms(void *latch) {
+  const struct timespec ms100 = {0, 100 * 1000 * 1000};
+  nanosleep(&ms100, NULL);
+  xt_latch_open(latch);
+  return NULL;
+}
+
+bool xt_latch_open_later(xt_latch *l, pthread_t *opener) {
+  return pthread_create(opener, NULL, latch_open_after_100ms, l) == 0;
+}
+
 void xt_latch_free(xt_latch *l) {
   pthread_cond_destroy(&l->opened_cv);
   pthread_mutex_destroy(&l->lock);

@@ -23,6 +23,7 @@
 #ifndef XSEG_TEST_H
 #define XSEG_TEST_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -149,6 +150,11 @@ void      xt_latch_open(xt_latch *l);
 int       xt_latch_waiting(xt_latch *l);   /* host functions blocked now */
 /* Waits (up to 10 s) until n host functions are blocked on the latch. */
 bool      xt_latch_wait_for_holders(xt_latch *l, int n);
+/* Opens l 100 ms from now, on a thread of its own (*opener, for the
+   caller to join): a call that must wait for the held stream returns
+   then, and one that should not have waited is caught without a hang.
+   False when the thread could not start. */
+bool      xt_latch_open_later(xt_latch *l, pthread_t *opener);
 void      xt_latch_free(xt_latch *l);
 
 #define XT_CONCAT_(a, b) a##b
