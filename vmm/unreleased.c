@@ -6,9 +6,10 @@
  * for the life of the process (a persistent failure once stranded 40
  * handles). So it is kept here, tried again by every later release pass
  * and at xseg_destroy, and counted in the stats (handles_awaiting_release).
- * A range that a closed block of another process was mapped in (IPC) is
- * kept the same way: nothing else remembers it once the block is closed.
- * (A segment's own range stays with its segment, which keeps it.)
+ * An address range that nothing else remembers once it should be gone is
+ * kept the same way: the range a closed block of another process was
+ * mapped in (IPC), and a segment's range at xseg_destroy. (A pool that
+ * lives on keeps its segment, and so the range, when the free fails.)
  */
 #include <stdio.h>
 #include <stdlib.h>

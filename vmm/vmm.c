@@ -187,7 +187,6 @@ xseg_status xs_vmm_unreserve(xs_vmm *v, uint64_t addr, size_t size) {
   return XSEG_OK;
 }
 
-
 xseg_status xs_vmm_handle_create(xs_vmm *v, size_t size, bool exportable,
                                  uint64_t *handle) {
   assert(size % v->granularity == 0 && "handles are granule multiples");
