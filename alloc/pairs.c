@@ -186,7 +186,7 @@ static xs_pair *pairs_new_locked(xseg_allocator *a,
   for (int k = 0; k < 2; k++) {
     xs_pool *p = &pair->pool[k];
     xs_pool_init(p, (xs_pool_kind)k, stream, &a->vmm, &pair->blocks,
-                 &pair->stats, k == XS_POOL_SMALL ? pair->small_bins : NULL);
+                 &pair->stats, pair->bins[k]);
     p->safe_epoch = 0;           /* the guard vouches for nothing yet */
     /* inactive_split as PyTorch's: classic segments alone. */
     p->counts_split = !a->cfg.expandable_segments;

@@ -106,10 +106,13 @@ typedef struct xs_pair {
      pairs' cached mallocs (xs_alloc_poll_others). */
   atomic_size_t n_pending;
   struct xs_pair *next;               /* the allocator's list */
-  /* The size bins of the small pool's free index (segments/freetree.h):
-     its requests are the ones up to 1 MiB; the large pool's index and
-     both indexes of unmapped blocks have none. */
-  xs_freebin small_bins[XS_FREETREE_BINS];
+  /* The size bins of each pool's free index (segments/freetree.h), by
+     pool kind. The small pool's requests are the ones up to 1 MiB; the
+     large pool's never take a block that small, but its splits leave such
+     rests, and in its bins they keep out of the way of its red-black tree
+     (bench/README.md, "The large pool's rests in bins"). The indexes of
+     unmapped blocks have none: those blocks are whole granules. */
+  xs_freebin bins[2][XS_FREETREE_BINS];
 #ifndef NDEBUG
   pthread_t owner;                    /* holder of lock, for asserts */
   bool owned;

@@ -36,14 +36,19 @@
  * without lag, in all three modes) are the same as with address order, and
  * varbatch in classic mode reserves 2-4 MiB less (bench/README.md). The
  * newest block of a size is also the one a stream's most recent work
- * touched last, as in the exact-size caches of host allocators. Large
- * blocks keep address order: placement there decides how segments grow.
+ * touched last, as in the exact-size caches of host allocators. Blocks
+ * above 1 MiB keep address order: placement there decides how segments
+ * grow.
  *
  * Memory: the bins are 32 KiB of host memory, kept by the caller and
  * given at xs_freetree_init; an index given none keeps every block in the
- * tree (address order at every size). Only the small pool's index of free
- * mapped blocks has bins (alloc/pairs.c): a large pool serves requests
- * above 1 MiB, and unmapped blocks are whole granules.
+ * tree (address order at every size). Both pools' indexes of free mapped
+ * blocks have bins (alloc/pairs.c). The large pool's requests are all
+ * above 1 MiB, so no best fit of its looks at its bins; they hold the
+ * rests its splits leave, which outnumbered the blocks a request can take
+ * by about ten to one and made every move in its tree several levels
+ * deeper (bench/README.md, "The large pool's rests in bins"). Unmapped
+ * blocks are whole granules: those indexes have none.
  */
 #ifndef XS_SEGMENTS_FREETREE_H
 #define XS_SEGMENTS_FREETREE_H
@@ -175,9 +180,10 @@ bool xs_freetree_is_valid(xs_freetree *t, char *msg, size_t msg_size);
    than the move. Measured with bench/callgrind.sh (out of line -> inline):
    mixed 10000 555.0 -> 544.3 instructions per pair, random 10000 401.8 ->
    392.7, layers 249.6 -> 249.6, repeat 127.0 -> 127.0; a large pool alone
-   (mixed-large 1000, no bins) pays for the calls now made from its callers:
-   1004.5 -> 1019.4. The tree's half stays out of line (freetree.c): it
-   rebalances, and runs far less often where bins serve. */
+   (mixed-large 1000, then without bins) paid for the calls now made from
+   its callers: 1004.5 -> 1019.4. The tree's half stays out of line
+   (freetree.c): it rebalances, and runs far less often where bins
+   serve. */
 /* The tree's half: blocks above the bins, counted there. */
 void xs_freetree_tree_insert(xs_freetree *t, xs_block *b);
 void xs_freetree_tree_remove(xs_freetree *t, xs_block *b);
