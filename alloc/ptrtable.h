@@ -2,14 +2,18 @@
  *
  * Open addressing with linear probing over a power-of-two array of
  * (address, block) slots; address 0 marks an empty slot (no block starts at
- * 0; an empty slot's block is stale, never read). The hash multiplies
- * the address by a 64-bit odd constant and keeps the top bits (Fibonacci
- * hashing). Blocks are 512-byte aligned, so the product is that of
- * addr >> 9 shifted up 9 bits, and the bits kept are those just below its
- * top: bits that every bit of addr >> 9 below them mixes into, which is
- * every bit a device address has. No shift first (measured,
- * bench/callgrind.sh: mixed 10000 465.3 -> 461.5 instructions per pair,
- * random 10000 376.4 -> 373.5). Deletion shifts the following run back (no
+ * 0; an empty slot's block is stale, never read). The hash is Fibonacci
+ * hashing of addr >> 9 (blocks are 512-byte aligned): the block's index
+ * times 2^64 / phi, the top bits of the product kept, which spreads evenly
+ * spaced blocks over the table. It is written as the address times that
+ * constant shifted down 9 bits, which is the index times the constant with
+ * its low 9 bits cleared: the same hash up to those bits, without a shift
+ * of the address (measured, bench/callgrind.sh: mixed 10000 465.3 ->
+ * 461, random 10000 376.4 -> 373.5). The address times the constant
+ * itself (one try at this) hashes the index by 512 / phi modulo 1, which
+ * spreads evenly spaced blocks badly: 10^5 blocks 64 KiB apart probed 7
+ * slots on average (bench/README.md, "The pointer table's hash without
+ * its shift"). Deletion shifts the following run back (no
  * tombstones), so a long churn of inserts and deletes never degrades
  * probes. The table only grows (load kept <= 1/4), so once warm a
  * malloc/free pair allocates nothing; growth is asked for before a block is
@@ -55,7 +59,7 @@ bool xs_ptrtable_init(xs_ptrtable *t);
 void xs_ptrtable_destroy(xs_ptrtable *t);
 
 static inline size_t xs_ptrtable_home(const xs_ptrtable *t, uint64_t addr) {
-  return (size_t)((addr * 0x9E3779B97F4A7C15ull) >> t->shift);
+  return (size_t)((addr * (0x9E3779B97F4A7C15ull >> 9)) >> t->shift);
 }
 
 /* Room for one more entry; false (table unchanged) on host OOM. */

@@ -80,3 +80,39 @@ XSEG_TEST(alloc_ptrtable, random_adds_and_removes_match_a_plain_array) {
   free(in);
   free(b);
 }
+
+/* Blocks evenly spaced, as a stream's tensors of one size are, land on
+   evenly spread home slots: few probes at any spacing from 512 bytes to
+   2 MiB. (A hash that multiplied the address itself by 2^64 / phi, not
+   its block index, probed 2.2 to 7.1 slots on average for 10^5 blocks
+   16 KiB to 512 KiB apart.) */
+XSEG_TEST(alloc_ptrtable, evenly_spaced_blocks_probe_few_slots) {
+  enum { N = 100000 };
+  static const uint64_t spacing[] = {512,          2048,       16384,
+                                     65536,        262144,     524288,
+                                     2ull << 20};
+  xs_block *b = calloc(N, sizeof *b);
+  XSEG_ASSERT_TRUE(b != NULL);
+  for (size_t k = 0; k < sizeof spacing / sizeof spacing[0]; k++) {
+    xs_ptrtable t;
+    XSEG_ASSERT_TRUE(xs_ptrtable_init(&t));
+    for (size_t i = 0; i < N; i++) {
+      b[i].addr = 0x7f0000000000ull + spacing[k] * i;
+      XSEG_ASSERT_TRUE(xs_ptrtable_reserve(&t));
+      xs_ptrtable_add(&t, &b[i]);
+    }
+    /* Each entry's probes: its distance from its home slot, plus one. */
+    size_t probes = 0, most = 0;
+    for (size_t i = 0; i <= t.mask; i++) {
+      if (t.slot[i].addr == 0) continue;
+      size_t p = ((i - xs_ptrtable_home(&t, t.slot[i].addr)) & t.mask) + 1;
+      probes += p;
+      if (p > most) most = p;
+    }
+    XSEG_EXPECT_EQ(t.count, N);
+    XSEG_EXPECT_LE(probes, N + N / 2);       /* <= 1.5 on average */
+    XSEG_EXPECT_LE(most, 6);
+    xs_ptrtable_destroy(&t);
+  }
+  free(b);
+}
