@@ -30,9 +30,10 @@ typedef struct model {
   uint64_t clock;               /* the last stamp given */
 } model;
 
-/* Whether free blocks of this kind and size sit in a LIFO bin. */
-static bool model_binned(int kind, size_t size) {
-  return kind == XS_POOL_SMALL && size <= XS_FREETREE_BIN_MAX;
+/* Whether free blocks of this size sit in a LIFO bin: both pools' of up
+   to 1 MiB (a large request never takes one). */
+static bool model_binned(size_t size) {
+  return size <= XS_FREETREE_BIN_MAX;
 }
 
 /* Free block b's stamp as the allocator's bin order has it: the number
@@ -41,7 +42,7 @@ static bool model_binned(int kind, size_t size) {
 static uint64_t model_stamp_of(const model *m, const xs_pool *p,
                                const xs_block *b) {
   if (b == p->parked) return m->clock + (1u << 20);
-  if (b->allocated || !b->mapped || !model_binned(p->kind, b->size)) return 0;
+  if (b->allocated || !b->mapped || !model_binned(b->size)) return 0;
   uint64_t older = 0;
   for (const xs_block *o = b->bin.older; o != NULL; o = o->bin.older) older++;
   return m->clock + 1 + older;
@@ -102,7 +103,7 @@ static long model_best_fit(const model *m, int kind, size_t rounded) {
     if (b->kind != kind || b->allocated || !b->mapped || b->size < rounded)
       continue;
     if (best < 0 || b->size < m->b[best].size ||
-        (b->size == m->b[best].size && model_binned(kind, b->size) &&
+        (b->size == m->b[best].size && model_binned(b->size) &&
          b->stamp > m->b[best].stamp))
       best = (long)i;
   }
