@@ -9,7 +9,7 @@
  * constant shifted down 9 bits, which is the index times the constant with
  * its low 9 bits cleared: the same hash up to those bits, without a shift
  * of the address (measured, bench/callgrind.sh: mixed 10000 465.3 ->
- * 461, random 10000 376.4 -> 373.5). The address times the constant
+ * 461.0, random 10000 376.4 -> 372.3). The address times the constant
  * itself (one try at this) hashes the index by 512 / phi modulo 1, which
  * spreads evenly spaced blocks badly: 10^5 blocks 64 KiB apart probed 7
  * slots on average (bench/README.md, "The pointer table's hash without

@@ -46,8 +46,9 @@
  * blocks have bins (alloc/pairs.c). The large pool's requests are all
  * above 1 MiB, so no best fit of its looks at its bins; they hold the
  * rests its splits leave, which outnumbered the blocks a request can take
- * by about ten to one and made every move in its tree several levels
- * deeper (bench/README.md, "The large pool's rests in bins"). Unmapped
+ * six to one under mixed sizes (twenty to one with large ones alone) and
+ * made every move in its tree several levels deeper (bench/README.md,
+ * "The large pool's rests in bins"). Unmapped
  * blocks are whole granules: those indexes have none.
  */
 #ifndef XS_SEGMENTS_FREETREE_H
