@@ -74,8 +74,14 @@ size_t xs_phys_steal_locked(xseg_allocator *a, xs_pair *thief,
   CUevent ev;
   if (xs_event_pool_take(&a->events, &ev) != XSEG_OK) return 0;
   CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)donor->stream);
-  if (r == CUDA_SUCCESS)
-    r = XS_DRV(drv, cuStreamWaitEvent, (CUstream)thief->stream, ev, 0);
+  if (r != CUDA_SUCCESS) {
+    xs_event_pool_discard(&a->events, ev);
+    xs_driver_error(drv, r, "cuEventRecord(stream %p, before stream %p "
+                    "takes its memory)", (void *)donor->stream,
+                    (void *)thief->stream);
+    return 0;
+  }
+  r = XS_DRV(drv, cuStreamWaitEvent, (CUstream)thief->stream, ev, 0);
   xs_event_pool_give(&a->events, ev);
   if (r != CUDA_SUCCESS) {
     xs_driver_error(drv, r, "cuStreamWaitEvent(stream %p on %p)",

@@ -17,10 +17,13 @@ void xs_event_pool_init_in(xs_event_pool *p, xs_vmm *vmm, CUcontext ctx) {
 /* A new event of p's context. */
 static xseg_status event_pool_create(xs_event_pool *p, CUevent *out) {
   CUcontext saved = NULL;
-  if (p->ctx != NULL) {
-    xseg_status st = xs_vmm_ctx_switch(p->vmm, p->ctx, &saved);
-    if (st != XSEG_OK) return st;
-  }
+  /* An event is created in the current context. The vmm's own is current
+     unless a switch back failed earlier in this call: an event made then
+     would be another context's, and every record of it on the vmm's
+     streams would fail. */
+  xseg_status st = p->ctx != NULL ? xs_vmm_ctx_switch(p->vmm, p->ctx, &saved)
+                                  : xs_vmm_ctx_mend(p->vmm);
+  if (st != XSEG_OK) return st;
   CUresult r = XS_DRV(p->vmm->drv, cuEventCreate, out, CU_EVENT_DISABLE_TIMING);
   xseg_status back =
       p->ctx != NULL ? xs_vmm_ctx_return(p->vmm, p->ctx, saved) : XSEG_OK;
@@ -65,6 +68,12 @@ void xs_event_pool_give(xs_event_pool *p, CUevent ev) {
     return;
   }
   p->idle[p->n_idle++] = ev;
+}
+
+void xs_event_pool_discard(xs_event_pool *p, CUevent ev) {
+  assert(p->in_flight > 0 && "discards match takes");
+  p->in_flight--;
+  XS_DRV(p->vmm->drv, cuEventDestroy, ev);
 }
 
 void xs_event_pool_absorb(xs_event_pool *into, xs_event_pool *from) {

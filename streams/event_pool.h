@@ -50,6 +50,10 @@ xseg_status xs_event_pool_take(xs_event_pool *p, CUevent *out);
    of the event do not affect it). Never fails: if the stack cannot grow,
    the event is destroyed. */
 void xs_event_pool_give(xs_event_pool *p, CUevent ev);
+/* Destroys a taken event whose record failed rather than keep it: the
+   failure may be the event's own (another context's, say), and a pool
+   that handed it out again would fail every record after. */
+void xs_event_pool_discard(xs_event_pool *p, CUevent ev);
 /* Moves every idle event of `from` (none in flight) to `into`, leaving
    `from` empty (no driver call unless host memory runs out, when they are
    destroyed instead). */

@@ -41,7 +41,7 @@ static xseg_status guard_mark(xs_guard *g, xs_event_pool *events,
   if (st != XSEG_OK) return st;
   r = XS_DRV(drv, cuEventRecord, ev, (CUstream)stream);
   if (r != CUDA_SUCCESS) {
-    xs_event_pool_give(events, ev);
+    xs_event_pool_discard(events, ev);
     return xs_driver_error(drv, r, "cuEventRecord(unmap guard of stream %p)",
                            (void *)stream);
   }

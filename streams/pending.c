@@ -127,7 +127,9 @@ static xseg_status pending_mark(xs_pending *p, xs_pending_queue *q,
   }
   CUresult r = XS_DRV(drv, cuEventRecord, ev, (CUstream)q->stream);
   if (r != CUDA_SUCCESS) {
-    if (q->count < XS_PENDING_MAX_EVENTS) xs_event_pool_give(q->pool, ev);
+    /* A fresh one goes (xs_event_pool_discard says why); the tail's
+       stays the queue's. */
+    if (q->count < XS_PENDING_MAX_EVENTS) xs_event_pool_discard(q->pool, ev);
     return xs_driver_error(drv, r, "cuEventRecord(stream %p)",
                            (void *)q->stream);
   }

@@ -190,9 +190,11 @@ XSEG_TEST(devices, private_pools_refuse_another_devices_stream) {
   two_devices_close(&d);
 }
 
-/* Making the caller's context current again fails once: the free says so,
-   and the allocator's next call makes it current (before, the thread
-   stayed in the other device's context). */
+/* Making the caller's context current again, after an event of the other
+   device's context was made, fails twice (once is tried again at once:
+   devices_switch_back_fails): the free says so, and the allocator's leave
+   makes the caller's context current (before, the thread stayed in the
+   other device's context). */
 XSEG_TEST(devices, a_failed_return_to_the_callers_context_is_retried) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   TWO_DEVICES_OPEN(d);
@@ -200,7 +202,7 @@ XSEG_TEST(devices, a_failed_return_to_the_callers_context_is_retried) {
   void *p;
   XSEG_ASSERT_OK(xseg_malloc(d.a, MiB, NULL, &p));
   XSEG_ASSERT_OK(xseg_record_stream(d.a, p, d.s1));
-  xsim_fail_call("cuCtxSetCurrent", 2, CUDA_ERROR_UNKNOWN);
+  xsim_fail_calls("cuCtxSetCurrent", 2, 2, CUDA_ERROR_UNKNOWN);
   XSEG_EXPECT_STATUS(xseg_free(d.a, p), XSEG_ERR_DRIVER);
   XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "the caller's context") !=
                    NULL);
@@ -248,4 +250,61 @@ XSEG_TEST(devices, a_failed_leave_is_tried_again_at_once) {
   XSEG_EXPECT_TRUE(now == d.mine);
   XSEG_EXPECT_OK(xseg_check(d.a));
   two_devices_close(&d);
+}
+
+/* Two frees waiting, unrecorded, behind an announced capture: one
+   recorded on a stream of device 1, one on another stream of device 0.
+   The release that records them makes an event of device 1's context,
+   then one of device 0's. When the switch back from device 1's context
+   fails (once, or `repeat` times in a row from call `nth` of
+   cuCtxSetCurrent), the release fails naming cuCtxSetCurrent (once is
+   tried again at once, and goes on), and once the driver works again
+   nothing is left behind: no event of the wrong context kept in device
+   0's pool (each later record of it failed, and the free never completed),
+   both frees complete, and a later cross-stream free works. *reached:
+   whether call `nth` came. */
+static void devices_switch_back_fails(uint64_t nth, uint64_t repeat,
+                                      bool *reached) {
+  *reached = false;
+  TWO_DEVICES_OPEN(d);
+  CUstream s0 = at_stream_new(), s2 = at_stream_new();
+  void *p, *q, *r;
+  XSEG_ASSERT_OK(xseg_malloc(d.a, 4096, s0, &p));
+  XSEG_ASSERT_OK(xseg_malloc(d.a, 8192, s0, &q));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, p, d.s1));
+  XSEG_ASSERT_OK(xseg_record_stream(d.a, q, s2));
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(d.a, 7, s0));
+  XSEG_ASSERT_OK(xseg_free(d.a, p));
+  XSEG_ASSERT_OK(xseg_free(d.a, q));
+  XSEG_ASSERT_OK(xseg_end_allocate_to_pool(d.a, 7));
+  uint64_t before = xsim_call_count("cuCtxSetCurrent");
+  xsim_fail_calls("cuCtxSetCurrent", nth, repeat, CUDA_ERROR_UNKNOWN);
+  xseg_status st = xseg_empty_cache(d.a);
+  *reached = xsim_call_count("cuCtxSetCurrent") - before >= nth;
+  xsim_fail_call("cuCtxSetCurrent", 0, CUDA_SUCCESS);
+  if (st != XSEG_OK)
+    XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "cuCtxSetCurrent") != NULL);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(d.mine));
+  XSEG_ASSERT_CU(cuStreamSynchronize(d.s1));
+  XSEG_ASSERT_CU(cuStreamSynchronize(s2));
+  XSEG_EXPECT_OK(xseg_empty_cache_blocking(d.a));
+  xseg_stats s = at_stats(d.a);
+  XSEG_EXPECT_EQ(s.pending_free_bytes, 0);
+  XSEG_EXPECT_EQ(s.active.current, 0);
+  XSEG_ASSERT_OK(xseg_malloc(d.a, 4096, s0, &r));
+  XSEG_EXPECT_OK(xseg_record_stream(d.a, r, s2));
+  XSEG_EXPECT_OK(xseg_free(d.a, r));
+  XSEG_EXPECT_OK(xseg_check(d.a));
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
+  XSEG_EXPECT_CU(cuStreamDestroy(s2));
+  two_devices_close(&d);
+}
+
+XSEG_TEST(devices, a_failed_switch_back_from_another_device_loses_nothing) {
+  XT_REQUIRE_SIM_FOR("injects driver faults");
+  for (uint64_t repeat = 1; repeat <= 3; repeat += 2) {
+    bool reached = true;
+    for (uint64_t nth = 1; reached; nth++)
+      devices_switch_back_fails(nth, repeat, &reached);
+  }
 }

@@ -181,7 +181,9 @@ XSEG_TEST(streams_pending, events_are_reused_in_steady_state) {
   fixture_close(&f);
 }
 
-/* A failing cuEventRecord queues nothing and loses no event. */
+/* A failing cuEventRecord queues nothing and leaks no event: the one it
+   failed on is destroyed, not kept for the next record (the failure may
+   be the event's own), and the next record takes a new one. */
 XSEG_TEST(streams_pending, record_failure_queues_nothing) {
   XT_REQUIRE_SIM_FOR("injects driver faults");
   fixture f;
@@ -195,6 +197,15 @@ XSEG_TEST(streams_pending, record_failure_queues_nothing) {
                    NULL);
   XSEG_EXPECT_EQ(f.pending.entries, 0);
   XSEG_EXPECT_EQ(f.events.in_flight, 0);
+  XSEG_EXPECT_EQ(f.events.n_idle, 0);
+  XSEG_EXPECT_OK(pending_add_one(&f.pending, s, &block));
+  XSEG_EXPECT_EQ(f.events.created, 2);
+  XSEG_EXPECT_EQ(f.pending.entries, 1);
+  fired_log log = {0};
+  xseg_status err;
+  XSEG_EXPECT_CU(cuStreamSynchronize(s));
+  xs_pending_drain(&f.pending, log_fired, &log, &err);
+  XSEG_EXPECT_OK(err);
   fixture_close(&f);
 }
 

@@ -129,11 +129,24 @@ static _Thread_local bool vmm_ctx_displaced;
 
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
   if (saved == ctx) return XSEG_OK;
+  /* Tried once more at once, as the leave's switch back is. */
   CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  if (r != CUDA_SUCCESS) r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
   if (r == CUDA_SUCCESS) return XSEG_OK;
   vmm_ctx_displaced = true;
   return xs_driver_error(v->drv, r, "cuCtxSetCurrent(the caller's context "
                          "%p, back from %p)", (void *)saved, (void *)ctx);
+}
+
+xseg_status xs_vmm_ctx_mend(xs_vmm *v) {
+  if (!vmm_ctx_displaced) return XSEG_OK;
+  XS_CHECK(v, XS_DRV(v->drv, cuCtxSetCurrent, v->ctx),
+           "cuCtxSetCurrent(primary context of device %d, after a failed "
+           "switch back)", v->device);
+  /* The leave still restores its caller's context when that was not
+     v's: the flag only forced it when it was. */
+  vmm_ctx_displaced = false;
+  return XSEG_OK;
 }
 
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved) {

@@ -78,11 +78,20 @@ xseg_status xs_vmm_stream_allocates(xs_vmm *v, const char *what,
 xseg_status xs_vmm_ctx_enter(xs_vmm *v, CUcontext *saved);
 void        xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved);
 /* The same for context `ctx` (another device's, say): current until
-   xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again, or
-   says that it could not (the thread is left in ctx, and the thread's next
-   xs_vmm_ctx_leave tries once more, whatever its saved context). */
+   xs_vmm_ctx_return(v, ctx, saved) makes the caller's current again (a
+   failed switch tried once more at once), or says that it could not (the
+   thread is left in ctx: xs_vmm_ctx_mend makes v's current again where
+   v's is needed, and the thread's next xs_vmm_ctx_leave tries once more,
+   whatever its saved context). */
 xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved);
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved);
+/* Between an enter and its leave: when a xs_vmm_ctx_return of this thread
+   failed since, so that another context may be current where v's is
+   expected, makes v's current again (or fails, naming the call); XSEG_OK
+   at once otherwise. For what must happen in v's context whatever the
+   error paths before it left current: an event of v's own is created in
+   the current context (streams/event_pool.c). */
+xseg_status xs_vmm_ctx_mend(xs_vmm *v);
 
 /* Adds read-write access for `peer` to what xs_vmm_set_access grants from
    now on (existing mappings are the caller's to update). Idempotent. */
