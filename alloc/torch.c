@@ -49,15 +49,18 @@ void xseg_torch_free(void *ptr, ssize_t size, int device,
                      struct CUstream_st *stream) {
   (void)size;     /* xseg knows each block's size */
   (void)stream;   /* and its stream */
-  if (ptr == NULL || !xs_torch_device_valid("xseg_torch_free", device)) return;
-  xseg_allocator *a = xs_torch_existing(device);
-  xseg_status st = a != NULL ? xseg_free(a, ptr) : XSEG_ERR_UNKNOWN_POINTER;
-  if (st == XSEG_OK) return;
-  if (a == NULL)
-    xs_torch_error("xseg_torch_free", st, "%p: device %d has no allocator",
-                   ptr, device);
-  else
-    xs_torch_error_from_xseg("xseg_torch_free", st);
+  if (ptr == NULL) return;
+  /* A device out of range is kept as the error, as a failed free is. */
+  if (xs_torch_device_valid("xseg_torch_free", device)) {
+    xseg_allocator *a = xs_torch_existing(device);
+    xseg_status st = a != NULL ? xseg_free(a, ptr) : XSEG_ERR_UNKNOWN_POINTER;
+    if (st == XSEG_OK) return;
+    if (a == NULL)
+      xs_torch_error("xseg_torch_free", st, "%p: device %d has no allocator",
+                     ptr, device);
+    else
+      xs_torch_error_from_xseg("xseg_torch_free", st);
+  }
   /* PyTorch ignores a free's outcome (it frees from destructors): a lost
      free must not go unseen. */
   fprintf(stderr, "xseg: %s\n", xseg_torch_last_error());

@@ -405,3 +405,44 @@ XSEG_TEST(torch, pools_of_any_two_pairs_stay_apart) {
   cuStreamDestroy(s2);
   xs_torch_destroy_all();
 }
+
+/* What a call writes on stderr (a lost free's report). */
+static void torch_stderr_of(void (*call)(void *), void *arg, char *out,
+                            size_t size) {
+  FILE *f = tmpfile();
+  int saved = dup(2);
+  XSEG_ASSERT_TRUE(f != NULL && saved >= 0);
+  fflush(stderr);
+  dup2(fileno(f), 2);
+  call(arg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  rewind(f);
+  size_t n = fread(out, 1, size - 1, f);
+  out[n] = '\0';
+  fclose(f);
+}
+
+static void torch_free_on_device_minus_one(void *p) {
+  xseg_torch_free(p, SIZE, -1, NULL);
+}
+
+/* A free naming a device out of range loses the block (the caller named
+   the wrong one): it is said on stderr, as every lost free is, and kept
+   as the error (before, it went unseen). */
+XSEG_TEST(torch, a_free_naming_no_device_is_reported) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  void *p = xseg_torch_malloc(SIZE, 0, NULL);
+  XSEG_ASSERT_TRUE(p != NULL);
+  char said[512];
+  torch_stderr_of(torch_free_on_device_minus_one, p, said, sizeof said);
+  XSEG_EXPECT_TRUE(strstr(said, "xseg: xseg_torch_free") != NULL);
+  XSEG_EXPECT_TRUE(strstr(said, "device -1") != NULL);
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "device -1") != NULL);
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).allocation.current, 1);
+  xseg_torch_free(p, SIZE, 0, NULL);
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).allocation.current, 0);
+  xs_torch_destroy_all();
+}
