@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "alloc/torch.h"
+#include "vmm/error.h"
 
 void *xseg_torch_malloc(ssize_t size, int device, struct CUstream_st *stream) {
   const char *fn = "xseg_torch_malloc";
@@ -82,10 +83,31 @@ void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream) {
     xs_torch_error_from_xseg("xseg_torch_record_stream", st);
 }
 
+xseg_status xseg_torch_empty_cache_device(int device, int wait) {
+  xseg_allocator *a = device >= 0 && device < XS_TORCH_MAX_DEVICES
+                          ? xs_torch_existing(device)
+                          : NULL;
+  if (a == NULL) return XSEG_OK;
+  /* Released graph pools' memory is taken after a device-wide wait
+     (reclaim.c), which would end a capture the core was not told of: a
+     graph's pool reaches the core at its first allocation. PyTorch's own
+     allocator refuses emptyCache during any capture. */
+  if (xs_torch_pools_unseen(device))
+    return xs_error(XSEG_ERR_CAPTURE,
+                    "a graph pool of device %d is begun and has not "
+                    "allocated yet: a capture may be under way that xseg "
+                    "cannot see, so empty_cache released nothing (PyTorch's "
+                    "own allocator refuses it during a capture)", device);
+  xseg_status st = wait ? xseg_empty_cache_blocking(a) : xseg_empty_cache(a);
+  /* During a capture the core knows of, it may not wait: what is already
+     safe is released. */
+  if (wait && st == XSEG_ERR_CAPTURE) st = xseg_empty_cache(a);
+  return st;
+}
+
 void xseg_torch_empty_cache(void) {
   for (int d = 0; d < XS_TORCH_MAX_DEVICES; d++) {
-    xseg_allocator *a = xs_torch_existing(d);
-    xseg_status st = a != NULL ? xseg_empty_cache(a) : XSEG_OK;
+    xseg_status st = xseg_torch_empty_cache_device(d, 0);
     if (st != XSEG_OK) xs_torch_error_from_xseg("xseg_torch_empty_cache", st);
   }
 }

@@ -48,6 +48,10 @@ typedef enum xs_torch_route {
 xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
                                     size_t size, struct CUstream_st *stream,
                                     void **ptr);
+/* Whether a pool of `device` is open and none of its open pools has
+   announced a stream to the core yet: a capture may be under way that the
+   core cannot see, and no device-wide wait may run during one. */
+bool xs_torch_pools_unseen(int device);
 /* Forgets every pool (their filters' contexts freed); for
    xs_torch_destroy_all. */
 void xs_torch_pools_forget_all(void);

@@ -202,6 +202,18 @@ xs_torch_route xs_torch_pools_route(xseg_allocator *a, int device,
   return route;
 }
 
+bool xs_torch_pools_unseen(int device) {
+  if (atomic_load_explicit(&pools_open[device], memory_order_acquire) == 0)
+    return false;
+  pthread_mutex_lock(&pools_lock);
+  bool seen = false;
+  for (size_t i = 0; i < n_pools && !seen; i++)
+    seen = pools[i].open && pools[i].device == device &&
+           pools[i].n_streams > 0;
+  pthread_mutex_unlock(&pools_lock);
+  return !seen;
+}
+
 xseg_pool_id xseg_torch_pool_id(int device, unsigned long long first,
                                 unsigned long long second) {
   pthread_mutex_lock(&pools_lock);

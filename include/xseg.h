@@ -185,9 +185,10 @@ xseg_status xseg_stats_json(xseg_allocator *a, FILE *out);
    then, garbage collection and a growth's use of other streams' free
    memory leave it alone. CUDA forbids that wait during any capture, in
    any capture mode: a capture on the device that xseg was not told of
-   (announce captures; PyTorch always does) is invalidated by it, the
-   wait fails, naming cuCtxSynchronize, and the memory waits for a later
-   release. */
+   (announce captures: PyTorch's are, at their pool's first allocation,
+   and xseg_torch_empty_cache_device refuses before it) is invalidated by
+   it, the wait fails, naming cuCtxSynchronize, and the memory waits for a
+   later release. */
 typedef uint64_t xseg_pool_id;
 #define XSEG_CAPTURE_POOL(capture_id)                                        \
   ((xseg_pool_id)1 << 63 | (xseg_pool_id)(capture_id))
@@ -231,6 +232,15 @@ void  xseg_torch_free(void *ptr, ssize_t size, int device,
                       struct CUstream_st *stream);
 void  xseg_torch_record_stream(void *ptr, struct CUstream_st *stream);
 void  xseg_torch_empty_cache(void);                   /* every device */
+/* One device's (none made yet: XSEG_OK): xseg_empty_cache, or with `wait`
+   xseg_empty_cache_blocking, falling back to xseg_empty_cache during a
+   capture the allocator knows of. XSEG_ERR_CAPTURE, nothing released,
+   while a graph pool of the device is begun and none of its begun pools
+   has allocated yet: a capture may be under way that the allocator cannot
+   see, and the device-wide wait before released pools' memory is taken
+   would end it (PyTorch's own allocator refuses emptyCache during any
+   capture). */
+xseg_status xseg_torch_empty_cache_device(int device, int wait);
 void  xseg_torch_set_memory_fraction(double fraction, int device);
 /* PyTorch's init(device_count): devices from device_count on are refused
    from then on (at most xseg_torch_device_limit()). */

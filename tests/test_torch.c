@@ -446,3 +446,52 @@ XSEG_TEST(torch, a_free_naming_no_device_is_reported) {
   XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).allocation.current, 0);
   xs_torch_destroy_all();
 }
+
+static int torch_claims_stream(void *ctx, struct CUstream_st *stream) {
+  return stream == (struct CUstream_st *)ctx;
+}
+
+/* empty_cache after a graph's pool is begun and its capture started, and
+   before its first allocation (when torch.cuda.graph's pool reaches the
+   core): the capture is one the core cannot see yet, so nothing is
+   released and the call says why, and the capture goes on (before, the
+   device-wide wait that a released graph pool's memory owes ended it).
+   Once the capture ended, empty_cache works again. */
+XSEG_TEST(torch, empty_cache_before_a_captures_first_allocation_spares_it) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  torch_setup();
+  CUstream s = at_stream_new(), s2 = at_stream_new();
+  /* A released graph pool: taking its memory waits for the device. */
+  xseg_torch_begin_allocate_to_pool(0, 0, 7, s);
+  void *p = xseg_torch_malloc(SIZE, 0, s);
+  xseg_torch_end_allocate_to_pool(0, 0, 7);
+  XSEG_ASSERT_TRUE(p != NULL);
+  xseg_torch_free(p, SIZE, 0, s);
+  xseg_torch_release_pool(0, 0, 7);
+  /* The next graph: pool begun, capture begun, nothing allocated yet. */
+  xseg_torch_begin_allocate_to_pool_if(0, 0, 8, torch_claims_stream, s2,
+                                       NULL);
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  XSEG_EXPECT_STATUS(xseg_torch_empty_cache_device(0, 1), XSEG_ERR_CAPTURE);
+  XSEG_EXPECT_TRUE(strstr(xseg_last_error(), "has not allocated yet") !=
+                   NULL);
+  xseg_torch_empty_cache();
+  XSEG_EXPECT_TRUE(strstr(xseg_torch_last_error(), "XSEG_ERR_CAPTURE") !=
+                   NULL);
+  xseg_torch_clear_error();
+  void *q = xseg_torch_malloc(SIZE, 0, s2);
+  XSEG_ASSERT_TRUE(q != NULL);
+  CUgraph g = NULL;
+  XSEG_EXPECT_CU(cuStreamEndCapture(s2, &g));       /* it survived */
+  if (g != NULL) XSEG_EXPECT_CU(cuGraphDestroy(g));
+  xseg_torch_end_allocate_to_pool(0, 0, 8);
+  xseg_torch_free(q, SIZE, 0, s2);
+  xseg_torch_release_pool(0, 0, 8);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 1));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).reserved_bytes.current, 0);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  cuStreamDestroy(s);
+  cuStreamDestroy(s2);
+  xs_torch_destroy_all();
+}

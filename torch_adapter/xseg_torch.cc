@@ -101,14 +101,15 @@ void xseg_torch_cxx_record_stream(void *ptr, xseg_torch::Stream s) {
 
 /* As PyTorch's emptyCache: waits for the work that guards free memory (its
    events, not whole streams), then unmaps every whole free granule. During
-   a capture xseg may not wait; it then releases what is already safe. */
+   a capture xseg may not wait; it then releases what is already safe, or,
+   before the capture's pool has allocated (xseg cannot see the capture
+   yet), nothing, and throws, as PyTorch's own allocator does
+   (xseg_torch_empty_cache_device). */
 void xseg_torch_cxx_empty_cache() {
   xseg_torch_clear_error();
   for (int d = 0; d < xseg_torch_device_limit(); d++) {
     if (!xseg_torch_has_allocator(d)) continue;
-    xseg_allocator *a = xseg_torch_allocator(d);
-    xseg_status st = xseg_empty_cache_blocking(a);
-    if (st == XSEG_ERR_CAPTURE) st = xseg_empty_cache(a);
+    xseg_status st = xseg_torch_empty_cache_device(d, 1);
     if (st != XSEG_OK)
       throw xseg_torch::Error(std::string("xseg: empty_cache of device ") +
                               std::to_string(d) + ": " + xseg_last_error());
