@@ -68,13 +68,17 @@ void xseg_torch_free(void *ptr, ssize_t size, int device,
 }
 
 /* PyTorch's record_stream hook names no device: the pointer's own allocator
-   is the one that knows it. */
+   is the one that knows it. A default stream is the current context's
+   (torch_legacy.c). */
 void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream) {
   xseg_status st = XSEG_ERR_UNKNOWN_POINTER;
   for (int d = 0; d < XS_TORCH_MAX_DEVICES && st == XSEG_ERR_UNKNOWN_POINTER;
        d++) {
     xseg_allocator *a = xs_torch_existing(d);
-    if (a != NULL) st = xseg_record_stream(a, ptr, stream);
+    struct CUstream_st *recorded;
+    if (a != NULL && (st = xs_torch_recorded_stream(a, stream, &recorded)) ==
+                         XSEG_OK)
+      st = xseg_record_stream(a, ptr, recorded);
   }
   if (st == XSEG_ERR_UNKNOWN_POINTER)
     xs_torch_error("xseg_torch_record_stream", st,
@@ -163,4 +167,5 @@ int xseg_torch_has_allocator(int device) {
 void xs_torch_destroy_all(void) {
   xs_torch_pools_forget_all();
   xs_torch_devices_destroy();
+  xs_torch_legacy_forget_all();
 }

@@ -56,6 +56,17 @@ bool xs_torch_pools_unseen(int device);
    xs_torch_destroy_all. */
 void xs_torch_pools_forget_all(void);
 
+/* torch_legacy.c: the stream a use of a block of allocator `a` on
+   `stream` (record_stream's argument) is recorded on: `stream` itself,
+   unless it is the default (legacy) stream of another context than a's,
+   current now: then a stream of that context standing in for it. */
+xseg_status xs_torch_recorded_stream(xseg_allocator *a,
+                                     struct CUstream_st *stream,
+                                     struct CUstream_st **out);
+/* Destroys the stand-in streams; for xs_torch_destroy_all, after every
+   allocator is gone. */
+void xs_torch_legacy_forget_all(void);
+
 /* torch_device.c: destroys every device's allocator and forgets the
    device count (xs_torch_destroy_all's second half). */
 void xs_torch_devices_destroy(void);

@@ -495,3 +495,41 @@ XSEG_TEST(torch, empty_cache_before_a_captures_first_allocation_spares_it) {
   cuStreamDestroy(s2);
   xs_torch_destroy_all();
 }
+
+/* p.record_stream(torch.cuda.current_stream(1)) for a block of device 0,
+   device 1 current and on its default stream: PyTorch hands the hook
+   NULL, device 1's legacy stream, which device 0's allocator would read
+   as its own (and record nothing: p was allocated on it). The free waits
+   for device 1's default stream's work (held back here), as PyTorch's own
+   allocator waits on the stream's device; before, p was handed out again
+   at once. */
+XSEG_TEST(torch, another_devices_default_stream_is_waited_for) {
+  xt_emulate_devices(2);
+  XT_REQUIRE_DEVICES(2);
+  CUcontext mine = xt_context(0), theirs = xt_context(1);
+  XSEG_ASSERT_TRUE(mine != NULL && theirs != NULL);
+  torch_setup();
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  void *p = xseg_torch_malloc(SIZE, 0, NULL);
+  XSEG_ASSERT_TRUE(p != NULL);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
+  xt_latch *held = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(NULL, held));    /* device 1's default */
+  xseg_torch_record_stream(p, NULL);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xseg_torch_free(p, SIZE, 0, NULL);
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, SIZE);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  void *q = xseg_torch_malloc(SIZE, 0, NULL);
+  XSEG_EXPECT_TRUE(q != NULL && q != p);        /* device 1 still uses p */
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
+  XSEG_ASSERT_CU(cuCtxSynchronize());
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  xseg_torch_free(q, SIZE, 0, NULL);
+  XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 1));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, 0);
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  xs_torch_destroy_all();
+  xt_emulated_devices_end();
+}
