@@ -68,17 +68,16 @@ void xseg_torch_free(void *ptr, ssize_t size, int device,
 }
 
 /* PyTorch's record_stream hook names no device: the pointer's own allocator
-   is the one that knows it. A default stream is the current context's
+   is the one that knows it. NULL may be any device's default stream
    (torch_legacy.c). */
 void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream) {
   xseg_status st = XSEG_ERR_UNKNOWN_POINTER;
   for (int d = 0; d < XS_TORCH_MAX_DEVICES && st == XSEG_ERR_UNKNOWN_POINTER;
        d++) {
     xseg_allocator *a = xs_torch_existing(d);
-    struct CUstream_st *recorded;
-    if (a != NULL && (st = xs_torch_recorded_stream(a, stream, &recorded)) ==
-                         XSEG_OK)
-      st = xseg_record_stream(a, ptr, recorded);
+    if (a == NULL) continue;
+    st = xseg_record_stream(a, ptr, stream);
+    if (st == XSEG_OK) st = xs_torch_record_standin(a, ptr, stream);
   }
   if (st == XSEG_ERR_UNKNOWN_POINTER)
     xs_torch_error("xseg_torch_record_stream", st,

@@ -56,13 +56,14 @@ bool xs_torch_pools_unseen(int device);
    xs_torch_destroy_all. */
 void xs_torch_pools_forget_all(void);
 
-/* torch_legacy.c: the stream a use of a block of allocator `a` on
-   `stream` (record_stream's argument) is recorded on: `stream` itself,
-   unless it is the default (legacy) stream of another context than a's,
-   current now: then a stream of that context standing in for it. */
-xseg_status xs_torch_recorded_stream(xseg_allocator *a,
-                                     struct CUstream_st *stream,
-                                     struct CUstream_st **out);
+/* torch_legacy.c: after a use of the block at ptr, a's, on `stream`
+   (record_stream's argument) was recorded: when `stream` is a default
+   (legacy) stream and another context than a's is current, the use is
+   recorded on a stream of that context standing in for its legacy stream
+   too (the hook cannot tell whose default stream it is). XSEG_OK at once
+   otherwise. */
+xseg_status xs_torch_record_standin(xseg_allocator *a, void *ptr,
+                                    struct CUstream_st *stream);
 /* Destroys the stand-in streams; for xs_torch_destroy_all, after every
    allocator is gone. */
 void xs_torch_legacy_forget_all(void);

@@ -9,12 +9,17 @@
  * reused while device 1 still read it). PyTorch's own allocator records on
  * the stream's device.
  *
- * The allocator cannot tell one context's NULL from another's, so such a
- * use is recorded on a stream of that context that stands in for its
- * legacy stream: a blocking stream (no CU_STREAM_NON_BLOCKING), on which
- * an event waits for the legacy stream's earlier work (cuda.h's implicit
- * synchronisation with stream 0). One per context, made on first need and
- * kept until xs_torch_destroy_all: the blocks recorded on it wait on it.
+ * Nor can the hook tell which device's default stream NULL names:
+ * PyTorch's record_stream sets no device, so the block's own device's
+ * default stream comes as NULL too, whatever device is current. So such a
+ * use is recorded on both: on NULL (the block's own device's default
+ * stream, as the allocator reads it) and, when another context is
+ * current, on a stream of that context that stands in for its legacy
+ * stream: a blocking stream (no CU_STREAM_NON_BLOCKING), on which an event
+ * waits for the legacy stream's earlier work (cuda.h's implicit
+ * synchronisation with stream 0). The free waits for both. One stand-in
+ * per context, made on first need and kept until xs_torch_destroy_all:
+ * the blocks recorded on it wait on it.
  * The per-thread default stream does not synchronise so; it is passed on
  * as it is.
  */
@@ -51,10 +56,8 @@ static xseg_status legacy_proxy_locked(xs_driver *drv, CUcontext ctx,
   return XSEG_OK;
 }
 
-xseg_status xs_torch_recorded_stream(xseg_allocator *a,
-                                     struct CUstream_st *stream,
-                                     struct CUstream_st **out) {
-  *out = stream;
+xseg_status xs_torch_record_standin(xseg_allocator *a, void *ptr,
+                                    struct CUstream_st *stream) {
   if (stream != NULL && stream != CU_STREAM_LEGACY) return XSEG_OK;
   CUcontext current;
   CUresult r = XS_DRV(a->vmm.drv, cuCtxGetCurrent, &current);
@@ -66,8 +69,7 @@ xseg_status xs_torch_recorded_stream(xseg_allocator *a,
   CUstream proxy;
   xseg_status st = legacy_proxy_locked(a->vmm.drv, current, &proxy);
   pthread_mutex_unlock(&proxies_lock);
-  if (st == XSEG_OK) *out = proxy;
-  return st;
+  return st == XSEG_OK ? xseg_record_stream(a, ptr, proxy) : st;
 }
 
 void xs_torch_legacy_forget_all(void) {

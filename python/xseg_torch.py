@@ -106,6 +106,7 @@ class Library:
         self._sig("xseg_torch_free", None, vp, ctypes.c_ssize_t, i, vp)
         self._sig("xseg_torch_record_stream", None, vp, vp)
         self._sig("xseg_torch_empty_cache", None)
+        self._sig("xseg_torch_empty_cache_device", i, i, i)
         self._sig("xseg_torch_set_memory_fraction", None, d, i)
         self._sig("xseg_torch_last_error", cp)
         self._sig("xseg_torch_last_status", i)
@@ -350,10 +351,14 @@ def record_memory_history(max_entries, devices=None):
 def empty_cache():
     """Waits for the work that guards free memory, then releases every whole
     free granule of every device (as torch.cuda.empty_cache() does once
-    install()ed)."""
+    install()ed: xseg_torch_empty_cache_device, which releases what is safe
+    during a capture xseg knows of, and refuses while a graph's pool is
+    begun and has not allocated yet)."""
     lib = library()
     for dev in lib.devices():
-        lib.call("empty_cache_blocking", dev)
+        if lib.lib.xseg_torch_empty_cache_device(dev, 1) != 0:
+            raise XsegError("xseg_torch_empty_cache_device(device %d): %s" % (
+                dev, lib.lib.xseg_last_error().decode()))
 
 
 def forget_stream(stream, device=None):

@@ -530,6 +530,58 @@ XSEG_TEST(torch, another_devices_default_stream_is_waited_for) {
   XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 1));
   XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, 0);
   XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  xt_latch_free(held);
   xs_torch_destroy_all();
+  xt_emulated_devices_end();
+}
+
+/* p.record_stream(torch.cuda.default_stream(0)) for a block of device 0
+   allocated on another stream, with device 1 current: the hook gets NULL
+   here too, and cannot tell it from device 1's default stream, so the free
+   waits for both (device 0's, held back here). A block of device 1
+   recorded on NULL while device 1 is current needs no stand-in: no stream
+   is made for it (nor for device 0's allocator, which does not own it). */
+XSEG_TEST(torch, a_default_stream_of_either_device_is_waited_for) {
+  XT_REQUIRE_SIM_FOR("counts driver calls");
+  xt_emulate_devices(2);
+  XT_REQUIRE_DEVICES(2);
+  CUcontext mine = xt_context(0), theirs = xt_context(1);
+  XSEG_ASSERT_TRUE(mine != NULL && theirs != NULL);
+  torch_setup();
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  CUstream s0 = at_stream_new();
+  void *p = xseg_torch_malloc(SIZE, 0, s0);
+  XSEG_ASSERT_TRUE(p != NULL);
+  xt_latch *held = xt_latch_new();
+  XSEG_ASSERT_CU(xt_latch_hold(NULL, held));    /* device 0's default */
+  XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
+  xseg_torch_record_stream(p, NULL);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  xseg_torch_free(p, SIZE, 0, s0);
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, SIZE);
+  XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 0));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, SIZE);
+  XSEG_EXPECT_GE(at_stats(xseg_torch_allocator(0)).reserved_bytes.current,
+                 SIZE);
+  xt_latch_open(held);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  XSEG_ASSERT_CU(cuCtxSynchronize());
+  XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 1));
+  XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, 0);
+  /* Device 1's own block on its own default stream. */
+  XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
+  void *p1 = xseg_torch_malloc(SIZE, 1, NULL);
+  XSEG_ASSERT_TRUE(p1 != NULL);
+  uint64_t made = xsim_call_count("cuStreamCreate");
+  xseg_torch_record_stream(p1, NULL);
+  XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
+  XSEG_EXPECT_EQ(xsim_call_count("cuStreamCreate"), made);
+  xseg_torch_free(p1, SIZE, 1, NULL);
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(0)));
+  XSEG_EXPECT_OK(xseg_check(xseg_torch_allocator(1)));
+  xt_latch_free(held);
+  xs_torch_destroy_all();
+  XSEG_EXPECT_CU(cuStreamDestroy(s0));
   xt_emulated_devices_end();
 }
