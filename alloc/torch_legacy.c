@@ -40,7 +40,7 @@ static torch_legacy_proxy proxies[XS_TORCH_MAX_DEVICES];
 static int n_proxies;
 
 /* proxies_lock held: ctx's stand-in, made in ctx (current) if need be. */
-static xseg_status legacy_proxy_locked(xs_driver *drv, CUcontext ctx,
+static xseg_status legacy_proxy_of(xs_driver *drv, CUcontext ctx,
                                        CUstream *out) {
   for (int i = 0; i < n_proxies; i++)
     if (proxies[i].ctx == ctx) return *out = proxies[i].stream, XSEG_OK;
@@ -67,7 +67,7 @@ xseg_status xs_torch_record_standin(xseg_allocator *a, void *ptr,
   if (current == NULL || current == a->vmm.ctx) return XSEG_OK;
   pthread_mutex_lock(&proxies_lock);
   CUstream proxy;
-  xseg_status st = legacy_proxy_locked(a->vmm.drv, current, &proxy);
+  xseg_status st = legacy_proxy_of(a->vmm.drv, current, &proxy);
   pthread_mutex_unlock(&proxies_lock);
   return st == XSEG_OK ? xseg_record_stream(a, ptr, proxy) : st;
 }
