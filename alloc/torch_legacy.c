@@ -41,7 +41,7 @@ static int n_proxies;
 
 /* proxies_lock held: ctx's stand-in, made in ctx (current) if need be. */
 static xseg_status legacy_proxy_of(xs_driver *drv, CUcontext ctx,
-                                       CUstream *out) {
+                                   CUstream *out) {
   for (int i = 0; i < n_proxies; i++)
     if (proxies[i].ctx == ctx) return *out = proxies[i].stream, XSEG_OK;
   if (n_proxies == XS_TORCH_MAX_DEVICES)
