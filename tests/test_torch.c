@@ -558,6 +558,9 @@ XSEG_TEST(torch, a_default_stream_of_either_device_is_waited_for) {
   xseg_torch_record_stream(p, NULL);
   XSEG_EXPECT_STREQ(xseg_torch_last_error(), "");
   xseg_torch_free(p, SIZE, 0, s0);
+  /* Device 1's work is all done: only device 0's default stream, held,
+     keeps p. */
+  XSEG_ASSERT_CU(cuCtxSynchronize());
   XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, SIZE);
   XSEG_EXPECT_OK(xseg_torch_empty_cache_device(0, 0));
   XSEG_EXPECT_EQ(at_stats(xseg_torch_allocator(0)).pending_free_bytes, SIZE);
