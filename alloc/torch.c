@@ -87,9 +87,7 @@ void xseg_torch_record_stream(void *ptr, struct CUstream_st *stream) {
 }
 
 xseg_status xseg_torch_empty_cache_device(int device, int wait) {
-  xseg_allocator *a = device >= 0 && device < XS_TORCH_MAX_DEVICES
-                          ? xs_torch_existing(device)
-                          : NULL;
+  xseg_allocator *a = xs_torch_existing(device);   /* NULL out of range */
   if (a == NULL) return XSEG_OK;
   /* Released graph pools' memory is taken after a device-wide wait
      (reclaim.c), which would end a capture the core was not told of: a
