@@ -127,11 +127,16 @@ xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
    than the one its caller (xs_vmm_ctx_enter's, say) takes for current. */
 static _Thread_local bool vmm_ctx_displaced;
 
+/* A switch back to the caller's context: a failure is tried once more at
+   once, as an unmap is (xs_vmm_unmap_quietly), before it counts. */
+static CUresult vmm_ctx_switch_back(xs_vmm *v, CUcontext saved) {
+  CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  return r == CUDA_SUCCESS ? r : XS_DRV(v->drv, cuCtxSetCurrent, saved);
+}
+
 xseg_status xs_vmm_ctx_return(xs_vmm *v, CUcontext ctx, CUcontext saved) {
   if (saved == ctx) return XSEG_OK;
-  /* Tried once more at once, as the leave's switch back is. */
-  CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
-  if (r != CUDA_SUCCESS) r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
+  CUresult r = vmm_ctx_switch_back(v, saved);
   if (r == CUDA_SUCCESS) return XSEG_OK;
   vmm_ctx_displaced = true;
   return xs_driver_error(v->drv, r, "cuCtxSetCurrent(the caller's context "
@@ -161,11 +166,8 @@ void xs_vmm_ctx_leave(xs_vmm *v, CUcontext saved) {
     /* The leave has no status to report a failure in, and a later call
        cannot tell a context left current by a failure from one the
        caller chose since (cudaSetDevice makes the allocator's own
-       current): so a failed switch back is tried once more at once, as
-       an unmap is (xs_vmm_unmap_quietly), and otherwise the thread stays
-       in v's context. */
-    if (XS_DRV(v->drv, cuCtxSetCurrent, saved) != CUDA_SUCCESS)
-      XS_DRV(v->drv, cuCtxSetCurrent, saved);
+       current): after the second try the thread stays in v's context. */
+    vmm_ctx_switch_back(v, saved);
   }
 }
 
