@@ -496,6 +496,17 @@ XSEG_TEST(torch, empty_cache_before_a_captures_first_allocation_spares_it) {
   xs_torch_destroy_all();
 }
 
+/* A test's opening with two devices (it skips where fewer exist): their
+   contexts `mine` (device 0's, made current) and `theirs`, and the entry
+   points set up. */
+#define TORCH_TWO_DEVICES_OPEN(mine, theirs)                                \
+  xt_emulate_devices(2);                                                    \
+  XT_REQUIRE_DEVICES(2);                                                    \
+  CUcontext mine = xt_context(0), theirs = xt_context(1);                   \
+  XSEG_ASSERT_TRUE(mine != NULL && theirs != NULL);                         \
+  torch_setup();                                                            \
+  XSEG_ASSERT_CU(cuCtxSetCurrent(mine))
+
 /* p.record_stream(torch.cuda.current_stream(1)) for a block of device 0,
    device 1 current and on its default stream: PyTorch hands the hook
    NULL, device 1's legacy stream, which device 0's allocator would read
@@ -504,12 +515,7 @@ XSEG_TEST(torch, empty_cache_before_a_captures_first_allocation_spares_it) {
    allocator waits on the stream's device; before, p was handed out again
    at once. */
 XSEG_TEST(torch, another_devices_default_stream_is_waited_for) {
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUcontext mine = xt_context(0), theirs = xt_context(1);
-  XSEG_ASSERT_TRUE(mine != NULL && theirs != NULL);
-  torch_setup();
-  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  TORCH_TWO_DEVICES_OPEN(mine, theirs);
   void *p = xseg_torch_malloc(SIZE, 0, NULL);
   XSEG_ASSERT_TRUE(p != NULL);
   XSEG_ASSERT_CU(cuCtxSetCurrent(theirs));
@@ -543,12 +549,7 @@ XSEG_TEST(torch, another_devices_default_stream_is_waited_for) {
    is made for it (nor for device 0's allocator, which does not own it). */
 XSEG_TEST(torch, a_default_stream_of_either_device_is_waited_for) {
   XT_REQUIRE_SIM_FOR("counts driver calls");
-  xt_emulate_devices(2);
-  XT_REQUIRE_DEVICES(2);
-  CUcontext mine = xt_context(0), theirs = xt_context(1);
-  XSEG_ASSERT_TRUE(mine != NULL && theirs != NULL);
-  torch_setup();
-  XSEG_ASSERT_CU(cuCtxSetCurrent(mine));
+  TORCH_TWO_DEVICES_OPEN(mine, theirs);
   CUstream s0 = at_stream_new();
   void *p = xseg_torch_malloc(SIZE, 0, s0);
   XSEG_ASSERT_TRUE(p != NULL);
