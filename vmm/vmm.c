@@ -128,8 +128,10 @@ xseg_status xs_vmm_ctx_switch(xs_vmm *v, CUcontext ctx, CUcontext *saved) {
 static _Thread_local bool vmm_ctx_displaced;
 
 /* A switch back to the caller's context: a failure is tried once more at
-   once, as an unmap is (xs_vmm_unmap_quietly), before it counts. */
-static CUresult vmm_ctx_switch_back(xs_vmm *v, CUcontext saved) {
+   once, as an unmap is (xs_vmm_unmap_quietly), before it counts. Inline:
+   out of line, the leave's tail call to it cost the deferred bench's pair
+   8 instructions (bench/callgrind.sh deferred, 1568 -> 1576). */
+static inline CUresult vmm_ctx_switch_back(xs_vmm *v, CUcontext saved) {
   CUresult r = XS_DRV(v->drv, cuCtxSetCurrent, saved);
   return r == CUDA_SUCCESS ? r : XS_DRV(v->drv, cuCtxSetCurrent, saved);
 }
