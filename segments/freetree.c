@@ -69,10 +69,14 @@ static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
 
 /* ---- one bin ---------------------------------------------------------- */
 
-/* The last block of bin i (not empty) in the order: its oldest. */
+/* The last block of bin i (not empty) in the order: its oldest, found by
+   walking the list (a bin keeps no tail; freetree.h). A walk down the
+   whole order (xs_freetree_smaller) walks each bin twice at most. */
 static xs_block *freebin_last(xs_freetree *t, size_t i) {
   assert(i < XS_FREETREE_BINS && t->bins[i].newest != NULL);
-  return t->bins[i].oldest;
+  xs_block *b = t->bins[i].newest;
+  while (b->bin.older != NULL) b = b->bin.older;
+  return b;
 }
 
 /* ---- the index -------------------------------------------------------- */
@@ -136,7 +140,7 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
     xs_block *newer = old->bin.newer, *older = old->bin.older;
     repl->bin = old->bin;
     if (newer == NULL) bin->newest = repl; else newer->bin.older = repl;
-    if (older == NULL) bin->oldest = repl; else older->bin.newer = repl;
+    if (older != NULL) older->bin.newer = repl;
   } else if (repl != old) {
     if (t->tree_min == old) t->tree_min = repl;
     repl->link = old->link;
@@ -205,16 +209,14 @@ static bool freetree_check_block(freetree_walk *w, const xs_block *prev,
 static bool freetree_check_bin(xs_freetree *t, size_t i, freetree_walk *w) {
   xs_freebin *bin = &t->bins[i];
   bool marked = (t->bin_bits[i / 64] >> (i % 64)) & 1;
-  if ((bin->newest == NULL) != (bin->oldest == NULL) ||
-      marked != (bin->newest != NULL)) {
-    snprintf(w->msg, w->msg_size,
-             "free bin %zu: newest %p, oldest %p, bitmap bit %d", i,
-             (void *)bin->newest, (void *)bin->oldest, (int)marked);
+  if (marked != (bin->newest != NULL)) {
+    snprintf(w->msg, w->msg_size, "free bin %zu: newest %p, bitmap bit %d",
+             i, (void *)bin->newest, (int)marked);
     return false;
   }
   const xs_block *newer = NULL;
   for (xs_block *b = bin->newest; b != NULL; newer = b, b = b->bin.older) {
-    if (b->bin.newer != newer || (b->bin.older == NULL && b != bin->oldest)) {
+    if (b->bin.newer != newer) {
       snprintf(w->msg, w->msg_size,
                "free bin %zu: its list is broken at block 0x%llx", i,
                (unsigned long long)b->addr);

@@ -40,7 +40,7 @@
  * above 1 MiB keep address order: placement there decides how segments
  * grow.
  *
- * Memory: the bins are 32 KiB of host memory, kept by the caller and
+ * Memory: the bins are 16 KiB of host memory, kept by the caller and
  * given at xs_freetree_init; an index given none keeps every block in the
  * tree (address order at every size). Both pools' indexes of free mapped
  * blocks have bins (alloc/pairs.c). The large pool's requests are all
@@ -71,10 +71,14 @@
 RB_HEAD(xs_freetree_rb, xs_block);
 
 /* One size's free blocks, a list through xs_block.bin from newest (the
-   best fit) to oldest. Invariant: newest and oldest are NULL together,
-   exactly when the bin's bitmap bit is clear. */
+   best fit) to oldest. Invariant: newest is NULL exactly when the bin's
+   bitmap bit is clear. The list has no tail pointer: only a walk from the
+   largest block down (reclaim, the check) asks for a bin's oldest, and
+   it walks the whole bin anyway, where every malloc and free would pay
+   a store to keep a tail (measured in bench/README.md, "The bins without
+   a tail"). */
 typedef struct xs_freebin {
-  xs_block *newest, *oldest;
+  xs_block *newest;
 } xs_freebin;
 
 typedef struct xs_freetree {
@@ -217,7 +221,6 @@ static inline void xs_freetree_insert(xs_freetree *t, xs_block *b) {
     b->bin.newer = NULL;
     b->bin.older = head;
     if (head == NULL) {
-      bin->oldest = b;
       t->bin_bits[i / 64] |= (uint64_t)1 << (i % 64);
       t->bin_words |= (uint64_t)1 << (i / 64);
     } else {
@@ -237,7 +240,7 @@ static inline void xs_freetree_remove(xs_freetree *t, xs_block *b) {
     xs_freebin *bin = &t->bins[i];
     xs_block *newer = b->bin.newer, *older = b->bin.older;
     if (newer == NULL) bin->newest = older; else newer->bin.older = older;
-    if (older == NULL) bin->oldest = newer; else older->bin.newer = newer;
+    if (older != NULL) older->bin.newer = newer;
     if (bin->newest == NULL) {
       t->bin_bits[i / 64] &= ~((uint64_t)1 << (i % 64));
       if (t->bin_bits[i / 64] == 0)
