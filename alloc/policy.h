@@ -14,14 +14,20 @@ static inline xs_pool_kind xs_alloc_kind(size_t rounded) {
   return rounded <= XS_SMALL_SIZE ? XS_POOL_SMALL : XS_POOL_LARGE;
 }
 
-/* get_free_block's rule: a best fit of `size` bytes is taken, unless it is
-   an oversize block (at least max_split_size, never split) that a smaller
-   request must not take, or far too large for an oversize request. */
+/* get_free_block's rule: a best fit of `size` bytes (>= rounded) is
+   taken, unless it is an oversize block (at least max_split_size, never
+   split) that a smaller request must not take, or far too large for an
+   oversize request. PyTorch tests the request first; the block first is
+   the same rule (the request is no larger than the block), and its usual
+   answer in one compare: max_split_size is at least 20 MiB, so every
+   block of the small pool's bins is under it. */
 static inline bool xs_alloc_fit_takes(const xseg_allocator *a, size_t size,
                                       size_t rounded) {
+  assert(size >= rounded && "a fit holds the request");
   size_t max_split = a->cfg.max_split_size;
-  if (rounded < max_split) return size < max_split;
-  return size - rounded < a->cfg.max_non_split_rounding;
+  if (size < max_split) return true;
+  return rounded >= max_split &&
+         size - rounded < a->cfg.max_non_split_rounding;
 }
 
 /* Pair lock held: get_free_block, the best fit if xs_alloc_fit_takes
