@@ -123,22 +123,22 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
 
 /* The bin of a block of `size` bytes (a multiple of the step, at most
    XS_FREETREE_BIN_MAX), or of the smallest such block that holds a
-   request of `size` bytes (any size up to XS_FREETREE_BIN_MAX; 0 asks for
-   any block). */
+   request of `size` bytes (any size from 1 to XS_FREETREE_BIN_MAX). */
 static inline size_t xs_freetree_bin_of(size_t size) {
-  return (size - (size != 0)) / XS_FREETREE_BIN_STEP;  /* 0 for 0 */
+  assert(size > 0 && "a request of 0 bytes has no bin");
+  return (size - 1) / XS_FREETREE_BIN_STEP;
 }
 
-/* The smallest block of at least `size` bytes (among equal sizes the
-   newest in a bin, the lowest address in the tree), or NULL. Inline
-   because every cached malloc starts here. */
+/* The smallest block of at least `size` bytes (size > 0; among equal
+   sizes the newest in a bin, the lowest address in the tree), or NULL.
+   Inline because every cached malloc starts here. */
 static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
+  assert(size > 0 && "every block holds a request of 0 bytes");
   /* The constant bound tells the compiler what bin_limit's does. */
   if (size <= XS_FREETREE_BIN_MAX && size <= t->bin_limit) {
     /* No bin holds a block: small requests served from a large block (a
        repeated size at the front of the mapped range) stop here. (An
-       index without bins comes here for size 0 alone: its tree_min, the
-       smallest block of all, is that fit.) */
+       index without bins never comes here: its bin_limit is 0.) */
     if (t->bin_words == 0) return t->tree_min;
     size_t i = xs_freetree_bin_of(size), w = i / 64;
     uint64_t bits = t->bin_bits[w] & (~(uint64_t)0 << (i % 64));
