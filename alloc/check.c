@@ -52,8 +52,8 @@ static bool check_push(uint64_t **arr, size_t *n, size_t *cap, uint64_t v) {
 
 static bool check_tree_members(check_ctx *c, const xs_pool *p,
                                const xs_freetree *t, bool mapped) {
-  xs_block *b = xs_freetree_largest((xs_freetree *)t);
-  for (; b != NULL; b = xs_freetree_smaller((xs_freetree *)t, b))
+  xs_block *b = xs_freetree_largest((xs_freetree *)t, 0);
+  for (; b != NULL; b = xs_freetree_smaller((xs_freetree *)t, b, 0))
     if (b->mapped != mapped || b->seg->pool != p)
       CHECK_FAIL(c, "block 0x%llx is in the wrong tree",
                  (unsigned long long)b->addr);

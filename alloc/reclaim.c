@@ -221,8 +221,10 @@ static gc_candidate *gc_candidates_locked(xseg_allocator *a, size_t *n) {
   for (xs_pair *pair = a->streams; pair != NULL; pair = pair->next)
     for (int k = 0; k < 2 && xs_pools_reclaimable(pair); k++) {
       xs_pool *p = &pair->pool[k];
-      for (xs_block *b = xs_freetree_largest(&p->free); b != NULL;
-           b = xs_freetree_smaller(&p->free, b))
+      /* A block under the driver's granularity holds no whole granule. */
+      size_t least = p->vmm->granularity;
+      for (xs_block *b = xs_freetree_largest(&p->free, least); b != NULL;
+           b = xs_freetree_smaller(&p->free, b, least))
         if (xs_pool_block_releasable(p, b)) c[(*n)++] = (gc_candidate){p, b};
     }
   return c;

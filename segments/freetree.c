@@ -71,7 +71,7 @@ static size_t freetree_bin_below(const xs_freetree *t, size_t i) {
 
 /* The last block of bin i (not empty) in the order: its oldest, found by
    walking the list (a bin keeps no tail; freetree.h). A walk down the
-   whole order (xs_freetree_smaller) walks each bin twice at most. */
+   order (xs_freetree_smaller) walks each bin it enters twice at most. */
 static xs_block *freebin_last(xs_freetree *t, size_t i) {
   assert(i < XS_FREETREE_BINS && t->bins[i].newest != NULL);
   xs_block *b = t->bins[i].newest;
@@ -157,20 +157,28 @@ void xs_freetree_replace(xs_freetree *t, xs_block *old, size_t old_size,
   }
 }
 
-xs_block *xs_freetree_largest(xs_freetree *t) {
-  xs_block *b = RB_MAX(xs_freetree_rb, &t->root);
-  if (b != NULL) return b;
-  size_t i = freetree_bin_below(t, XS_FREETREE_BINS);
-  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
+/* The oldest block of the last non-empty bin below bin i, when that bin's
+   blocks are of at least `min_size` bytes; else NULL. */
+static xs_block *freetree_last_below(xs_freetree *t, size_t i,
+                                     size_t min_size) {
+  i = freetree_bin_below(t, i);
+  if (i == XS_FREETREE_BINS || (i + 1) * XS_FREETREE_BIN_STEP < min_size)
+    return NULL;
+  return freebin_last(t, i);
 }
 
-xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b) {
+xs_block *xs_freetree_largest(xs_freetree *t, size_t min_size) {
+  xs_block *b = RB_MAX(xs_freetree_rb, &t->root);
+  if (b != NULL) return b->size >= min_size ? b : NULL;
+  return freetree_last_below(t, XS_FREETREE_BINS, min_size);
+}
+
+xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b, size_t min_size) {
   xs_block *p = freetree_prev_in(t, b);
-  if (p != NULL) return p;
+  if (p != NULL) return p->size >= min_size ? p : NULL;
   size_t i = xs_freetree_binned(t, b->size) ? xs_freetree_bin_index(b->size)
                                          : XS_FREETREE_BINS;
-  i = freetree_bin_below(t, i);
-  return i < XS_FREETREE_BINS ? freebin_last(t, i) : NULL;
+  return freetree_last_below(t, i, min_size);
 }
 
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b) {

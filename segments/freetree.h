@@ -73,10 +73,10 @@ RB_HEAD(xs_freetree_rb, xs_block);
 /* One size's free blocks, a list through xs_block.bin from newest (the
    best fit) to oldest. Invariant: newest is NULL exactly when the bin's
    bitmap bit is clear. The list has no tail pointer: only a walk from the
-   largest block down (reclaim, the check) asks for a bin's oldest, and
-   it walks the whole bin anyway, where every malloc and free would pay
-   a store to keep a tail (measured in bench/README.md, "The bins without
-   a tail"). */
+   largest block down asks for a bin's oldest, and it then walks the whole
+   bin anyway (a walk with a floor enters no bin below it), where every
+   malloc and free would pay a store to keep a tail (measured in
+   bench/README.md, "The bins without a tail"). */
 typedef struct xs_freebin {
   xs_block *newest;
 } xs_freebin;
@@ -162,9 +162,14 @@ static inline xs_block *xs_freetree_best_fit(xs_freetree *t, size_t size) {
   }
   return fit;
 }
-/* Largest first, then each next smaller (for reclaiming whole granules). */
-xs_block *xs_freetree_largest(xs_freetree *t);
-xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b);
+/* Largest first, then each next smaller, down to blocks of `min_size`
+   bytes (0: every block): NULL once the next is smaller. The releases
+   walk down to a granule. A walk never enters a bin below its
+   `min_size`, where finding the bin's oldest block would walk its list (a
+   bin keeps no tail): every growth walks its pools down to a granule,
+   past small bins that may hold 10^5 blocks. */
+xs_block *xs_freetree_largest(xs_freetree *t, size_t min_size);
+xs_block *xs_freetree_smaller(xs_freetree *t, xs_block *b, size_t min_size);
 /* The next block up the order (the next fit after b), or NULL. */
 xs_block *xs_freetree_larger(xs_freetree *t, xs_block *b);
 /* Whether a block keyed (size, addr), indexed now, would sort before b,

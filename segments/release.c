@@ -265,9 +265,9 @@ uint64_t xs_pool_unsafe_epoch(xs_pool *p) {
   for (const xs_block *r = p->retiring; r != NULL; r = r->retire_next)
     if (r->free_epoch > p->safe_epoch && r->free_epoch > newest)
       newest = r->free_epoch;
-  xs_block *b = xs_freetree_largest(&p->free);
-  for (; b != NULL && b->size >= p->vmm->granularity;
-       b = xs_freetree_smaller(&p->free, b))
+  size_t granule = p->vmm->granularity;
+  xs_block *b = xs_freetree_largest(&p->free, granule);
+  for (; b != NULL; b = xs_freetree_smaller(&p->free, b, granule))
     if (b->free_epoch > p->safe_epoch && b->free_epoch > newest &&
         release_worthwhile(b))
       newest = b->free_epoch;
@@ -279,11 +279,11 @@ size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
                        uint64_t *handles_out, xseg_status *st) {
   size_t got = 0;
   *st = XSEG_OK;
-  xs_block *b = xs_freetree_largest(&p->free);
-  while (b != NULL && got < want && b->size >= granule) {
+  xs_block *b = xs_freetree_largest(&p->free, granule);
+  while (b != NULL && got < want) {
     /* Cutting b only touches b and unmapped neighbours (lending: not even
        them), so the next smaller block stays valid. */
-    xs_block *next = xs_freetree_smaller(&p->free, b);
+    xs_block *next = xs_freetree_smaller(&p->free, b, granule);
     bool safe = b->free_epoch <= p->safe_epoch;
     if (b != keep && b->seg->granule == granule &&
         (safe || b->free_epoch <= lend_upto) && release_worthwhile(b)) {
@@ -298,8 +298,8 @@ size_t xs_pool_harvest(xs_pool *p, size_t granule, size_t want, size_t max,
 
 uint64_t xs_pool_lendable_epoch(xs_pool *p, size_t granule) {
   uint64_t oldest = 0;
-  xs_block *b = xs_freetree_largest(&p->free);
-  for (; b != NULL && b->size >= granule; b = xs_freetree_smaller(&p->free, b))
+  xs_block *b = xs_freetree_largest(&p->free, granule);
+  for (; b != NULL; b = xs_freetree_smaller(&p->free, b, granule))
     if (b->seg->granule == granule && b->free_epoch > p->safe_epoch &&
         (oldest == 0 || b->free_epoch < oldest) && release_worthwhile(b))
       oldest = b->free_epoch;
@@ -360,9 +360,10 @@ xseg_status xs_pool_drop_empty(xs_pool *p) {
 xseg_status xs_pool_release(xs_pool *p, size_t goal, size_t *released) {
   size_t bytes = 0;
   xseg_status first = XSEG_OK;
-  xs_block *b = xs_freetree_largest(&p->free);
-  while (b != NULL && bytes < goal && b->size >= p->vmm->granularity) {
-    xs_block *next = xs_freetree_smaller(&p->free, b);
+  size_t granule = p->vmm->granularity;
+  xs_block *b = xs_freetree_largest(&p->free, granule);
+  while (b != NULL && bytes < goal) {
+    xs_block *next = xs_freetree_smaller(&p->free, b, granule);
     if (xs_pool_block_releasable(p, b)) {
       xseg_status st = XSEG_OK;
       size_t g = b->seg->granule;

@@ -34,9 +34,9 @@ XSEG_TEST(segments, freetree_best_fit_is_smallest_then_lowest_address) {
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(&t, 3000) == b[2]);  /* lower addr */
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(&t, 8192) == b[4]);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(&t, 8193) == NULL);
-  XSEG_EXPECT_TRUE(xs_freetree_largest(&t) == b[4]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(&t, b[4]) == b[0]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(&t, b[0]) == b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(&t, 0) == b[4]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(&t, b[4], 0) == b[0]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(&t, b[0], 0) == b[2]);
   xs_freetree_remove(&t, b[2]);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(&t, 3000) == b[0]);
   XSEG_EXPECT_TRUE(xs_freetree_is_valid(&t, msg, sizeof msg));
@@ -214,9 +214,10 @@ static bool fakes_agree(const fake *x, const fake *y) {
   /* The same sizes, in the same order, largest first. */
   xs_freetree *tx = (xs_freetree *)&x->pool.free;
   xs_freetree *ty = (xs_freetree *)&y->pool.free;
-  xs_block *bx = xs_freetree_largest(tx), *by = xs_freetree_largest(ty);
-  for (; bx != NULL && by != NULL;
-       bx = xs_freetree_smaller(tx, bx), by = xs_freetree_smaller(ty, by))
+  xs_block *bx = xs_freetree_largest(tx, 0);
+  xs_block *by = xs_freetree_largest(ty, 0);
+  for (; bx != NULL && by != NULL; bx = xs_freetree_smaller(tx, bx, 0),
+                                   by = xs_freetree_smaller(ty, by, 0))
     if (bx->size != by->size) return false;
   return bx == NULL && by == NULL;
 }

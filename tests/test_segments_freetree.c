@@ -61,11 +61,11 @@ XSEG_TEST(segments_freetree, equal_sizes_give_the_newest_first) {
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 1) == &b[3]);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &b[3]);
   /* The order among equals is by age, whichever way it is walked. */
-  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &b[0]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[0]) == &b[1]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[1]) == &b[2]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[2]) == &b[3]);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[3]) == NULL);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 0) == &b[0]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[0], 0) == &b[1]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[1], 0) == &b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[2], 0) == &b[3]);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b[3], 0) == NULL);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[3]) == &b[2]);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b[0]) == NULL);
   /* Taking the newest hands the next newest on; an insert displaces it,
@@ -80,7 +80,7 @@ XSEG_TEST(segments_freetree, equal_sizes_give_the_newest_first) {
   xs_freetree_remove(t, &b[1]);
   xs_freetree_remove(t, &b[0]);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 4096) == &high);
-  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &b[2]);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 0) == &b[2]);
   XSEG_EXPECT_TRUE(valid(t));
   xs_freetree_remove(t, &high);
   xs_freetree_remove(t, &b[2]);
@@ -105,6 +105,47 @@ XSEG_TEST(segments_freetree, without_bins_equal_sizes_give_the_lowest_address) {
   XSEG_EXPECT_TRUE(xs_freetree_before(t, 4096, 0x18000, &b[2]));
   XSEG_EXPECT_FALSE(xs_freetree_before(t, 4096, 0x28000, &b[2]));
   for (int i = 0; i < 3; i++) xs_freetree_remove(t, &b[i]);
+  XSEG_EXPECT_TRUE(valid(t));
+  free(t);
+}
+
+/* A walk down to a size (the releases', down to a granule) stops there:
+   blocks of exactly that size are in it, smaller ones not, and it reads
+   nothing of a bin below it. A bin keeps no tail, so entering one means
+   walking its list to its oldest block; every growth walks its pools down
+   to a granule, past small bins that may hold 10^5 blocks. The list of
+   the bin below is made to fault if walked. */
+XSEG_TEST(segments_freetree, a_walk_down_to_a_size_enters_no_bin_below_it) {
+  xs_freetree *t = tree_new();
+  xs_block older, newer, at_floor, big;
+  put(&older, STEP, 0x1000000);
+  put(&newer, STEP, 0x1001000);
+  put(&at_floor, BIN_MAX, 0x2000000);
+  put(&big, 4 * BIN_MAX, 0x3000000);
+  xs_freetree_insert(t, &older);
+  xs_freetree_insert(t, &newer);
+  xs_freetree_insert(t, &at_floor);
+  xs_freetree_insert(t, &big);
+  XSEG_EXPECT_TRUE(valid(t));
+  /* Every block: the tree's, then each bin from its oldest. */
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 0) == &big);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, 0) == &at_floor);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &at_floor, 0) == &older);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &older, 0) == &newer);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &newer, 0) == NULL);
+  /* Above every block, above every bin, at a bin's size. */
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 4 * BIN_MAX + 1) == NULL);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 2 * BIN_MAX) == &big);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, 2 * BIN_MAX) == NULL);
+  older.bin.older = (xs_block *)(uintptr_t)8;   /* faults if followed */
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, BIN_MAX) == &at_floor);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &at_floor, BIN_MAX) == NULL);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, STEP + 1) == &at_floor);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &at_floor, STEP + 1) == NULL);
+  /* With the tree alone above the floor. */
+  xs_freetree_remove(t, &at_floor);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, STEP + 1) == NULL);
+  older.bin.older = NULL;
   XSEG_EXPECT_TRUE(valid(t));
   free(t);
 }
@@ -140,11 +181,12 @@ XSEG_TEST(segments_freetree, bins_at_both_bitmap_levels) {
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 64 * STEP + 1) == &first_of_word1);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 65 * STEP + 1) == &last);
   /* Walks cross words both ways. */
-  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &last);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &last) == &first_of_word1);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &first_of_word1) == &last_of_word0);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &last_of_word0) == &first);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &first) == NULL);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 0) == &last);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &last, 0) == &first_of_word1);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &first_of_word1, 0) ==
+                   &last_of_word0);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &last_of_word0, 0) == &first);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &first, 0) == NULL);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &first) == &last_of_word0);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &last_of_word0) == &first_of_word1);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &first_of_word1) == &last);
@@ -185,8 +227,8 @@ XSEG_TEST(segments_freetree, the_boundary_between_bins_and_tree) {
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, BIN_MAX + 1) == &low_tree);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, BIN_MAX + STEP + 1) == &big);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &in_bin) == &low_tree);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &low_tree) == &in_bin);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &in_tree) == &low_tree);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &low_tree, 0) == &in_bin);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &in_tree, 0) == &low_tree);
   /* A node changes hands only within its own structure. */
   XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &low_tree, BIN_MAX, 0x50000));
   XSEG_EXPECT_FALSE(xs_freetree_fits_at(t, &in_bin, BIN_MAX + STEP, 0));
@@ -229,7 +271,7 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   xs_freetree_replace(t, &c, c.size, &moved);
   XSEG_EXPECT_TRUE(xs_freetree_best_fit(t, 2048) == &moved);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &moved) == &b);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b) == &moved);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &b, 0) == &moved);
   XSEG_EXPECT_TRUE(valid(t));
   /* The oldest replaced: the bin's tail moves too. */
   xs_block last;
@@ -237,13 +279,13 @@ XSEG_TEST(segments_freetree, replace_in_a_bin_and_in_the_tree) {
   xs_freetree_replace(t, &a, a.size, &last);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &b) == &last);
   XSEG_EXPECT_TRUE(xs_freetree_larger(t, &last) == &big);
-  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big) == &last);
+  XSEG_EXPECT_TRUE(xs_freetree_smaller(t, &big, 0) == &last);
   XSEG_EXPECT_TRUE(valid(t));
   /* The front 1 MiB cut off big: the rest sorts where big was. */
   put(&cut, 7 * BIN_MAX, big.addr + BIN_MAX);
   XSEG_ASSERT_TRUE(xs_freetree_fits_at(t, &big, cut.size, cut.addr));
   xs_freetree_replace(t, &big, big.size, &cut);
-  XSEG_EXPECT_TRUE(xs_freetree_largest(t) == &cut);
+  XSEG_EXPECT_TRUE(xs_freetree_largest(t, 0) == &cut);
   XSEG_EXPECT_TRUE(valid(t));
   xs_freetree_remove(t, &moved);
   xs_freetree_remove(t, &b);
@@ -293,8 +335,8 @@ static size_t random_size(uint64_t *s) {
 /* Both walks visit exactly the sorted order. */
 static bool walks_match(xs_freetree *t, xs_block **sorted, size_t n) {
   size_t i = n;
-  for (xs_block *b = xs_freetree_largest(t); b != NULL;
-       b = xs_freetree_smaller(t, b))
+  for (xs_block *b = xs_freetree_largest(t, 0); b != NULL;
+       b = xs_freetree_smaller(t, b, 0))
     if (i == 0 || sorted[--i] != b) return false;
   if (i != 0) return false;
   for (xs_block *b = xs_freetree_best_fit(t, 1); b != NULL;
