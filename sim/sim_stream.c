@@ -520,7 +520,11 @@ static void *xsim_thread_trampoline(void *p) {
    then waited forever on the allocator's lock
    (SimStream.forked_child_runs_streams_of_its_own, about 1 run in 50, the
    parent forking just after a cuStreamCreate). Our threads take the
-   emulator's lock first, which fork holds, so no fork lands in a start. */
+   emulator's lock first, which fork holds, so a fork that follows the
+   start (in this thread, or in one that waited for it) lands in none. A
+   fork racing another thread's start still may, as it may land in any
+   thread's allocation: GCC 12's AddressSanitizer does not hold its
+   allocator across fork. */
 int xsim_thread_start_detached(void *(*fn)(void *), void *arg) {
   xsim_thread_start start = {.fn = fn, .arg = arg};
   if (sem_init(&start.started, 0, 0) != 0) return errno;
