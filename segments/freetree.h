@@ -72,11 +72,11 @@ RB_HEAD(xs_freetree_rb, xs_block);
 
 /* One size's free blocks, a list through xs_block.bin from newest (the
    best fit) to oldest. Invariant: newest is NULL exactly when the bin's
-   bitmap bit is clear. The list has no tail pointer: only a walk from the
-   largest block down asks for a bin's oldest, and it then walks the whole
-   bin anyway (a walk with a floor enters no bin below it), where every
-   malloc and free would pay a store to keep a tail (measured in
-   bench/README.md, "The bins without a tail"). */
+   bitmap bit is clear. The list has no tail pointer: only a walk down the
+   order asks for a bin's oldest block, and a walk enters only bins at or
+   above the size it stops at, whose blocks it is after
+   (xs_freetree_smaller); a tail cost a store at many mallocs and frees
+   (measured in bench/README.md, "The bins without a tail"). */
 typedef struct xs_freebin {
   xs_block *newest;
 } xs_freebin;

@@ -158,8 +158,9 @@ void xsim_dep_wait_locked(const xsim_dep *d);
    out of memory. Used by dependency lists and graphs alike. */
 void *xsim_array_grow(void *v, size_t *cap, size_t first, size_t elem);
 /* Starts fn(arg) on a detached thread (stream workers, the host-function
-   thread) and returns once the thread is past its start-up (so that a fork
-   never copies a start's locks); pthread_create's error, 0 on success. */
+   thread) and returns once the thread is past its start-up (so that a
+   later fork copies none of a start's locks); pthread_create's error, 0 on
+   success. */
 int xsim_thread_start_detached(void *(*fn)(void *), void *arg);
 
 /* ---- the host-function thread (sim_host.c) ---------------------------- */
