@@ -193,10 +193,20 @@ static xseg_status grow_route_locked(xseg_allocator *a, xs_pool **p,
 /* After a failed growth: each step frees more, at a higher price. */
 static xseg_status grow_retry_locked(xseg_allocator *a, xs_pool *p,
                                      size_t rounded, xs_block **out) {
-  a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
-  if (xs_alloc_capturing(a)) return st;       /* nothing may be unmapped */
+  if (xs_alloc_capturing(a)) {                /* nothing may be unmapped */
+    a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
+    return st;
+  }
   xs_alloc_complete_frees_locked(a, false);
+  /* Just enough oversize blocks first (max_split_size_mb, classic
+     segments), as PyTorch's ladder, which counts a retry only past
+     them. */
+  if (xs_alloc_release_oversize_locked(a, p, rounded)) {
+    st = grow_once_locked(a, p, rounded, out);
+    if (st != XSEG_ERR_OUT_OF_MEMORY) return st;
+  }
+  a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
   /* Released private pools' memory moves to the growth once the device
      is idle (as PyTorch's cudaFree of it would wait), before any release
      pass gives its handles back to the driver. */

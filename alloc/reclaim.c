@@ -250,6 +250,42 @@ static size_t gc_release_oldest_locked(xseg_allocator *a, size_t goal) {
   return done;
 }
 
+/* Releases free block b of pool p, whole: its bytes released. */
+static size_t oversize_release_locked(xs_pool *p, xs_block *b) {
+  size_t g = b->seg->granule;
+  xseg_status st;
+  return xs_pool_release_block(p, b, SIZE_MAX, &st) * g;
+}
+
+bool xs_alloc_release_oversize_locked(xseg_allocator *a, xs_pool *p,
+                                      size_t rounded) {
+  size_t max_split = a->cfg.max_split_size;
+  if (max_split == SIZE_MAX || a->cfg.expandable_segments) return false;
+  xseg_status st;
+  if (!reclaim_prepare_locked(a, false, false, &st)) return false;
+  size_t want = rounded < max_split ? max_split : rounded;
+  /* Oversize blocks are never split (xs_alloc_splits): each is a whole
+     segment, as PyTorch's release_block takes it. */
+  xs_block *b = xs_freetree_best_fit(&p->free, want);
+  size_t done = 0;
+  bool one = b != NULL && xs_pool_block_releasable(p, b);
+  if (one) {
+    done = oversize_release_locked(p, b);
+  } else {
+    /* No single block is large enough: the largest first, while they are
+       oversize. Cutting a block leaves the next smaller one valid. */
+    b = xs_freetree_largest(&p->free, max_split);
+    while (b != NULL && done < want) {
+      xs_block *next = xs_freetree_smaller(&p->free, b, max_split);
+      if (xs_pool_block_releasable(p, b)) done += oversize_release_locked(p, b);
+      b = next;
+    }
+  }
+  xs_pool_drop_empty(p);
+  reclaim_drop_released_locked(a);
+  return one ? done > 0 : done >= want;
+}
+
 bool xs_alloc_collect_garbage_locked(xseg_allocator *a) {
   double t = a->cfg.garbage_collection_threshold;
   if (t <= 0) return false;

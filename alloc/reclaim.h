@@ -28,6 +28,15 @@ xseg_status xs_alloc_guards_locked(xseg_allocator *a, bool wait);
    until what is mapped is under the threshold's share of the cap. False
    when it is off or had nothing to do. */
 bool xs_alloc_collect_garbage_locked(xseg_allocator *a);
+/* PyTorch's release_available_cached_blocks, the out-of-memory ladder's
+   first step with max_split_size_mb set (classic segments): pool p, the
+   request's, gives back its smallest free oversize block that holds a
+   request of `rounded` bytes (at least max_split_size), else its oversize
+   blocks from the largest down until as many bytes went. True when one
+   such block or that many bytes went; false, nothing released, when the
+   rule is off. */
+bool xs_alloc_release_oversize_locked(xseg_allocator *a, xs_pool *p,
+                                      size_t rounded);
 
 /* Released private pools whose graphs' replays no event covers
    (sync_owed): the device is waited for once, and their memory becomes

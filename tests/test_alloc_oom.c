@@ -209,3 +209,66 @@ XSEG_TEST(alloc_oom, classic_mode_oom_releases_free_segments) {
   XSEG_ASSERT_OK(xseg_free(a, q));
   xseg_destroy(a);
 }
+
+/* Allocates a block of each size, then frees them all: each is cached
+   in a segment of its own. */
+static void oom_cache_blocks(xseg_allocator *a, const size_t *sizes,
+                             size_t n) {
+  void *p[4];
+  XSEG_ASSERT_TRUE(n <= 4);
+  for (size_t i = 0; i < n; i++)
+    XSEG_ASSERT_OK(xseg_malloc(a, sizes[i], NULL, &p[i]));
+  for (size_t i = 0; i < n; i++) XSEG_ASSERT_OK(xseg_free(a, p[i]));
+}
+
+/* With max_split_size_mb set, PyTorch's ladder first gives back the
+   smallest free oversize block that holds the request
+   (release_available_cached_blocks), and counts no retry when that is
+   enough: the other cached segments stay. Here 60 MiB, 100 MiB and a
+   small segment are cached under a 200 MiB cap; 80 MiB may not take the
+   100 MiB block (20 MiB over is too much for an oversize block), so the
+   100 MiB segment goes, the rest stays. */
+XSEG_TEST(alloc_oom, classic_oversize_block_released_alone) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(
+      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  const size_t sizes[] = {60 * MiB, 100 * MiB, 1024};
+  oom_cache_blocks(a, sizes, 3);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 162 * MiB);
+  void *p, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 80 * MiB, NULL, &p));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 0);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, 142 * MiB);
+  XSEG_EXPECT_EQ(s.segment.current, 3);
+  /* The 60 MiB segment is still cached. */
+  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &q));
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 142 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+}
+
+/* No single oversize block holds the request: they go from the largest
+   down until as many bytes went (60 then 50 MiB for 90), and the small
+   segment, not oversize, stays; no retry. */
+XSEG_TEST(alloc_oom, classic_oversize_blocks_released_largest_first) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(
+      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  const size_t sizes[] = {60 * MiB, 50 * MiB, 1024};
+  oom_cache_blocks(a, sizes, 3);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 112 * MiB);
+  void *p;
+  XSEG_ASSERT_OK(xseg_malloc(a, 90 * MiB, NULL, &p));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 0);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, 92 * MiB);
+  XSEG_EXPECT_EQ(s.segment.current, 2);
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_OK(xseg_free(a, p));
+  xseg_destroy(a);
+}
