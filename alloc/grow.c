@@ -194,10 +194,9 @@ static xseg_status grow_route_locked(xseg_allocator *a, xs_pool **p,
 static xseg_status grow_retry_locked(xseg_allocator *a, xs_pool *p,
                                      size_t rounded, xs_block **out) {
   xseg_status st = XSEG_ERR_OUT_OF_MEMORY;
-  if (xs_alloc_capturing(a)) {                /* nothing may be unmapped */
-    a->shared_stats.counter[XS_COUNTER_num_alloc_retries]++;
-    return st;
-  }
+  /* Nothing may be unmapped; PyTorch's ladder stops before its retry
+     too. */
+  if (xs_alloc_capturing(a)) return st;
   xs_alloc_complete_frees_locked(a, false);
   /* Just enough oversize blocks first (max_split_size_mb, classic
      segments), as PyTorch's ladder, which counts a retry only past

@@ -257,12 +257,30 @@ static size_t oversize_release_locked(xs_pool *p, xs_block *b) {
   return xs_pool_release_block(p, b, SIZE_MAX, &st) * g;
 }
 
+/* Whether a free oversize block of p waits on its stream's guard. */
+static bool oversize_waits(xs_pool *p, size_t max_split) {
+  xs_block *b = xs_freetree_largest(&p->free, max_split);
+  for (; b != NULL; b = xs_freetree_smaller(&p->free, b, max_split))
+    if (b->free_epoch > p->safe_epoch) return true;
+  return false;
+}
+
 bool xs_alloc_release_oversize_locked(xseg_allocator *a, xs_pool *p,
                                       size_t rounded) {
   size_t max_split = a->cfg.max_split_size;
-  if (max_split == SIZE_MAX || a->cfg.expandable_segments) return false;
+  xs_pair *pair = xs_pool_pair(p);
+  if (max_split == SIZE_MAX || a->cfg.expandable_segments ||
+      !xs_pools_reclaimable(pair))
+    return false;
   xseg_status st;
   if (!reclaim_prepare_locked(a, false, false, &st)) return false;
+  /* PyTorch's cudaFree of such a block waits for the device: here the
+     stream's own recorded work, when an oversize block waits on it (a
+     failed wait leaves those blocks where they are). */
+  if (oversize_waits(p, max_split)) {
+    xs_alloc_guard_advance_locked(a, pair, true);
+    xs_alloc_retire_aliases_locked(a, pair);
+  }
   size_t want = rounded < max_split ? max_split : rounded;
   /* Oversize blocks are never split (xs_alloc_splits): each is a whole
      segment, as PyTorch's release_block takes it. */

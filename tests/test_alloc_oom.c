@@ -272,3 +272,64 @@ XSEG_TEST(alloc_oom, classic_oversize_blocks_released_largest_first) {
   XSEG_EXPECT_OK(xseg_free(a, p));
   xseg_destroy(a);
 }
+
+/* The oversize block still waits on its own stream's work (a kernel the
+   emulator's clock holds back): PyTorch's cudaFree of it would wait for
+   the device, so the step waits for the stream's recorded work and still
+   releases that block alone. Without the wait it released nothing, and
+   the ladder later released everything and counted a retry. */
+XSEG_TEST(alloc_oom, classic_oversize_block_waits_for_its_stream) {
+  XT_REQUIRE_SIM_FOR("holds the stream's work back with the emulator's "
+                     "clock");
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(
+      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s = at_stream_new();
+  void *p, *r, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 100 * MiB, s, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, s, &r));
+  xsim_clock_enable(1000000);
+  XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 1, 1024, s));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_free(a, r));
+  XSEG_ASSERT_OK(xseg_malloc(a, 80 * MiB, s, &q));
+  xseg_stats st = at_stats(a);
+  XSEG_EXPECT_EQ(st.num_alloc_retries, 0);
+  XSEG_EXPECT_EQ(st.reserved_bytes.current, 140 * MiB);
+  XSEG_EXPECT_OK(xseg_check(a));
+  xsim_clock_disable();
+  XSEG_EXPECT_OK(xseg_free(a, q));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s));
+}
+
+/* During a capture nothing is released, and PyTorch's ladder stops before
+   its retry: none is counted. */
+XSEG_TEST(alloc_oom, no_retry_is_counted_during_a_capture) {
+  XSEG_ASSERT_TRUE(xt_context(0) != NULL);
+  xseg_allocator *a = at_create_capped(
+      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
+  XSEG_ASSERT_TRUE(a != NULL);
+  CUstream s1 = at_stream_new();
+  void *p, *r, *q;
+  XSEG_ASSERT_OK(xseg_malloc(a, 100 * MiB, NULL, &p));
+  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &r));
+  XSEG_ASSERT_OK(xseg_free(a, p));
+  XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 9, s1));
+  XSEG_ASSERT_CU(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  uint64_t released = at_stats(a).num_device_free;
+  XSEG_EXPECT_STATUS(xseg_malloc(a, 80 * MiB, NULL, &q),
+                     XSEG_ERR_OUT_OF_MEMORY);
+  XSEG_EXPECT_EQ(at_stats(a).num_alloc_retries, 0);
+  XSEG_EXPECT_EQ(at_stats(a).num_device_free, released);
+  CUgraph g;
+  XSEG_EXPECT_CU(cuStreamEndCapture(s1, &g));
+  XSEG_EXPECT_CU(cuGraphDestroy(g));
+  XSEG_EXPECT_OK(xseg_end_allocate_to_pool(a, 9));
+  XSEG_EXPECT_OK(xseg_release_pool(a, 9));
+  XSEG_EXPECT_OK(xseg_check(a));
+  XSEG_EXPECT_OK(xseg_free(a, r));
+  xseg_destroy(a);
+  XSEG_EXPECT_CU(cuStreamDestroy(s1));
+}
