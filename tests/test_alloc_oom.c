@@ -221,31 +221,51 @@ static void oom_cache_blocks(xseg_allocator *a, const size_t *sizes,
   for (size_t i = 0; i < n; i++) XSEG_ASSERT_OK(xseg_free(a, p[i]));
 }
 
+/* Classic segments, max_split_size_mb:40, a 200 MiB cap: the oversize
+   step's cases. */
+static xseg_allocator *oom_classic_oversize_create(void) {
+  return at_create_capped("expandable_segments:False,max_split_size_mb:40",
+                          200 * MiB);
+}
+
+/* Caches a block of each of three sizes (`cached` bytes reserved then),
+   then asks for `request` bytes, which do not fit under the cap: the
+   oversize step must make room without a retry, leaving `reserved` bytes
+   in `segments` segments. The request's block in *p. */
+static xseg_allocator *oom_oversize_case(const size_t sizes[3],
+                                         size_t cached, size_t request,
+                                         size_t reserved, int64_t segments,
+                                         void **p) {
+  xseg_allocator *a = oom_classic_oversize_create();
+  if (!XSEG_EXPECT_TRUE(a != NULL)) return NULL;
+  oom_cache_blocks(a, sizes, 3);
+  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, cached);
+  XSEG_EXPECT_OK(xseg_malloc(a, request, NULL, p));
+  xseg_stats s = at_stats(a);
+  XSEG_EXPECT_EQ(s.num_alloc_retries, 0);
+  XSEG_EXPECT_EQ(s.reserved_bytes.current, reserved);
+  XSEG_EXPECT_EQ(s.segment.current, segments);
+  XSEG_EXPECT_OK(xseg_check(a));
+  return a;
+}
+
 /* With max_split_size_mb set, PyTorch's ladder first gives back the
    smallest free oversize block that holds the request
    (release_available_cached_blocks), and counts no retry when that is
    enough: the other cached segments stay. Here 60 MiB, 100 MiB and a
-   small segment are cached under a 200 MiB cap; 80 MiB may not take the
-   100 MiB block (20 MiB over is too much for an oversize block), so the
-   100 MiB segment goes, the rest stays. */
+   small segment are cached; 80 MiB may not take the 100 MiB block (20 MiB
+   over is too much for an oversize block), so the 100 MiB segment goes,
+   the rest stays. */
 XSEG_TEST(alloc_oom, classic_oversize_block_released_alone) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create_capped(
-      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
-  XSEG_ASSERT_TRUE(a != NULL);
   const size_t sizes[] = {60 * MiB, 100 * MiB, 1024};
-  oom_cache_blocks(a, sizes, 3);
-  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 162 * MiB);
   void *p, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, 80 * MiB, NULL, &p));
-  xseg_stats s = at_stats(a);
-  XSEG_EXPECT_EQ(s.num_alloc_retries, 0);
-  XSEG_EXPECT_EQ(s.reserved_bytes.current, 142 * MiB);
-  XSEG_EXPECT_EQ(s.segment.current, 3);
+  xseg_allocator *a =
+      oom_oversize_case(sizes, 162 * MiB, 80 * MiB, 142 * MiB, 3, &p);
+  XSEG_ASSERT_TRUE(a != NULL);
   /* The 60 MiB segment is still cached. */
   XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &q));
   XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 142 * MiB);
-  XSEG_EXPECT_OK(xseg_check(a));
   XSEG_EXPECT_OK(xseg_free(a, p));
   XSEG_EXPECT_OK(xseg_free(a, q));
   xseg_destroy(a);
@@ -256,21 +276,27 @@ XSEG_TEST(alloc_oom, classic_oversize_block_released_alone) {
    segment, not oversize, stays; no retry. */
 XSEG_TEST(alloc_oom, classic_oversize_blocks_released_largest_first) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create_capped(
-      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
-  XSEG_ASSERT_TRUE(a != NULL);
   const size_t sizes[] = {60 * MiB, 50 * MiB, 1024};
-  oom_cache_blocks(a, sizes, 3);
-  XSEG_EXPECT_EQ(at_stats(a).reserved_bytes.current, 112 * MiB);
   void *p;
-  XSEG_ASSERT_OK(xseg_malloc(a, 90 * MiB, NULL, &p));
-  xseg_stats s = at_stats(a);
-  XSEG_EXPECT_EQ(s.num_alloc_retries, 0);
-  XSEG_EXPECT_EQ(s.reserved_bytes.current, 92 * MiB);
-  XSEG_EXPECT_EQ(s.segment.current, 2);
-  XSEG_EXPECT_OK(xseg_check(a));
+  xseg_allocator *a =
+      oom_oversize_case(sizes, 112 * MiB, 90 * MiB, 92 * MiB, 2, &p);
+  XSEG_ASSERT_TRUE(a != NULL);
   XSEG_EXPECT_OK(xseg_free(a, p));
   xseg_destroy(a);
+}
+
+/* The next cases' start: a 100 MiB block (*p) and a 60 MiB one (*r)
+   allocated on `stream`. */
+static xseg_allocator *oom_oversize_two_blocks(CUstream stream, void **p,
+                                               void **r) {
+  xseg_allocator *a = oom_classic_oversize_create();
+  if (!XSEG_EXPECT_TRUE(a != NULL) ||
+      !XSEG_EXPECT_OK(xseg_malloc(a, 100 * MiB, stream, p)) ||
+      !XSEG_EXPECT_OK(xseg_malloc(a, 60 * MiB, stream, r))) {
+    if (a != NULL) xseg_destroy(a);
+    return NULL;
+  }
+  return a;
 }
 
 /* The oversize block still waits on its own stream's work (a kernel the
@@ -282,13 +308,10 @@ XSEG_TEST(alloc_oom, classic_oversize_block_waits_for_its_stream) {
   XT_REQUIRE_SIM_FOR("holds the stream's work back with the emulator's "
                      "clock");
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create_capped(
-      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
-  XSEG_ASSERT_TRUE(a != NULL);
   CUstream s = at_stream_new();
   void *p, *r, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, 100 * MiB, s, &p));
-  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, s, &r));
+  xseg_allocator *a = oom_oversize_two_blocks(s, &p, &r);
+  XSEG_ASSERT_TRUE(a != NULL);
   xsim_clock_enable(1000000);
   XSEG_ASSERT_CU(cuMemsetD8Async(at_dptr(p), 1, 1024, s));
   XSEG_ASSERT_OK(xseg_free(a, p));
@@ -308,13 +331,10 @@ XSEG_TEST(alloc_oom, classic_oversize_block_waits_for_its_stream) {
    its retry: none is counted. */
 XSEG_TEST(alloc_oom, no_retry_is_counted_during_a_capture) {
   XSEG_ASSERT_TRUE(xt_context(0) != NULL);
-  xseg_allocator *a = at_create_capped(
-      "expandable_segments:False,max_split_size_mb:40", 200 * MiB);
-  XSEG_ASSERT_TRUE(a != NULL);
   CUstream s1 = at_stream_new();
   void *p, *r, *q;
-  XSEG_ASSERT_OK(xseg_malloc(a, 100 * MiB, NULL, &p));
-  XSEG_ASSERT_OK(xseg_malloc(a, 60 * MiB, NULL, &r));
+  xseg_allocator *a = oom_oversize_two_blocks(NULL, &p, &r);
+  XSEG_ASSERT_TRUE(a != NULL);
   XSEG_ASSERT_OK(xseg_free(a, p));
   XSEG_ASSERT_OK(xseg_begin_allocate_to_pool(a, 9, s1));
   XSEG_ASSERT_CU(cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
