@@ -43,6 +43,8 @@ extern "C" {
 #pragma weak xsim_fail_random
 #pragma weak xsim_set_latency
 #pragma weak xsim_set_gpu_lag
+#pragma weak xsim_clock_enable
+#pragma weak xsim_clock_disable
 #pragma weak xsim_call_count
 #pragma weak xsim_reset_counters
 #pragma weak xsim_reset
