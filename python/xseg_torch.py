@@ -170,9 +170,14 @@ class Library:
     def call(self, name, device, *args):
         """xseg_<name>(allocator of device, *args); raises on failure."""
         st = getattr(self.lib, "xseg_" + name)(self.allocator(device), *args)
+        self.check(st, "xseg_" + name, device)
+
+    def check(self, st, fn, device):
+        """Raises XsegError naming fn, device and xseg's message when st, a
+        status fn returned for device, is a failure."""
         if st != 0:
-            raise XsegError("xseg_%s(device %d): %s" % (
-                name, device, self.lib.xseg_last_error().decode()))
+            raise XsegError("%s(device %d): %s" % (
+                fn, device, self.lib.xseg_last_error().decode()))
 
     def json(self, what, device):
         fn = getattr(self.lib, "xseg_torch_%s_json" % what)
@@ -356,9 +361,8 @@ def empty_cache():
     begun and has not allocated yet)."""
     lib = library()
     for dev in lib.devices():
-        if lib.lib.xseg_torch_empty_cache_device(dev, 1) != 0:
-            raise XsegError("xseg_torch_empty_cache_device(device %d): %s" % (
-                dev, lib.lib.xseg_last_error().decode()))
+        lib.check(lib.lib.xseg_torch_empty_cache_device(dev, 1),
+                  "xseg_torch_empty_cache_device", dev)
 
 
 def forget_stream(stream, device=None):
